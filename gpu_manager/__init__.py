@@ -1,0 +1,1 @@
+"""Per-node GPU Manager daemon (GPU discovery, model cache, job execution). Arrives with the GPU-path issue."""

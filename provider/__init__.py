@@ -1,0 +1,1 @@
+"""OpenFaaS provider and gateway routes for faas-gpu."""
