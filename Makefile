@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine: `make up` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+STAMP := $(VENV)/.installed
+
+.PHONY: up down test test-fast lint bench servers clean
+
+up: $(STAMP)
+	$(PY) functions/classify/make_weights.py
+	$(VENV)/bin/faas-gpu up -f stack.yml
+
+down: $(STAMP)
+	$(VENV)/bin/faas-gpu down
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# Real etcd and Redis for the integration tests (Debian packages; the fixtures start them).
+servers:
+	@if ! command -v etcd >/dev/null || ! command -v redis-server >/dev/null; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q etcd-server redis-server; \
+	fi
+
+test: $(STAMP) servers
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -m "not slow" -x -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/provider_overhead.py
+
+clean:
+	rm -rf build template .pytest_cache .ruff_cache

@@ -1,0 +1,94 @@
+"""Wiring: build the Provider from a config, and the WSGI apps of its two ports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from faas_gpu.async_queue import open_queue
+from faas_gpu.datastore import open_datastore
+from faas_gpu.imagestore import ImageStore
+from flask import Flask
+
+from .auth import ensure_credentials
+from .config import ProviderConfig
+from .core import Provider
+from .gateway import AsyncWorker, InvocationApp
+from .invoke import Invoker
+from .logs import LogStore
+from .metrics import GatewayMetrics, ProviderMetrics
+from .runtime.local import LocalRuntime
+from .store import FunctionStore, SecretStore
+from .system import system_blueprint
+
+log = logging.getLogger(__name__)
+
+
+def build_provider(config: ProviderConfig) -> Provider:
+    home = config.home
+    home.mkdir(parents=True, exist_ok=True)
+    credentials = ensure_credentials(config.secrets_dir)
+    datastore = open_datastore(config.etcd_url, home / "state.db")
+    store = FunctionStore(datastore)
+    secrets = SecretStore(home / "function-secrets")
+    logs = LogStore(home / "logs")
+    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs)
+    invoker = Invoker(
+        store, runtime, config.namespaces,
+        upstream_timeout_s=config.upstream_timeout_s,
+        ready_timeout_s=config.ready_timeout_s,
+        pool_size=config.threads,
+    )
+    queue = open_queue(config.redis_url, home / "queue.db")
+    return Provider(config, credentials, datastore, store, secrets, logs, runtime, invoker, queue)
+
+
+def _flask(provider: Provider, *, gateway: bool) -> Flask:
+    app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
+    app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
+    app.register_blueprint(system_blueprint(provider, gateway=gateway))
+    return app
+
+
+class Stack:
+    """Both ports' apps over one Provider, plus the async worker (the queue-worker's role)."""
+
+    def __init__(self, provider: Provider):
+        self.provider = provider
+
+        def replicas() -> dict[str, int]:
+            return {f"{r.name}.{r.namespace}": r.replicas for r in provider.store.list()}
+
+        self.gateway_metrics = GatewayMetrics(replicas)
+        self.provider_metrics = ProviderMetrics()
+
+        gw = _flask(provider, gateway=True)
+        gw.add_url_rule("/metrics", "metrics", self.gateway_metrics.exposition)
+        pv = _flask(provider, gateway=False)
+        self.provider_metrics.instrument(pv)
+        pv.add_url_rule("/metrics", "metrics", self.provider_metrics.exposition)
+
+        self.gateway_app = InvocationApp(provider, self.gateway_metrics, gw.wsgi_app, gateway=True)
+        self.provider_app = InvocationApp(provider, self.gateway_metrics, pv.wsgi_app, gateway=False)
+        self.worker = AsyncWorker(
+            self.gateway_app, provider.config.async_workers, consumer=f"{socket.gethostname()}-{os.getpid()}"
+        )
+
+    def start(self) -> None:
+        restored = self.provider.restore()
+        if restored:
+            log.info("restored %d functions from the datastore", restored)
+        self.worker.start()
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.provider.close()
+
+    def __call__(self, environ: dict, start_response):
+        """Route by the local port the request arrived on (not the spoofable Host header)."""
+        sock = environ.get("gunicorn.socket")
+        port = sock.getsockname()[1] if sock is not None else int(environ.get("SERVER_PORT", 0))
+        if port == self.provider.config.provider_port:
+            return self.provider_app(environ, start_response)
+        return self.gateway_app(environ, start_response)

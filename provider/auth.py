@@ -1,0 +1,61 @@
+"""OpenFaaS basic auth: credentials in files, checked on every /system/* route."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+USER_FILE = "basic-auth-user"
+PASSWORD_FILE = "basic-auth-password"
+REALM_HEADER = ("WWW-Authenticate", 'Basic realm="Restricted"')
+
+
+@dataclass(frozen=True)
+class Credentials:
+    user: str
+    password: str
+
+    def header(self) -> str:
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        return f"Basic {token}"
+
+    def check(self, authorization: str | None) -> bool:
+        """True for a matching `Basic` header; `Bearer` (faas-cli with no login) never matches."""
+        if not authorization or not authorization.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(authorization[6:].strip()).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return hmac.compare_digest(user, self.user) & hmac.compare_digest(password, self.password)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+
+
+def ensure_credentials(secrets_dir: Path) -> Credentials:
+    """Read the credentials, generating them (mode 0600) on first start as faasd does."""
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(secrets_dir, 0o700)
+    user_path, pw_path = secrets_dir / USER_FILE, secrets_dir / PASSWORD_FILE
+    if not user_path.exists():
+        _write_private(user_path, "admin")
+    if not pw_path.exists():
+        _write_private(pw_path, secrets.token_urlsafe(24))
+    return read_credentials(secrets_dir)
+
+
+def read_credentials(secrets_dir: Path) -> Credentials:
+    """Whitespace-trimmed, as faas-provider's auth/credentials.go reads them."""
+    return Credentials(
+        (secrets_dir / USER_FILE).read_text().strip(),
+        (secrets_dir / PASSWORD_FILE).read_text().strip(),
+    )

@@ -1,0 +1,67 @@
+"""Provider settings: one dataclass with typed defaults, read from flags or the environment."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faas_gpu import paths
+
+DEFAULT_NAMESPACE = "openfaas-fn"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | int | float, field_name: str = "duration") -> float:
+    """Seconds from an int (seconds) or a Go duration ("10s", "1m30s", "500ms"), as OpenFaaS reads them."""
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{field_name}: {value!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+@dataclass
+class ProviderConfig:
+    bind: str = "127.0.0.1"
+    gateway_port: int = 8080
+    provider_port: int = 8081
+    home: Path = field(default_factory=paths.home)
+    etcd_url: str | None = None
+    redis_url: str | None = None
+    basic_auth: bool = True
+    namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
+    max_body_bytes: int = 20 * 1024 * 1024
+    """Largest /function/ request body; larger gets 413 (the OpenFaaS gateway has no limit of its own)."""
+    async_max_body_bytes: int = 256_000
+    """OpenFaaS CE's queue limit for /async-function/ bodies."""
+    max_system_body_bytes: int = 4 * 1024 * 1024
+    upstream_timeout_s: float = 60.0
+    ready_timeout_s: float = 60.0
+    """How long an invocation waits for a starting replica (scale from zero)."""
+    async_workers: int = 4
+    threads: int = 32
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ProviderConfig:
+        env = dict(os.environ if env is None else env)
+        cfg = cls(**overrides)
+        if "FAAS_GPU_ETCD" in env and cfg.etcd_url is None:
+            cfg.etcd_url = env["FAAS_GPU_ETCD"]
+        if "FAAS_GPU_REDIS" in env and cfg.redis_url is None:
+            cfg.redis_url = env["FAAS_GPU_REDIS"]
+        if "FAAS_GPU_MAX_BODY_BYTES" in env:
+            cfg.max_body_bytes = int(env["FAAS_GPU_MAX_BODY_BYTES"])
+        if "upstream_timeout" in env:
+            cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
+        return cfg
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.home / "secrets"

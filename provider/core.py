@@ -1,0 +1,176 @@
+"""The provider's verbs (deploy, update, delete, scale, status) over the store and a runtime.
+
+HTTP lives in `system.py` and `gateway.py`; this module only knows the domain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from faas_gpu.async_queue import AsyncQueue
+from faas_gpu.datastore import Datastore
+
+from faas_gpu import __version__
+
+from .auth import Credentials
+from .config import ProviderConfig
+from .invoke import Invoker
+from .logs import LogStore
+from .runtime import LaunchError, Runtime
+from .store import FunctionStore, SecretStore
+from .types import FunctionDeployment, FunctionRecord, ValidationError
+
+log = logging.getLogger(__name__)
+
+
+class NotFoundError(LookupError):
+    pass
+
+
+@dataclass
+class Provider:
+    config: ProviderConfig
+    credentials: Credentials
+    datastore: Datastore
+    store: FunctionStore
+    secrets: SecretStore
+    logs: LogStore
+    runtime: Runtime
+    invoker: Invoker
+    queue: AsyncQueue
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    # -- namespaces ----------------------------------------------------------------------
+    def namespace(self, value: str | None) -> str:
+        ns = value or self.config.namespaces[0]
+        if ns not in self.config.namespaces:
+            raise ValidationError(
+                f"namespace: {ns!r} is not a valid namespace (allowed: {', '.join(self.config.namespaces)})"
+            )
+        return ns
+
+    # -- functions -----------------------------------------------------------------------
+    def deploy(self, body: object, namespace_query: str | None, *, update: bool) -> FunctionRecord:
+        dep = FunctionDeployment.from_json(body)
+        ns = self.namespace(dep.namespace or namespace_query)
+        dep.namespace = ns
+        lo, _hi = dep.scale_bounds()
+        with self._lock:
+            existing = self.store.get(ns, dep.service)
+            if update and existing is None:
+                raise NotFoundError(f"function {dep.service}.{ns} not found")
+            if existing is not None:
+                record = FunctionRecord(dep, ns, max(existing.replicas, lo), existing.created_at)
+            else:
+                record = FunctionRecord(dep, ns, lo)
+            try:
+                self.runtime.check(record)
+            except LaunchError as exc:
+                raise ValidationError(str(exc)) from None
+            self.store.put(record)
+        self.runtime.apply(record)
+        return record
+
+    def delete(self, body: object, namespace_query: str | None) -> None:
+        if not isinstance(body, dict):
+            raise ValidationError("body: must be a DeleteFunctionRequest JSON object")
+        raw = body.get("functionName")
+        if not isinstance(raw, str) or not raw:
+            raise ValidationError("functionName: is required")
+        ns, name = self._name_and_ns(raw, body.get("namespace") or namespace_query)
+        with self._lock:
+            if not self.store.delete(ns, name):
+                raise NotFoundError(f"function {name}.{ns} not found")
+        self.runtime.remove(ns, name)
+
+    def scale(self, path_name: str, body: object, namespace_query: str | None) -> FunctionRecord:
+        if not isinstance(body, dict):
+            raise ValidationError("body: must be a ScaleServiceRequest JSON object")
+        replicas = body.get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ValidationError("replicas: must be a non-negative integer")
+        if replicas == 0:
+            raise ValidationError("replicas: cannot be set to 0 in OpenFaaS CE")
+        service = body.get("serviceName") or path_name
+        if not isinstance(service, str):
+            raise ValidationError("serviceName: must be a string")
+        ns, name = self._name_and_ns(service, body.get("namespace") or namespace_query)
+        with self._lock:
+            record = self.store.get(ns, name)
+            if record is None:
+                raise NotFoundError(f"function {name}.{ns} not found")
+            lo, hi = record.deployment.scale_bounds()
+            record.replicas = min(max(replicas, lo), hi)
+            self.store.put(record)
+        self.runtime.apply(record)
+        return record
+
+    def scale_from_zero(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            record = self.store.get(*key)
+            if record is None or record.replicas > 0:
+                return
+            record.replicas = max(1, record.deployment.scale_bounds()[0])
+            self.store.put(record)
+        self.runtime.apply(record)
+
+    def _name_and_ns(self, raw: str, ns: object) -> tuple[str, str]:
+        if ns is not None and not isinstance(ns, str):
+            raise ValidationError("namespace: must be a string")
+        name, suffix_ns = raw.split(".", 1) if "." in raw else (raw, None)
+        return self.namespace(suffix_ns or ns), name
+
+    def get(self, raw_name: str, namespace_query: str | None) -> FunctionRecord:
+        ns, name = self._name_and_ns(raw_name, namespace_query)
+        record = self.store.get(ns, name)
+        if record is None:
+            raise NotFoundError(f"function {name}.{ns} not found")
+        return record
+
+    def status(self, record: FunctionRecord, usage: bool = False) -> dict:
+        key = record.key
+        return record.status(
+            available=len(self.runtime.endpoints(*key)),
+            invocations=self.invoker.counts.get(key, 0),
+            usage=self.runtime.usage(*key) if usage else None,
+        )
+
+    def restore(self) -> int:
+        """Start what the datastore says should run (after a provider restart)."""
+        started = 0
+        for record in self.store.list():
+            try:
+                self.runtime.apply(record)
+                started += 1
+            except LaunchError as exc:
+                log.error("cannot restore %s.%s: %s", record.name, record.namespace, exc)
+        return started
+
+    def info(self) -> dict:
+        return {
+            "provider": "faas-gpu",
+            "orchestration": "local-process",
+            "version": {"commit_message": "", "sha": _git_sha(), "release": __version__},
+        }
+
+    def close(self) -> None:
+        self.runtime.close()
+        self.queue.close()
+        self.datastore.close()
+
+
+def _git_sha() -> str:
+    from faas_gpu.paths import REPO_ROOT
+
+    head = REPO_ROOT / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            return (REPO_ROOT / ".git" / ref[5:]).read_text().strip()
+        return ref
+    except OSError:
+        return "unknown"

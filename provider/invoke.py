@@ -1,0 +1,134 @@
+"""Invoking a function: resolve `fn[.ns]` to a ready replica and forward the request.
+
+This is faasd's InvokeResolver seam: the dispatcher that picks an instance lives behind
+`Invoker.pick`, so the INFless rate split can replace round robin without touching routes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+import urllib3
+
+from .runtime import Runtime
+from .store import FunctionStore
+from .types import split_namespace
+
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailers",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Content-Length",
+        "Host",
+    )
+)
+
+
+@dataclass
+class Result:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class NotFound(Exception):
+    pass
+
+
+class Invoker:
+    def __init__(
+        self,
+        store: FunctionStore,
+        runtime: Runtime,
+        namespaces: tuple[str, ...],
+        *,
+        upstream_timeout_s: float,
+        ready_timeout_s: float,
+        pool_size: int = 64,
+    ):
+        self.store = store
+        self.runtime = runtime
+        self.default_namespace = namespaces[0]
+        self.upstream_timeout_s = upstream_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.http = urllib3.PoolManager(num_pools=256, maxsize=pool_size, retries=False)
+        self._rr: dict[tuple[str, str], itertools.count] = {}
+        self._known: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def resolve(self, raw_name: str) -> tuple[str, str]:
+        name, ns = split_namespace(raw_name, None)
+        return ns or self.default_namespace, name
+
+    def _exists(self, key: tuple[str, str]) -> bool:
+        """Cached for a second: the hot path must not read the datastore on every call."""
+        seen = self._known.get(key)
+        now = time.monotonic()
+        if seen is not None and now - seen < 1.0:
+            return True
+        if self.store.get(*key) is None:
+            self._known.pop(key, None)
+            return False
+        self._known[key] = now
+        return True
+
+    def pick(self, key: tuple[str, str]) -> str | None:
+        endpoints = self.runtime.endpoints(*key)
+        if not endpoints:
+            return None
+        counter = self._rr.get(key)
+        if counter is None:
+            counter = self._rr.setdefault(key, itertools.count())
+        return endpoints[next(counter) % len(endpoints)]
+
+    def endpoint(self, key: tuple[str, str], scale_up) -> str | None:
+        """A ready replica; a function scaled to zero or still starting is waited for."""
+        if not self._exists(key):
+            raise NotFound(key)
+        url = self.pick(key)
+        if url is None:
+            scale_up(key)
+            if self.runtime.wait_ready(*key, self.ready_timeout_s):
+                url = self.pick(key)
+        return url
+
+    def count(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def forward(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        timeout_s: float | None = None,
+    ) -> Result:
+        url = f"{base_url}{path or '/'}" + (f"?{query}" if query else "")
+        out_headers = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+        resp = self.http.request(
+            method,
+            url,
+            body=body if body or method not in ("GET", "HEAD") else None,
+            headers=out_headers,
+            timeout=timeout_s or self.upstream_timeout_s,
+            redirect=False,
+            preload_content=True,
+        )
+        resp_headers = [
+            (k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP
+        ]
+        return Result(resp.status, resp_headers, resp.data)

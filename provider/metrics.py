@@ -1,0 +1,84 @@
+"""Prometheus metrics with OpenFaaS's names: the gateway's and faas-provider's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from flask import Flask, Response, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+
+class GatewayMetrics:
+    """gateway/metrics/metrics.go: function_name is `fn.<namespace>`."""
+
+    def __init__(self, replicas: Callable[[], dict[str, int]]):
+        self.registry = CollectorRegistry()
+        self.seconds = Histogram(
+            "gateway_functions_seconds", "Function time taken", ["function_name", "code"],
+            registry=self.registry,
+        )
+        self.total = Counter(
+            "gateway_function_invocation", "Function metrics", ["function_name", "code"],
+            registry=self.registry,
+        )
+        self.started_total = Counter(
+            "gateway_function_invocation_started", "Function invocation started",
+            ["function_name"], registry=self.registry,
+        )
+        self.service_count = Gauge(
+            "gateway_service_count", "Current count of replicas for function", ["function_name"],
+            registry=self.registry,
+        )
+        self._replicas = replicas
+
+    def started(self, function_name: str) -> None:
+        self.started_total.labels(function_name).inc()
+
+    def finished(self, function_name: str, code: int, seconds: float) -> None:
+        self.total.labels(function_name, str(code)).inc()
+        self.seconds.labels(function_name, str(code)).observe(seconds)
+
+    def exposition(self) -> Response:
+        self.service_count.clear()
+        for name, count in self._replicas().items():
+            self.service_count.labels(name).set(count)
+        return Response(generate_latest(self.registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+class ProviderMetrics:
+    """faas-provider/metrics.go: provider_http_requests_total and its duration histogram."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "provider_http_requests", "total HTTP requests processed", ["code", "method", "path"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "provider_http_request_duration_seconds", "Seconds spent serving HTTP requests.",
+            ["code", "method", "path"], registry=self.registry,
+        )
+
+    def instrument(self, app: Flask) -> None:
+        @app.before_request
+        def _start():
+            g._t0 = time.perf_counter()
+
+        @app.after_request
+        def _record(resp: Response):
+            path = request.url_rule.rule if request.url_rule else "unmatched"
+            labels = (str(resp.status_code), request.method, path)
+            self.requests.labels(*labels).inc()
+            self.duration.labels(*labels).observe(time.perf_counter() - getattr(g, "_t0", time.perf_counter()))
+            return resp
+
+    def exposition(self) -> Response:
+        return Response(generate_latest(self.registry), mimetype=CONTENT_TYPE_LATEST)

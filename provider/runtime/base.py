@@ -1,0 +1,40 @@
+"""The seam between the provider and whatever runs replicas (processes now, Docker later)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from ..types import FunctionRecord
+
+
+class LaunchError(Exception):
+    """A deployment that cannot run (unknown image, nothing runnable): the deploy gets 400."""
+
+
+class Runtime(ABC):
+    @abstractmethod
+    def check(self, record: FunctionRecord) -> None:
+        """Raise LaunchError when the record could never start."""
+
+    @abstractmethod
+    def apply(self, record: FunctionRecord) -> None:
+        """Make the running replicas match the record (count and spec)."""
+
+    @abstractmethod
+    def remove(self, namespace: str, name: str) -> None: ...
+
+    @abstractmethod
+    def endpoints(self, namespace: str, name: str) -> list[str]:
+        """Base URLs of the ready replicas."""
+
+    @abstractmethod
+    def instances(self, namespace: str, name: str) -> list[str]: ...
+
+    @abstractmethod
+    def wait_ready(self, namespace: str, name: str, timeout_s: float) -> bool: ...
+
+    def usage(self, namespace: str, name: str) -> dict | None:
+        return None
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,109 @@
+"""Where the provider keeps functions (the datastore) and secrets (0600 files)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from pathlib import Path
+
+from faas_gpu.datastore import Datastore
+
+from .types import SECRET_NAME_RE, FunctionRecord, ValidationError
+
+PREFIX = "/faas-gpu/functions/"
+
+
+class FunctionStore:
+    """Function records keyed by namespace and name; the datastore is the source of truth."""
+
+    def __init__(self, datastore: Datastore):
+        self.ds = datastore
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(namespace: str, name: str) -> str:
+        return f"{PREFIX}{namespace}/{name}"
+
+    def get(self, namespace: str, name: str) -> FunctionRecord | None:
+        kv = self.ds.get(self._key(namespace, name))
+        return FunctionRecord.from_json(json.loads(kv.value)) if kv else None
+
+    def put(self, record: FunctionRecord) -> None:
+        self.ds.put(self._key(record.namespace, record.name), json.dumps(record.to_json()))
+
+    def delete(self, namespace: str, name: str) -> bool:
+        return self.ds.delete(self._key(namespace, name))
+
+    def list(self, namespace: str | None = None) -> list[FunctionRecord]:
+        prefix = PREFIX + (f"{namespace}/" if namespace else "")
+        return [FunctionRecord.from_json(json.loads(kv.value)) for kv in self.ds.get_prefix(prefix)]
+
+    def set_replicas(self, namespace: str, name: str, replicas: int) -> FunctionRecord | None:
+        with self._lock:
+            record = self.get(namespace, name)
+            if record is None:
+                return None
+            record.replicas = replicas
+            self.put(record)
+            return record
+
+
+class SecretStore:
+    """One file per secret, mode 0600, under <home>/function-secrets/<namespace>/ (faasd's layout)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _dir(self, namespace: str) -> Path:
+        path = self.root / namespace
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    @staticmethod
+    def parse(body: object) -> tuple[str, bytes | None, str | None]:
+        """(name, value or None, namespace) from a Secret JSON body."""
+        if not isinstance(body, dict):
+            raise ValidationError("body: must be a Secret JSON object")
+        name = body.get("name")
+        if not isinstance(name, str) or not SECRET_NAME_RE.match(name):
+            raise ValidationError(f"name: {name!r} is not a valid secret name")
+        namespace = body.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise ValidationError("namespace: must be a string")
+        value: bytes | None = None
+        if body.get("rawValue") is not None:
+            try:
+                value = base64.b64decode(body["rawValue"], validate=True)
+            except (ValueError, TypeError):
+                raise ValidationError("rawValue: must be base64") from None
+        elif body.get("value") is not None:
+            if not isinstance(body["value"], str):
+                raise ValidationError("value: must be a string")
+            value = body["value"].encode()
+        return name, value, namespace or None
+
+    def exists(self, namespace: str, name: str) -> bool:
+        return (self._dir(namespace) / name).is_file()
+
+    def write(self, namespace: str, name: str, value: bytes) -> None:
+        path = self._dir(namespace) / name
+        tmp = path.with_name(f".{name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(value)
+        os.replace(tmp, path)
+
+    def delete(self, namespace: str, name: str) -> bool:
+        try:
+            (self._dir(namespace) / name).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def list(self, namespace: str) -> list[str]:
+        return sorted(p.name for p in self._dir(namespace).iterdir() if not p.name.startswith("."))
+
+    def path(self, namespace: str, name: str) -> Path:
+        return self._dir(namespace) / name
