@@ -146,6 +146,7 @@ class LocalRuntime(Runtime):
             "fprocess": fprocess,
             "mode": mode,
             "metrics_port": "0",
+            "bind_address": "127.0.0.1",
             "healthcheck_interval": "100ms",
             **env_vars,
         }
@@ -325,6 +326,7 @@ class LocalRuntime(Runtime):
             start_new_session=True,
         )
         (run_dir / "pid").write_text(str(proc.pid))
+        (run_dir / "port").write_text(str(port))  # lets benchmarks reach the watchdog directly
         replica = Replica(rid, port, proc, run_dir, spec.digest)
         threading.Thread(
             target=self._pump, args=(record.namespace, record.name, rid, proc), daemon=True

@@ -1,0 +1,26 @@
+"""One datastore interface, two back ends: embedded (SQLite, single node) and etcd (cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faas_gpu import paths
+
+from .base import KV, Datastore, DatastoreError, DatastoreUnavailable, Event, Lease, Watch
+
+__all__ = [
+    "KV", "Datastore", "DatastoreError", "DatastoreUnavailable", "Event", "Lease", "Watch", "open_datastore",
+]
+
+
+def open_datastore(url: str | None = None, path: Path | None = None) -> Datastore:
+    """None or "embedded" -> the embedded store at `path`; an http(s)/etcd URL -> etcd."""
+    if url in (None, "", "embedded"):
+        from .embedded import EmbeddedDatastore
+
+        return EmbeddedDatastore(path or paths.state_db())
+    if url.split("://", 1)[0] in ("http", "https", "etcd") or "://" not in url:
+        from .etcd import EtcdDatastore
+
+        return EtcdDatastore(url.replace("etcd://", "http://"))
+    raise ValueError(f"datastore URL: {url!r} is neither 'embedded' nor an etcd URL")

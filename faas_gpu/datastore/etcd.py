@@ -1,0 +1,177 @@
+"""The etcd back end, on etcd-sdk-python (`pyetcd`, a maintained fork of python-etcd3).
+
+Every call retries on connection errors for `retry_s`, so a daemon rides out an etcd restart;
+watches re-subscribe from the last revision they delivered, so no event is lost across one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import grpc
+import pyetcd
+import pyetcd.events
+import pyetcd.exceptions as etcd_exc
+
+from .base import KV, Datastore, DatastoreUnavailable, Event, Lease, Watch, lease_id, to_bytes
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_RETRYABLE = (
+    etcd_exc.ConnectionFailedError,
+    etcd_exc.ConnectionTimeoutError,
+    etcd_exc.NoServerAvailableError,
+    etcd_exc.InternalServerError,
+    grpc.RpcError,
+)
+
+
+def parse_endpoints(url: str) -> list[tuple[str, int]]:
+    """`http://h:2379,http://h2:2379` or `etcd://h:2379` -> [(host, port)]."""
+    out = []
+    for part in url.split(","):
+        part = part.strip()
+        if "://" not in part:
+            part = "http://" + part
+        u = urlsplit(part)
+        if not u.hostname:
+            raise ValueError(f"etcd URL: {url!r} has no host")
+        out.append((u.hostname, u.port or 2379))
+    return out
+
+
+class EtcdLease(Lease):
+    def __init__(self, store: EtcdDatastore, lease: pyetcd.Lease):
+        self.store, self._lease, self.id, self.ttl = store, lease, lease.id, lease.ttl
+
+    def refresh(self) -> None:
+        responses = self.store._retry(lambda: list(self.store.client.refresh_lease(self.id)))
+        if not responses or responses[0].TTL <= 0:
+            raise ValueError(f"lease: {self.id} has expired or does not exist")
+
+    def revoke(self) -> None:
+        self.store._retry(lambda: self.store.client.revoke_lease(self.id))
+
+
+class EtcdDatastore(Datastore):
+    def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 30.0):
+        endpoints = [pyetcd.Endpoint(h, p, secure=False) for h, p in parse_endpoints(url)]
+        self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s, failover=True)
+        self.retry_s = retry_s
+        self._closed = False
+
+    def _retry(self, op: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.05
+        while True:
+            try:
+                return op()
+            except _RETRYABLE as exc:
+                if self._closed or time.monotonic() > deadline:
+                    raise DatastoreUnavailable(f"etcd unavailable: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    @staticmethod
+    def _kv(value: bytes, meta) -> KV:
+        return KV(
+            meta.key.decode(), bytes(value), meta.create_revision, meta.mod_revision, meta.version,
+            meta.lease_id or None,
+        )
+
+    def get(self, key: str) -> KV | None:
+        value, meta = self._retry(lambda: self.client.get(key))
+        return None if meta is None else self._kv(value, meta)
+
+    def get_prefix(self, prefix: str) -> list[KV]:
+        items = self._retry(lambda: list(self.client.get_prefix(prefix, sort_order="ascend", sort_target="key")))
+        return [self._kv(v, m) for v, m in items]
+
+    def put(self, key: str, value: bytes | str, lease: Lease | int | None = None) -> int:
+        resp = self._retry(lambda: self.client.put(key, to_bytes(value), lease=lease_id(lease)))
+        return resp.header.revision
+
+    def delete(self, key: str) -> bool:
+        return bool(self._retry(lambda: self.client.delete(key)))
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self._retry(lambda: self.client.delete_prefix(prefix)).deleted
+
+    def create(self, key: str, value: bytes | str, lease: Lease | int | None = None) -> bool:
+        tx = self.client.transactions
+        ok, _ = self._retry(
+            lambda: self.client.transaction(
+                compare=[tx.create(key) == 0],
+                success=[tx.put(key, to_bytes(value), lease=lease_id(lease))],
+                failure=[],
+            )
+        )
+        return ok
+
+    def compare_and_swap(
+        self,
+        key: str,
+        new_value: bytes | str,
+        *,
+        expected_value: bytes | None = None,
+        expected_mod_revision: int | None = None,
+    ) -> bool:
+        if expected_value is None and expected_mod_revision is None:
+            raise ValueError("compare_and_swap: give expected_value or expected_mod_revision")
+        tx = self.client.transactions
+        compare = [tx.version(key) > 0]
+        if expected_value is not None:
+            compare.append(tx.value(key) == to_bytes(expected_value))
+        if expected_mod_revision is not None:
+            compare.append(tx.mod(key) == expected_mod_revision)
+        current = self.get(key)
+        lease = current.lease if current else None
+        ok, _ = self._retry(
+            lambda: self.client.transaction(
+                compare=compare, success=[tx.put(key, to_bytes(new_value), lease=lease)], failure=[]
+            )
+        )
+        return ok
+
+    def lease(self, ttl_s: int) -> Lease:
+        return EtcdLease(self, self._retry(lambda: self.client.lease(ttl_s)))
+
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        stop = threading.Event()
+        watch = Watch(stop.set)
+        threading.Thread(
+            target=self._pump_watch, args=(prefix, start_revision, watch, stop), daemon=True
+        ).start()
+        return watch
+
+    def _pump_watch(self, prefix: str, start_revision: int | None, watch: Watch, stop: threading.Event) -> None:
+        next_rev = start_revision
+        while not stop.is_set() and not self._closed:
+            try:
+                kwargs = {"start_revision": next_rev} if next_rev else {}
+                events, cancel = self.client.watch_prefix(prefix, **kwargs)
+                canceller = threading.Thread(target=lambda c=cancel: (stop.wait(), c()), daemon=True)
+                canceller.start()
+                for ev in events:
+                    if stop.is_set():
+                        break
+                    kind = "delete" if isinstance(ev, pyetcd.events.DeleteEvent) else "put"
+                    rev = ev.mod_revision
+                    watch._deliver(
+                        Event(kind, ev.key.decode(), None if kind == "delete" else bytes(ev.value), rev)
+                    )
+                    next_rev = rev + 1
+            except Exception as exc:  # the stream broke (etcd restarted): re-subscribe
+                if stop.is_set() or self._closed:
+                    return
+                log.debug("etcd watch on %s broke (%s); re-subscribing", prefix, exc)
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._closed = True
+        self.client.close()

@@ -1,0 +1,91 @@
+"""python3-gpu entry point: python3-http's index.py (Flask served by waitress).
+
+It listens on the host and port of env `upstream_url` (default http://127.0.0.1:5000), so that
+several replicas can share one host. The handler module is imported once, at start-up: a model
+loaded at import time is loaded once per instance.
+"""
+
+import os
+import traceback
+from urllib.parse import urlsplit
+
+from flask import Flask, jsonify, request
+from waitress import serve
+
+from function import handler
+
+app = Flask(__name__)
+
+
+class Event:
+    def __init__(self):
+        self.body = request.get_data()
+        self.headers = request.headers
+        self.method = request.method
+        self.query = request.args
+        self.path = request.path
+
+
+class Context:
+    def __init__(self):
+        self.hostname = os.getenv("HOSTNAME", "localhost")
+
+
+def format_status_code(res):
+    return res.get("statusCode", 200) if isinstance(res, dict) else 200
+
+
+def format_body(res, content_type):
+    if content_type == "application/octet-stream":
+        return res["body"]
+    if "body" not in res:
+        return ""
+    if isinstance(res["body"], dict):
+        return jsonify(res["body"])
+    return str(res["body"])
+
+
+def format_headers(res):
+    if "headers" not in res:
+        return []
+    if isinstance(res["headers"], dict):
+        return list(res["headers"].items())
+    return res["headers"]
+
+
+def get_content_type(res):
+    content_type = ""
+    if "headers" in res and isinstance(res["headers"], dict):
+        content_type = res["headers"].get("Content-type", "")
+    return content_type
+
+
+def format_response(res):
+    if res is None:
+        return ("", 200)
+    if isinstance(res, dict):
+        status_code = format_status_code(res)
+        content_type = get_content_type(res)
+        body = format_body(res, content_type)
+        headers = format_headers(res)
+        return (body, status_code, headers)
+    return res
+
+
+@app.route("/", defaults={"path": ""}, methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
+@app.route("/<path:path>", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
+def call_handler(path):
+    event = Event()
+    context = Context()
+    try:
+        response_data = handler.handle(event, context)
+    except Exception as exc:  # the instance keeps serving; the caller gets the error
+        traceback.print_exc()
+        return (f"{type(exc).__name__}: {exc}\n", 500, [("Content-Type", "text/plain")])
+    return format_response(response_data)
+
+
+if __name__ == "__main__":
+    upstream = urlsplit(os.getenv("upstream_url", "http://127.0.0.1:5000"))
+    serve(app, host=upstream.hostname or "127.0.0.1", port=upstream.port or 5000,
+          threads=int(os.getenv("handler_threads", "8")), ident="python3-gpu")
