@@ -81,14 +81,30 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "FAAS_GPU_HOME": str(home)}
         subprocess.run(
             [sys.executable, "-m", "faas_gpu.cli", "build", "-f", str(REPO / "stack.yml"), "--filter", "echo"],
-            check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+            check=True,
+            env=env,
+            cwd=tmp,
+            stdout=subprocess.DEVNULL,
         )
         stack = StackProcess(home).start()
         try:
             subprocess.run(
-                [sys.executable, "-m", "faas_gpu.cli", "deploy", "-f", str(REPO / "stack.yml"),
-                 "--filter", "echo", "--gateway", stack.url],
-                check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "faas_gpu.cli",
+                    "deploy",
+                    "-f",
+                    str(REPO / "stack.yml"),
+                    "--filter",
+                    "echo",
+                    "--gateway",
+                    stack.url,
+                ],
+                check=True,
+                env=env,
+                cwd=tmp,
+                stdout=subprocess.DEVNULL,
             )
             stack.wait_ready("echo")
             port_file = next((home / "run").glob("openfaas-fn/echo-*/port"))
@@ -131,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'path':<10}{'p50 ms':>10}{'p99 ms':>10}{'rps':>10}")
     print(f"{'direct':<10}{fig['direct_p50_ms']:>10.3f}{fig['direct_p99_ms']:>10.3f}{fig['direct_rps']:>10.0f}")
     print(f"{'gateway':<10}{fig['gateway_p50_ms']:>10.3f}{fig['gateway_p99_ms']:>10.3f}{fig['gateway_rps']:>10.0f}")
-    print(f"added by the gateway: p50 {fig['added_p50_ms']:.3f} ms (goal <= 1 ms), p99 {fig['added_p99_ms']:.3f} ms; "
-          f"gateway/direct p50 x{fig['gateway_to_direct_p50_ratio']:.2f}, rps x{fig['gateway_to_direct_rps_ratio']:.2f}")
+    print(
+        f"added by the gateway: p50 {fig['added_p50_ms']:.3f} ms (goal <= 1 ms), p99 {fig['added_p99_ms']:.3f} ms; "
+        f"gateway/direct p50 x{fig['gateway_to_direct_p50_ratio']:.2f}, rps x{fig['gateway_to_direct_rps_ratio']:.2f}"
+    )
     print(json.dumps(fig))
     return 0
 

@@ -99,7 +99,10 @@ class ImageStore:
         try:
             shutil.copytree(context_dir, staging / "context", symlinks=True)
             _make_venv(staging / "venv")
-            for req in (staging / "context" / "requirements.txt", staging / "context" / "function" / "requirements.txt"):
+            for req in (
+                staging / "context" / "requirements.txt",
+                staging / "context" / "function" / "requirements.txt",
+            ):
                 if _requirements(req):
                     _pip_install(staging / "venv" / "bin" / "python", req, quiet)
             record = ImageRecord(normalise(image), str(final), lang, fprocess, time.time())

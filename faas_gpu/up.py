@@ -54,8 +54,11 @@ def start_daemon(home: Path, server_args: list[str], gateway_url: str, timeout_s
     log = open(home / LOG_FILE, "ab")  # noqa: SIM115 — handed to the daemon
     proc = subprocess.Popen(
         [sys.executable, "-m", "provider.server", "--home", str(home), *server_args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, cwd=paths.REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=paths.REPO_ROOT,
     )
     (home / PID_FILE).write_text(str(proc.pid))
     deadline = time.monotonic() + timeout_s
@@ -100,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     home = paths.home()
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     gateway_url = f"http://{host}:{args.gateway_port}"
-    server_args = ["--bind", args.bind, "--gateway-port", str(args.gateway_port),
-                   "--provider-port", str(args.provider_port)]
+    server_args = [
+        "--bind",
+        args.bind,
+        "--gateway-port",
+        str(args.gateway_port),
+        "--provider-port",
+        str(args.provider_port),
+    ]
     if args.etcd:
         server_args += ["--etcd", args.etcd]
     if args.redis:

@@ -6,10 +6,11 @@ import logging
 import os
 import socket
 
+from flask import Flask
+
 from faas_gpu.async_queue import open_queue
 from faas_gpu.datastore import open_datastore
 from faas_gpu.imagestore import ImageStore
-from flask import Flask
 
 from .auth import ensure_credentials
 from .config import ProviderConfig
@@ -35,7 +36,9 @@ def build_provider(config: ProviderConfig) -> Provider:
     logs = LogStore(home / "logs")
     runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs)
     invoker = Invoker(
-        store, runtime, config.namespaces,
+        store,
+        runtime,
+        config.namespaces,
         upstream_timeout_s=config.upstream_timeout_s,
         ready_timeout_s=config.ready_timeout_s,
         pool_size=config.threads,

@@ -9,10 +9,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from faas_gpu import __version__
 from faas_gpu.async_queue import AsyncQueue
 from faas_gpu.datastore import Datastore
-
-from faas_gpu import __version__
 
 from .auth import Credentials
 from .config import ProviderConfig

@@ -26,9 +26,17 @@ log = logging.getLogger(__name__)
 ALLOWED_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"})
 INTERNAL = ("X-OpenFaaS-Internal", "gateway")
 STATUS_TEXT = {
-    200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-    411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error",
-    502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+    200: "OK",
+    202: "Accepted",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
 StartResponse = Callable[..., object]
 
@@ -89,9 +97,9 @@ class InvocationApp:
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path.startswith("/function/"):
-            return self.sync(environ, start_response, path[len("/function/"):])
+            return self.sync(environ, start_response, path[len("/function/") :])
         if self.gateway and path.startswith("/async-function/"):
-            return self.enqueue(environ, start_response, path[len("/async-function/"):])
+            return self.enqueue(environ, start_response, path[len("/async-function/") :])
         return self.fallback(environ, start_response)
 
     # -- synchronous ---------------------------------------------------------------------
@@ -119,9 +127,7 @@ class InvocationApp:
         start_response(_status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
 
-    def call(
-        self, raw_name: str, method: str, path: str, query: str, headers: dict[str, str], body: bytes
-    ) -> Result:
+    def call(self, raw_name: str, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Result:
         """One invocation through the dispatcher; errors become OpenFaaS's proxy answers."""
         try:
             key = self.invoker.resolve(raw_name)
@@ -201,9 +207,7 @@ class AsyncWorker:
         self.consumer = consumer
         self._stop = threading.Event()
         self.callbacks = requests.Session()
-        self._threads = [
-            threading.Thread(target=self._run, name=f"async-{i}", daemon=True) for i in range(workers)
-        ]
+        self._threads = [threading.Thread(target=self._run, name=f"async-{i}", daemon=True) for i in range(workers)]
 
     def start(self) -> None:
         for t in self._threads:
@@ -235,20 +239,26 @@ class AsyncWorker:
         body = base64.b64decode(msg.get("Body") or "")
         t0 = time.perf_counter()
         result = self.app.call(
-            msg["Function"], msg.get("Method") or "POST", msg.get("Path") or "/",
-            msg.get("QueryString") or "", headers, body,
+            msg["Function"],
+            msg.get("Method") or "POST",
+            msg.get("Path") or "/",
+            msg.get("QueryString") or "",
+            headers,
+            body,
         )
         duration = time.perf_counter() - t0
         callback = msg.get("CallbackUrl")
         if not callback:
             return
         out = {k: v for k, v in result.headers if k.lower() not in ("content-length",)}
-        out.update({
-            "X-Duration-Seconds": f"{duration:.6f}",
-            "X-Function-Status": str(result.status),
-            "X-Function-Name": msg["Function"],
-            "X-Call-Id": headers.get("X-Call-Id", ""),
-        })
+        out.update(
+            {
+                "X-Duration-Seconds": f"{duration:.6f}",
+                "X-Function-Status": str(result.status),
+                "X-Function-Name": msg["Function"],
+                "X-Call-Id": headers.get("X-Call-Id", ""),
+            }
+        )
         try:
             self.callbacks.post(callback, data=result.body, headers=out, timeout=30)
         except requests.RequestException as exc:

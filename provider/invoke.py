@@ -128,7 +128,5 @@ class Invoker:
             redirect=False,
             preload_content=True,
         )
-        resp_headers = [
-            (k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP
-        ]
+        resp_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
         return Result(resp.status, resp_headers, resp.data)

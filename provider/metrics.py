@@ -22,19 +22,27 @@ class GatewayMetrics:
     def __init__(self, replicas: Callable[[], dict[str, int]]):
         self.registry = CollectorRegistry()
         self.seconds = Histogram(
-            "gateway_functions_seconds", "Function time taken", ["function_name", "code"],
+            "gateway_functions_seconds",
+            "Function time taken",
+            ["function_name", "code"],
             registry=self.registry,
         )
         self.total = Counter(
-            "gateway_function_invocation", "Function metrics", ["function_name", "code"],
+            "gateway_function_invocation",
+            "Function metrics",
+            ["function_name", "code"],
             registry=self.registry,
         )
         self.started_total = Counter(
-            "gateway_function_invocation_started", "Function invocation started",
-            ["function_name"], registry=self.registry,
+            "gateway_function_invocation_started",
+            "Function invocation started",
+            ["function_name"],
+            registry=self.registry,
         )
         self.service_count = Gauge(
-            "gateway_service_count", "Current count of replicas for function", ["function_name"],
+            "gateway_service_count",
+            "Current count of replicas for function",
+            ["function_name"],
             registry=self.registry,
         )
         self._replicas = replicas
@@ -59,12 +67,16 @@ class ProviderMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "provider_http_requests", "total HTTP requests processed", ["code", "method", "path"],
+            "provider_http_requests",
+            "total HTTP requests processed",
+            ["code", "method", "path"],
             registry=self.registry,
         )
         self.duration = Histogram(
-            "provider_http_request_duration_seconds", "Seconds spent serving HTTP requests.",
-            ["code", "method", "path"], registry=self.registry,
+            "provider_http_request_duration_seconds",
+            "Seconds spent serving HTTP requests.",
+            ["code", "method", "path"],
+            registry=self.registry,
         )
 
     def instrument(self, app: Flask) -> None:

@@ -51,8 +51,11 @@ class StackServer(BaseApplication):
         self.stack.start()
         log.info(
             "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, state %s",
-            self.config_.bind, self.config_.gateway_port, self.config_.bind,
-            self.config_.provider_port, self.config_.home,
+            self.config_.bind,
+            self.config_.gateway_port,
+            self.config_.bind,
+            self.config_.provider_port,
+            self.config_.home,
         )
         return self.stack
 
@@ -74,8 +77,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--threads", type=int, default=32)
     a = p.parse_args(argv)
     overrides = {
-        "bind": a.bind, "gateway_port": a.gateway_port, "provider_port": a.provider_port,
-        "etcd_url": a.etcd, "redis_url": a.redis, "threads": a.threads,
+        "bind": a.bind,
+        "gateway_port": a.gateway_port,
+        "provider_port": a.provider_port,
+        "etcd_url": a.etcd,
+        "redis_url": a.redis,
+        "threads": a.threads,
     }
     if a.home:
         overrides["home"] = a.home.resolve()

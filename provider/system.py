@@ -160,8 +160,13 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
         client = request.environ.get("gunicorn.socket")
         watcher = _disconnect_watcher(client, stop) if follow and client else None
         messages = provider.logs.read(
-            ns, name, instance=args.get("instance") or None, tail=tail, since=since,
-            follow=follow, stop=stop,
+            ns,
+            name,
+            instance=args.get("instance") or None,
+            tail=tail,
+            since=since,
+            follow=follow,
+            stop=stop,
         )
 
         def stream():

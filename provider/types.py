@@ -33,9 +33,7 @@ def _str_map(body: dict, key: str) -> dict[str, str] | None:
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ValidationError(f"{key}: must be an object of string values")
     return dict(value)
 
@@ -64,8 +62,7 @@ def validate_name(name: Any, field_name: str = "service") -> str:
         raise ValidationError(f"{field_name}: is required")
     if not NAME_RE.match(name):
         raise ValidationError(
-            f"{field_name}: {name!r} is not a valid function name "
-            "(lower case letters, digits and '-', RFC 1123)"
+            f"{field_name}: {name!r} is not a valid function name (lower case letters, digits and '-', RFC 1123)"
         )
     return name
 

@@ -88,11 +88,25 @@ class EtcdServer(_Server):
     def _argv(self) -> list[str]:
         client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
         return [
-            self.binary, "--name", "test", "--data-dir", str(self.workdir / "data"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"test={peer}", "--initial-cluster-state", "new",
-            "--log-level", "error",
+            self.binary,
+            "--name",
+            "test",
+            "--data-dir",
+            str(self.workdir / "data"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"test={peer}",
+            "--initial-cluster-state",
+            "new",
+            "--log-level",
+            "error",
         ]
 
 
@@ -108,9 +122,21 @@ class RedisServer(_Server):
 
     def _argv(self) -> list[str]:
         return [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir),
-            "--protected-mode", "yes",
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            str(self.workdir),
+            "--protected-mode",
+            "yes",
         ]
 
 

@@ -52,11 +52,22 @@ class StackProcess:
         env = {**os.environ, "FAAS_GPU_HOME": str(self.home)}
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "provider.server", "--home", str(self.home),
-                "--gateway-port", str(self.gateway_port), "--provider-port", str(self.provider_port),
+                sys.executable,
+                "-m",
+                "provider.server",
+                "--home",
+                str(self.home),
+                "--gateway-port",
+                str(self.gateway_port),
+                "--provider-port",
+                str(self.provider_port),
                 *self.extra_args,
             ],
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

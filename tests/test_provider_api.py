@@ -84,7 +84,9 @@ def test_status_echoes_the_deployment(stack, cat_fn):
 
 def test_limits_and_env_vars_verbatim(stack):
     limits = {"memory": "128Mi", "cpu": "500m"}
-    assert deploy(stack, "with-limits", limits=limits, requests={"memory": "64Mi"}, envVars={"A": "1"}).status_code == 202
+    assert (
+        deploy(stack, "with-limits", limits=limits, requests={"memory": "64Mi"}, envVars={"A": "1"}).status_code == 202
+    )
     st = requests.get(f"{stack.url}/system/function/with-limits", auth=stack.auth, timeout=5).json()
     assert st["limits"] == limits and st["requests"] == {"memory": "64Mi"} and st["envVars"] == {"A": "1"}
 
@@ -151,12 +153,20 @@ def test_scale_min_max_labels(stack):
     labels = {"com.openfaas.scale.min": "2", "com.openfaas.scale.max": "3"}
     assert deploy(stack, "scaled", labels=labels).status_code == 202
     assert stack.wait_ready("scaled", replicas=2)["replicas"] == 2
-    r = requests.post(f"{stack.url}/system/scale-function/scaled", json={"serviceName": "scaled", "replicas": 9},
-                      auth=stack.auth, timeout=5)
+    r = requests.post(
+        f"{stack.url}/system/scale-function/scaled",
+        json={"serviceName": "scaled", "replicas": 9},
+        auth=stack.auth,
+        timeout=5,
+    )
     assert r.status_code == 202
     assert stack.wait_ready("scaled", replicas=3)["replicas"] == 3
-    r = requests.post(f"{stack.url}/system/scale-function/scaled?namespace={NS}", json={"replicas": 0},
-                      auth=stack.auth, timeout=5)
+    r = requests.post(
+        f"{stack.url}/system/scale-function/scaled?namespace={NS}",
+        json={"replicas": 0},
+        auth=stack.auth,
+        timeout=5,
+    )
     assert r.status_code == 400 and r.text.startswith("replicas:")
 
 
@@ -215,25 +225,39 @@ def test_invocation_counts_and_metrics(stack, cat_fn):
 # -- logs --------------------------------------------------------------------------------
 def test_logs_stream_ndjson_with_classic_lines(stack, cat_fn):
     requests.post(f"{stack.url}/function/{cat_fn}", data=b"12345", timeout=10)
-    r = requests.get(f"{stack.url}/system/logs", params={"name": cat_fn, "namespace": NS, "follow": "false"},
-                     auth=stack.auth, timeout=10)
+    r = requests.get(
+        f"{stack.url}/system/logs",
+        params={"name": cat_fn, "namespace": NS, "follow": "false"},
+        auth=stack.auth,
+        timeout=10,
+    )
     assert r.status_code == 200
     msgs = [json.loads(line) for line in r.text.splitlines()]
     assert {"name", "namespace", "instance", "timestamp", "text"} <= set(msgs[-1])
     texts = [m["text"] for m in msgs]
     assert any("Forking fprocess." in t for t in texts)
     assert any("Wrote 5 Bytes" in t for t in texts)
-    r = requests.get(f"{stack.url}/system/logs", params={"name": cat_fn, "tail": "1", "follow": "false"},
-                     auth=stack.auth, timeout=10)
+    r = requests.get(
+        f"{stack.url}/system/logs",
+        params={"name": cat_fn, "tail": "1", "follow": "false"},
+        auth=stack.auth,
+        timeout=10,
+    )
     assert len(r.text.splitlines()) == 1
-    r = requests.get(f"{stack.url}/system/logs", params={"name": cat_fn, "since": "not-a-time"},
-                     auth=stack.auth, timeout=10)
+    r = requests.get(
+        f"{stack.url}/system/logs", params={"name": cat_fn, "since": "not-a-time"}, auth=stack.auth, timeout=10
+    )
     assert r.status_code == 422
 
 
 def test_logs_follow_streams_new_lines(stack, cat_fn):
-    with requests.get(f"{stack.url}/system/logs", params={"name": cat_fn, "follow": "true", "tail": "1"},
-                      auth=stack.auth, stream=True, timeout=20) as r:
+    with requests.get(
+        f"{stack.url}/system/logs",
+        params={"name": cat_fn, "follow": "true", "tail": "1"},
+        auth=stack.auth,
+        stream=True,
+        timeout=20,
+    ) as r:
         lines = r.iter_lines()
         next(lines)
         requests.post(f"{stack.url}/function/{cat_fn}", data=b"followme", timeout=10)
@@ -287,7 +311,9 @@ def test_async_invocation_posts_result_to_callback(stack, cat_fn):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         cb = f"http://127.0.0.1:{server.server_port}/cb"
-        r = requests.post(f"{stack.url}/async-function/{cat_fn}", data=b"later", headers={"X-Callback-Url": cb}, timeout=5)
+        r = requests.post(
+            f"{stack.url}/async-function/{cat_fn}", data=b"later", headers={"X-Callback-Url": cb}, timeout=5
+        )
         assert r.status_code == 202 and r.headers["X-Call-Id"]
         assert _Callbacks.event.wait(20)
         headers, body = _Callbacks.received[-1]
@@ -296,7 +322,9 @@ def test_async_invocation_posts_result_to_callback(stack, cat_fn):
         assert headers["X-Call-Id"] == r.headers["X-Call-Id"] and float(headers["X-Duration-Seconds"]) >= 0
     finally:
         server.shutdown()
-    bad = requests.post(f"{stack.url}/async-function/{cat_fn}", data=b"x", headers={"X-Callback-Url": "nope"}, timeout=5)
+    bad = requests.post(
+        f"{stack.url}/async-function/{cat_fn}", data=b"x", headers={"X-Callback-Url": "nope"}, timeout=5
+    )
     assert bad.status_code == 400 and "X-Callback-Url" in bad.text
     assert requests.get(f"{stack.url}/async-function/{cat_fn}", timeout=5).status_code == 405
 
@@ -305,8 +333,12 @@ def test_async_invocation_posts_result_to_callback(stack, cat_fn):
 def test_delete_removes_function(stack):
     assert deploy(stack, "short-lived").status_code == 202
     stack.wait_ready("short-lived")
-    r = requests.delete(f"{stack.url}/system/functions", json={"functionName": "short-lived", "namespace": NS},
-                        auth=stack.auth, timeout=30)
+    r = requests.delete(
+        f"{stack.url}/system/functions",
+        json={"functionName": "short-lived", "namespace": NS},
+        auth=stack.auth,
+        timeout=30,
+    )
     assert r.status_code == 202
     assert requests.get(f"{stack.url}/system/function/short-lived", auth=stack.auth, timeout=5).status_code == 404
     assert requests.post(f"{stack.url}/function/short-lived", data=b"x", timeout=5).status_code == 404

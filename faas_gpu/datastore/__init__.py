@@ -9,7 +9,14 @@ from faas_gpu import paths
 from .base import KV, Datastore, DatastoreError, DatastoreUnavailable, Event, Lease, Watch
 
 __all__ = [
-    "KV", "Datastore", "DatastoreError", "DatastoreUnavailable", "Event", "Lease", "Watch", "open_datastore",
+    "KV",
+    "Datastore",
+    "DatastoreError",
+    "DatastoreUnavailable",
+    "Event",
+    "Lease",
+    "Watch",
+    "open_datastore",
 ]
 
 

@@ -165,9 +165,7 @@ class EmbeddedDatastore(Datastore):
     # -- leases --------------------------------------------------------------------------
     def lease(self, ttl_s: int) -> Lease:
         with self._lock, self._tx():
-            cur = self._db.execute(
-                "INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl_s, time.time() + ttl_s)
-            )
+            cur = self._db.execute("INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl_s, time.time() + ttl_s))
             return EmbeddedLease(self, cur.lastrowid, ttl_s)
 
     def _refresh_lease(self, lid: int) -> None:

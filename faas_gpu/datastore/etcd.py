@@ -80,7 +80,11 @@ class EtcdDatastore(Datastore):
     @staticmethod
     def _kv(value: bytes, meta) -> KV:
         return KV(
-            meta.key.decode(), bytes(value), meta.create_revision, meta.mod_revision, meta.version,
+            meta.key.decode(),
+            bytes(value),
+            meta.create_revision,
+            meta.mod_revision,
+            meta.version,
             meta.lease_id or None,
         )
 
@@ -144,9 +148,7 @@ class EtcdDatastore(Datastore):
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
         stop = threading.Event()
         watch = Watch(stop.set)
-        threading.Thread(
-            target=self._pump_watch, args=(prefix, start_revision, watch, stop), daemon=True
-        ).start()
+        threading.Thread(target=self._pump_watch, args=(prefix, start_revision, watch, stop), daemon=True).start()
         return watch
 
     def _pump_watch(self, prefix: str, start_revision: int | None, watch: Watch, stop: threading.Event) -> None:
@@ -162,9 +164,7 @@ class EtcdDatastore(Datastore):
                         break
                     kind = "delete" if isinstance(ev, pyetcd.events.DeleteEvent) else "put"
                     rev = ev.mod_revision
-                    watch._deliver(
-                        Event(kind, ev.key.decode(), None if kind == "delete" else bytes(ev.value), rev)
-                    )
+                    watch._deliver(Event(kind, ev.key.decode(), None if kind == "delete" else bytes(ev.value), rev))
                     next_rev = rev + 1
             except Exception as exc:  # the stream broke (etcd restarted): re-subscribe
                 if stop.is_set() or self._closed:

@@ -23,9 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faas_gpu.imagestore import ImageStore
-
 from faas_gpu import paths
+from faas_gpu.imagestore import ImageStore
 
 from ..config import parse_duration
 from ..logs import LogStore
@@ -220,10 +219,7 @@ class LocalRuntime(Runtime):
             fns = list(self._fns.values())
             self._fns.clear()
             self._changed.notify_all()
-        threads = [
-            threading.Thread(target=self._stop_all, args=(fn.replicas, fn.spec.stop_timeout_s))
-            for fn in fns
-        ]
+        threads = [threading.Thread(target=self._stop_all, args=(fn.replicas, fn.spec.stop_timeout_s)) for fn in fns]
         for t in threads:
             t.start()
         for t in threads:
@@ -272,9 +268,7 @@ class LocalRuntime(Runtime):
                 if to_stop:
                     self._changed.notify_all()
             if to_stop:
-                threading.Thread(
-                    target=self._stop_all, args=(to_stop, fn.spec.stop_timeout_s), daemon=True
-                ).start()
+                threading.Thread(target=self._stop_all, args=(to_stop, fn.spec.stop_timeout_s), daemon=True).start()
             for r in [r for r in fn.replicas if not r.ready and r.proc.poll() is None]:
                 if self._probe(r, fn.spec.http_mode):
                     with self._lock:
@@ -328,9 +322,7 @@ class LocalRuntime(Runtime):
         (run_dir / "pid").write_text(str(proc.pid))
         (run_dir / "port").write_text(str(port))  # lets benchmarks reach the watchdog directly
         replica = Replica(rid, port, proc, run_dir, spec.digest)
-        threading.Thread(
-            target=self._pump, args=(record.namespace, record.name, rid, proc), daemon=True
-        ).start()
+        threading.Thread(target=self._pump, args=(record.namespace, record.name, rid, proc), daemon=True).start()
         return replica
 
     def _pump(self, namespace: str, name: str, rid: str, proc: subprocess.Popen) -> None:

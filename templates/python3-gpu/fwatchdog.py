@@ -5,8 +5,9 @@ Modes (env `mode`): `http` forks `fprocess` once and proxies every request to `u
 is the classic watchdog (combined output, `Forking fprocess.` / `Wrote N Bytes` log lines).
 
 Our additions, each because several replicas share one host here: `metrics_port` (of-watchdog
-hard-codes 8081; `0` disables it), `bind_address` (default 0.0.0.0), `max_body_bytes` (413 above it), and in http mode `/_/ready`
-answers 503 until the upstream accepts connections, so a runtime knows the handler has loaded.
+hard-codes 8081; `0` disables it), `bind_address` (default 0.0.0.0), `max_body_bytes` (413 above
+it), and in http mode `/_/ready` answers 503 until the upstream accepts connections, so a
+runtime knows the handler has loaded.
 
 Run: `python fwatchdog.py`; `python fwatchdog.py -run-healthcheck` exits 0 iff the lock exists.
 Only the standard library, plus prometheus_client when the metrics server is on.
@@ -31,8 +32,14 @@ from urllib.parse import urlsplit
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 HOP_BY_HOP = {
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-    "transfer-encoding", "upgrade",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
 }
 MODES = ("http", "streaming", "serializing", "classic")
 
@@ -95,12 +102,18 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
         self.registry = CollectorRegistry()
-        self.total = Counter("http_requests", "total HTTP requests processed", ["code", "method"],
-                             registry=self.registry)
-        self.duration = Histogram("http_request_duration_seconds", "Seconds spent serving HTTP requests.",
-                                  ["code", "method"], registry=self.registry)
-        self.in_flight = Gauge("http_requests_in_flight", "current number of requests being served",
-                               registry=self.registry)
+        self.total = Counter(
+            "http_requests", "total HTTP requests processed", ["code", "method"], registry=self.registry
+        )
+        self.duration = Histogram(
+            "http_request_duration_seconds",
+            "Seconds spent serving HTTP requests.",
+            ["code", "method"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "http_requests_in_flight", "current number of requests being served", registry=self.registry
+        )
         start_http_server(port, addr="127.0.0.1", registry=self.registry)
 
     def observe(self, code: int, method: str, seconds: float) -> None:
@@ -134,7 +147,10 @@ class Watchdog:
     # -- http mode child -----------------------------------------------------------------
     def start_child(self) -> None:
         self.child = subprocess.Popen(
-            shlex.split(self.cfg.fprocess), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            shlex.split(self.cfg.fprocess),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
         )
         for stream, name in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
             threading.Thread(target=self._pipe, args=(stream, name), daemon=True).start()
@@ -189,8 +205,13 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.wd.cfg.read_timeout + self.wd.cfg.write_timeout + 60)
 
     # -- plumbing ------------------------------------------------------------------------
-    def _send(self, code: int, body: bytes, headers: list[tuple[str, str]] | None = None,
-              content_type: str = "text/plain; charset=utf-8") -> None:
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        headers: list[tuple[str, str]] | None = None,
+        content_type: str = "text/plain; charset=utf-8",
+    ) -> None:
         self.send_response(code)
         has_ct = False
         for k, v in headers or ():
@@ -323,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
                 resp = conn.getresponse()
                 data = resp.read()
                 break
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 wd.drop_conn()
                 msg = f"Timeout after {time.monotonic() - t0:.3f}s waiting for the function\n"
                 self._send(504, msg.encode(), [("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}")])
@@ -331,10 +352,14 @@ class Handler(BaseHTTPRequestHandler):
             except (OSError, http.client.HTTPException) as exc:
                 wd.drop_conn()
                 # a kept-alive upstream connection may have been closed meanwhile: retry once
-                if attempt == 2 or not isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError |
-                                                       ConnectionResetError):
-                    self._send(500, f"Can't reach service for: {exc}\n".encode(),
-                               [("X-OpenFaaS-Internal", "of-watchdog")])
+                if attempt == 2 or not isinstance(
+                    exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                ):
+                    self._send(
+                        500,
+                        f"Can't reach service for: {exc}\n".encode(),
+                        [("X-OpenFaaS-Internal", "of-watchdog")],
+                    )
                     return 500
         if resp.will_close:
             wd.drop_conn()
@@ -370,8 +395,12 @@ class Handler(BaseHTTPRequestHandler):
         stderr = subprocess.STDOUT if (classic and wd.cfg.combine_output) else subprocess.PIPE
         try:
             proc = subprocess.Popen(
-                shlex.split(wd.cfg.fprocess), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                env=self._cgi_env(body), start_new_session=True,
+                shlex.split(wd.cfg.fprocess),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=self._cgi_env(body),
+                start_new_session=True,
             )
         except OSError as exc:
             self._send(500, f"Can't start fprocess: {exc}\n".encode())
@@ -383,8 +412,11 @@ class Handler(BaseHTTPRequestHandler):
             proc.communicate()
             code = 408 if classic else 504
             log(f"Function was killed by ExecTimeout: {timeout}s")
-            self._send(code, f"Function timed out after {timeout}s\n".encode(),
-                       [("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}")])
+            self._send(
+                code,
+                f"Function timed out after {timeout}s\n".encode(),
+                [("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}")],
+            )
             return code
         duration = time.monotonic() - t0
         if err:

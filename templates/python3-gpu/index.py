@@ -10,9 +10,8 @@ import traceback
 from urllib.parse import urlsplit
 
 from flask import Flask, jsonify, request
-from waitress import serve
-
 from function import handler
+from waitress import serve
 
 app = Flask(__name__)
 
@@ -87,5 +86,10 @@ def call_handler(path):
 
 if __name__ == "__main__":
     upstream = urlsplit(os.getenv("upstream_url", "http://127.0.0.1:5000"))
-    serve(app, host=upstream.hostname or "127.0.0.1", port=upstream.port or 5000,
-          threads=int(os.getenv("handler_threads", "8")), ident="python3-gpu")
+    serve(
+        app,
+        host=upstream.hostname or "127.0.0.1",
+        port=upstream.port or 5000,
+        threads=int(os.getenv("handler_threads", "8")),
+        ident="python3-gpu",
+    )
