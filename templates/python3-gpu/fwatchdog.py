@@ -202,6 +202,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # headers and body go out in two writes: without this, Nagle + delayed ACK cost 40 ms
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connection.settimeout(self.wd.cfg.read_timeout + self.wd.cfg.write_timeout + 60)
 
     # -- plumbing ------------------------------------------------------------------------
