@@ -60,7 +60,7 @@ class EtcdLease(Lease):
 
 class EtcdDatastore(Datastore):
     def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 30.0):
-        endpoints = [pyetcd.Endpoint(h, p, secure=False) for h, p in parse_endpoints(url)]
+        endpoints = [pyetcd.Endpoint(h, p, secure=False, time_retry=1.0) for h, p in parse_endpoints(url)]
         self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s, failover=True)
         self.retry_s = retry_s
         self._closed = False

@@ -1,0 +1,162 @@
+"""One contract, two back ends: the embedded store and etcd (a real etcd server)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from faas_gpu.datastore import open_datastore
+from faas_gpu.datastore.embedded import EmbeddedDatastore
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def ds(request, tmp_path):
+    if request.param == "embedded":
+        store = open_datastore(None, tmp_path / "state.db")
+    else:
+        store = open_datastore(request.getfixturevalue("etcd_server").url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def p() -> str:
+    """A key prefix of this test's own: etcd is shared by the whole session."""
+    return f"/test/{uuid.uuid4().hex[:8]}/"
+
+
+def test_put_get_and_revisions(ds, p):
+    assert ds.get(p + "a") is None
+    r1 = ds.put(p + "a", "one")
+    kv = ds.get(p + "a")
+    assert kv.value == b"one" and kv.version == 1 and kv.create_revision == kv.mod_revision == r1
+    r2 = ds.put(p + "a", b"two")
+    kv2 = ds.get(p + "a")
+    assert r2 > r1 and kv2.value == b"two" and kv2.version == 2
+    assert kv2.create_revision == r1 and kv2.mod_revision == r2
+
+
+def test_prefix_is_sorted_and_bounded(ds, p):
+    for k in ("b", "a", "c/d"):
+        ds.put(p + k, k)
+    ds.put(p[:-1] + "x", "outside")
+    assert [kv.key for kv in ds.get_prefix(p)] == [p + "a", p + "b", p + "c/d"]
+    assert ds.delete_prefix(p) == 3
+    assert ds.get_prefix(p) == []
+    assert ds.get(p[:-1] + "x").value == b"outside"
+
+
+def test_delete(ds, p):
+    ds.put(p + "k", "v")
+    assert ds.delete(p + "k") is True
+    assert ds.delete(p + "k") is False
+    assert ds.get(p + "k") is None
+
+
+def test_json_helpers(ds, p):
+    ds.put_json(p + "j", {"a": [1, 2]})
+    assert ds.get_json(p + "j") == {"a": [1, 2]}
+    assert ds.get_json(p + "missing") is None
+
+
+def test_create_only_if_absent(ds, p):
+    assert ds.create(p + "leader", "me") is True
+    assert ds.create(p + "leader", "you") is False
+    assert ds.get(p + "leader").value == b"me"
+
+
+def test_compare_and_swap(ds, p):
+    ds.put(p + "c", "v1")
+    assert ds.compare_and_swap(p + "c", "v2", expected_value=b"nope") is False
+    assert ds.compare_and_swap(p + "c", "v2", expected_value=b"v1") is True
+    rev = ds.get(p + "c").mod_revision
+    assert ds.compare_and_swap(p + "c", "v3", expected_mod_revision=rev - 1) is False
+    assert ds.compare_and_swap(p + "c", "v3", expected_mod_revision=rev) is True
+    assert ds.get(p + "c").value == b"v3"
+    assert ds.compare_and_swap(p + "absent", "x", expected_value=b"") is False
+    with pytest.raises(ValueError):
+        ds.compare_and_swap(p + "c", "x")
+
+
+@pytest.mark.timeout(30)
+def test_lease_expiry_removes_keys_and_refresh_keeps_them(ds, p):
+    short = ds.lease(1)
+    kept = ds.lease(2)
+    ds.put(p + "short", "x", lease=short)
+    ds.put(p + "kept", "y", lease=kept)
+    assert ds.get(p + "short").lease == short.id
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        kept.refresh()
+        if ds.get(p + "short") is None:
+            break
+        time.sleep(0.3)
+    assert ds.get(p + "short") is None
+    assert ds.get(p + "kept") is not None
+    kept.revoke()
+    assert ds.get(p + "kept") is None
+
+
+@pytest.mark.timeout(30)
+def test_watch_sees_puts_and_deletes_in_order(ds, p):
+    watch = ds.watch_prefix(p)
+    time.sleep(0.2)  # etcd: the watch is registered asynchronously
+    ds.put(p + "a", "1")
+    ds.put(p + "b", "2")
+    ds.delete(p + "a")
+    ds.put(p[:-1] + "-other", "ignored")
+    events = [watch.get(timeout=5) for _ in range(3)]
+    assert [(e.type, e.key) for e in events] == [("put", p + "a"), ("put", p + "b"), ("delete", p + "a")]
+    assert events[0].value == b"1" and events[2].value is None
+    assert events[0].mod_revision < events[1].mod_revision < events[2].mod_revision
+    watch.cancel()
+    assert watch.get(timeout=0.5) is None
+
+
+@pytest.mark.timeout(30)
+def test_watch_from_a_past_revision_replays(ds, p):
+    first = ds.put(p + "x", "1")
+    ds.put(p + "x", "2")
+    watch = ds.watch_prefix(p, start_revision=first)
+    values = [watch.get(timeout=5).value for _ in range(2)]
+    watch.cancel()
+    assert values == [b"1", b"2"]
+
+
+def test_embedded_persists_across_reopen(tmp_path):
+    path = tmp_path / "state.db"
+    a = EmbeddedDatastore(path)
+    rev = a.put("/k", "v")
+    a.close()
+    b = EmbeddedDatastore(path)
+    try:
+        assert b.get("/k").value == b"v"
+        assert b.put("/k", "w") > rev
+    finally:
+        b.close()
+
+
+def test_unknown_datastore_url_is_refused():
+    with pytest.raises(ValueError, match="datastore URL"):
+        open_datastore("ftp://example")
+
+
+@pytest.mark.timeout(60)
+def test_etcd_client_rides_out_an_etcd_restart(etcd_server):
+    ds = open_datastore(etcd_server.url)
+    try:
+        ds.put("/restart/k", "before")
+        watch = ds.watch_prefix("/restart/")
+        time.sleep(0.2)
+        etcd_server.restart()
+        assert ds.get("/restart/k").value == b"before"
+        ds.put("/restart/k", "after")
+        event = watch.get(timeout=20)
+        while event is not None and event.value != b"after":
+            event = watch.get(timeout=20)
+        assert event is not None and event.value == b"after"
+        watch.cancel()
+    finally:
+        ds.close()
