@@ -1,0 +1,90 @@
+"""Shrinkwrap exactly like faas-cli; images reuse the stack's packages instead of copying them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from faas_gpu.build import build, shrinkwrap
+from faas_gpu.imagestore import BuildError, ImageStore, normalise
+from faas_gpu.paths import TEMPLATES_DIR
+from faas_gpu.stack import load_stack
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "fn").mkdir()
+    (tmp_path / "fn" / "handler.py").write_text("def handle(event, context):\n    return 'x'\n")
+    (tmp_path / "fn" / "requirements.txt").write_text("requests\n")
+    (tmp_path / "fn" / "build").mkdir()  # skipped, as faas-cli skips it
+    (tmp_path / "fn" / "template").mkdir()
+    (tmp_path / "stack.yml").write_text(
+        "version: 1.0\nprovider: {name: openfaas}\n"
+        "functions:\n  fn: {lang: python3-gpu, handler: ./fn, image: me/fn}\n"
+        "  other: {lang: no-such-lang, handler: ./fn, image: me/other}\n"
+    )
+    return load_stack(tmp_path / "stack.yml")
+
+
+def test_shrinkwrap_layout_matches_faas_cli(project, tmp_path):
+    out = shrinkwrap(project.functions["fn"])
+    assert out == tmp_path / "build" / "fn"
+    template = TEMPLATES_DIR / "python3-gpu"
+    template_files = {p.relative_to(template) for p in template.glob("*") if p.name != "__pycache__"}
+    assert {p.relative_to(out) for p in out.glob("*")} == template_files
+    assert sorted(p.name for p in (out / "function").iterdir()) == ["handler.py", "requirements.txt"]
+    assert "return 'x'" in (out / "function" / "handler.py").read_text()
+
+
+def test_unknown_lang_is_a_clear_error(project):
+    with pytest.raises(BuildError, match="lang: template 'no-such-lang' not found"):
+        shrinkwrap(project.functions["other"])
+
+
+def test_image_env_reuses_stack_packages(project, tmp_path):
+    store = ImageStore(tmp_path / "images")
+    record = build(project.functions["fn"], store)
+    assert record.image == "me/fn:latest" and store.get("me/fn") == record
+    assert record.fprocess == "python index.py"
+    # torch and flask come from the stack's environment through the .pth file, not a copy
+    proc = subprocess.run(
+        [str(record.python), "-c", "import torch, flask, requests; print(torch.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert str(record.folder) not in proc.stdout
+    size = sum(f.stat().st_size for f in (record.context.parent / "venv").rglob("*") if f.is_file())
+    assert size < 5_000_000
+    # a rebuild replaces the image atomically
+    again = build(project.functions["fn"], store)
+    assert again.created >= record.created and len(store.list()) == 1
+
+
+def test_failed_requirements_leave_no_half_image(project, tmp_path):
+    (tmp_path / "fn" / "requirements.txt").write_text("this-package-does-not-exist-faas-gpu==0.0.0\n")
+    store = ImageStore(tmp_path / "images")
+    with pytest.raises(BuildError, match="pip install"):
+        build(project.functions["fn"], store)
+    assert store.get("me/fn") is None
+    assert [p.name for p in (tmp_path / "images").iterdir()] == []
+
+
+def test_image_names_normalise_like_docker():
+    assert normalise("me/fn") == "me/fn:latest"
+    assert normalise("localhost:5000/fn") == "localhost:5000/fn:latest"
+    assert normalise("fn:1.0") == "fn:1.0"
+
+
+def test_cli_build_runs_offline(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAAS_GPU_HOME", str(tmp_path / "home"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "faas_gpu.cli", "build", "-f", str(tmp_path / "stack.yml"), "--filter", "fn"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ImageStore(tmp_path / "home" / "images").get("me/fn") is not None
