@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -14,6 +15,25 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+
+
+class _StartedCollector:
+    """`gateway_function_invocation_started`, named exactly as OpenFaaS names it.
+
+    The Go client exposes this counter without a `_total` suffix; prometheus_client would add
+    one to any counter, so it is exposed untyped under its exact name.
+    """
+
+    def __init__(self, metrics: GatewayMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        family = Metric("gateway_function_invocation_started", "Function invocation started", "unknown")
+        with self.metrics._started_lock:
+            for name, count in sorted(self.metrics._started.items()):
+                family.add_sample("gateway_function_invocation_started", {"function_name": name}, float(count))
+        yield family
 
 
 class GatewayMetrics:
@@ -33,12 +53,9 @@ class GatewayMetrics:
             ["function_name", "code"],
             registry=self.registry,
         )
-        self.started_total = Counter(
-            "gateway_function_invocation_started",
-            "Function invocation started",
-            ["function_name"],
-            registry=self.registry,
-        )
+        self._started: dict[str, int] = {}
+        self._started_lock = threading.Lock()
+        self.registry.register(_StartedCollector(self))
         self.service_count = Gauge(
             "gateway_service_count",
             "Current count of replicas for function",
@@ -48,7 +65,8 @@ class GatewayMetrics:
         self._replicas = replicas
 
     def started(self, function_name: str) -> None:
-        self.started_total.labels(function_name).inc()
+        with self._started_lock:
+            self._started[function_name] = self._started.get(function_name, 0) + 1
 
     def finished(self, function_name: str, code: int, seconds: float) -> None:
         self.total.labels(function_name, str(code)).inc()
