@@ -1,0 +1,291 @@
+"""Placement of inference jobs on GPU units: LB, LALB and LALB-O3 (GPU-FaaS paper, §IV).
+
+- `LBScheduler`: the baseline — whenever a unit is idle, it takes the head of the global queue.
+- `LALBScheduler`: locality-aware load balancing, Algorithm 1 (`_serve`) and Algorithm 2
+  (`_locality_load_balance`), with out-of-order dispatch bounded by a skip limit (`o3_limit`,
+  default 25; 0 is plain LALB).
+
+The schedulers are pure state machines: the driver (the simulator, or the scheduler daemon)
+calls `submit(request, now)`, `schedule(now)` and `complete(unit_id, now)` and applies the
+returned `Dispatch` decisions. They never read a clock or touch the network.
+
+Cost: the auxiliary index of §V — queued requests linked per model, units per cached model —
+makes a placement cost proportional to the models cached on a unit and the units caching a
+model, not to the queue length. Skip counts ("visits") are kept implicitly: every skip event
+covers a prefix of the global queue, so visits never increase along the queue, and only the
+head's count is ever needed; it is the number of recorded skip boundaries above its sequence
+number (a heap).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from .model_cache import ModelCache, ModelTooLarge
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model as profiled (Table I): GPU memory at the batch size, load and inference time."""
+
+    name: str
+    size_mb: float
+    load_s: float
+    infer_s: float
+
+
+@dataclass
+class Request:
+    """One inference job (a batch for one model) waiting for a unit."""
+
+    id: int
+    model: str
+    arrival: float
+    seq: int = -1
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A decision: run `request` on `unit` now; a miss loads the model first (after evictions)."""
+
+    request: Request
+    unit: int
+    hit: bool
+    false_miss: bool
+    evicted: tuple[str, ...]
+    start: float
+    duration: float
+
+
+@dataclass
+class Unit:
+    """A GPU or a MIG slice: memory (the model cache), a local queue, a running job."""
+
+    id: int
+    cache: ModelCache
+    node: int = 0
+    running: Request | None = None
+    busy_until: float = 0.0
+    local_queue: deque[Request] = field(default_factory=deque)
+    queued_work_s: float = 0.0
+    dispatches: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.running is None
+
+
+class PlacementError(ValueError):
+    pass
+
+
+class _Base:
+    def __init__(self, units: list[Unit], models: dict[str, Model]):
+        if not units:
+            raise PlacementError("units: at least one unit is needed")
+        self.units = {u.id: u for u in units}
+        self.models = dict(models)
+        largest = max(u.cache.capacity_mb for u in units)
+        for m in self.models.values():
+            if m.size_mb > largest:
+                raise PlacementError(f"models.{m.name}.size_mb: {m.size_mb} MB exceeds every unit ({largest} MB)")
+        self.queue: OrderedDict[int, Request] = OrderedDict()  # global queue, by arrival
+        self._next_seq = 0
+        # units per cached model (the Cache Manager's lists, §V)
+        self.holders: dict[str, set[int]] = {}
+        self.idle: set[int] = {u.id for u in units if u.idle}
+
+    # -- driver API ----------------------------------------------------------------------
+    def submit(self, request: Request, now: float) -> None:
+        if request.model not in self.models:
+            raise PlacementError(f"model: {request.model!r} is not in the catalog")
+        request.seq = self._next_seq
+        self._next_seq += 1
+        self.queue[request.seq] = request
+        self._enqueued(request)
+
+    def complete(self, unit_id: int, now: float) -> Request:
+        unit = self.units[unit_id]
+        done = unit.running
+        if done is None:
+            raise PlacementError(f"unit {unit_id} has no running job")
+        unit.running = None
+        unit.busy_until = now
+        self.idle.add(unit_id)
+        return done
+
+    def queued(self) -> int:
+        return len(self.queue) + sum(len(u.local_queue) for u in self.units.values())
+
+    def idle_order(self) -> list[Unit]:
+        """Idle units, least often dispatched to first, then by id (the paper's order by frequency)."""
+        return sorted((self.units[i] for i in self.idle), key=lambda u: (u.dispatches, u.id))
+
+    # -- shared mechanics ----------------------------------------------------------------
+    def _enqueued(self, request: Request) -> None:
+        pass
+
+    def _dequeued(self, request: Request) -> None:
+        pass
+
+    def _take(self, request: Request) -> None:
+        del self.queue[request.seq]
+        self._dequeued(request)
+
+    def _dispatch(self, request: Request, unit: Unit, now: float) -> Dispatch:
+        model = self.models[request.model]
+        hit = request.model in unit.cache
+        false_miss = (not hit) and bool(self.holders.get(request.model))
+        try:
+            evicted = unit.cache.load(model.name, model.size_mb)
+        except ModelTooLarge as exc:
+            raise PlacementError(f"unit {unit.id}: {exc}") from None
+        for name in evicted:
+            self.holders[name].discard(unit.id)
+        self.holders.setdefault(model.name, set()).add(unit.id)
+        duration = model.infer_s + (0.0 if hit else model.load_s)
+        unit.running = request
+        unit.busy_until = now + duration
+        unit.dispatches += 1
+        self.idle.discard(unit.id)
+        return Dispatch(request, unit.id, hit, false_miss, tuple(evicted), now, duration)
+
+
+class LBScheduler(_Base):
+    """Baseline load balancing: an idle unit takes the head of the global queue, hit or miss."""
+
+    name = "lb"
+
+    def schedule(self, now: float) -> list[Dispatch]:
+        out = []
+        for unit in self.idle_order():
+            if not self.queue:
+                break
+            head = next(iter(self.queue.values()))
+            self._take(head)
+            out.append(self._dispatch(head, unit, now))
+        return out
+
+
+class LALBScheduler(_Base):
+    """Locality-aware load balancing with out-of-order dispatch (Algorithms 1 and 2)."""
+
+    def __init__(self, units: list[Unit], models: dict[str, Model], o3_limit: int = 25):
+        super().__init__(units, models)
+        if o3_limit < 0:
+            raise PlacementError(f"o3_limit: must be >= 0, got {o3_limit}")
+        self.o3_limit = o3_limit
+        self.name = "lalb_o3" if o3_limit > 0 else "lalb"
+        self.by_model: dict[str, deque[Request]] = {}  # queued requests linked per model
+        self._skips: list[int] = []  # heap of skip-event boundaries (sequence numbers)
+
+    def _enqueued(self, request: Request) -> None:
+        self.by_model.setdefault(request.model, deque()).append(request)
+
+    def _dequeued(self, request: Request) -> None:
+        # every removal from the global queue is the oldest request of its model
+        q = self.by_model[request.model]
+        assert q[0] is request, "requests leave their model's list in arrival order"
+        q.popleft()
+        if not q:
+            del self.by_model[request.model]
+
+    def visits(self, request: Request) -> int:
+        """Times a queued `request` has been skipped (for inspection; the hot path uses the head)."""
+        return sum(1 for b in self._skips if b > request.seq)
+
+    def _head_visits(self, head: Request) -> int:
+        # boundaries at or below the head count for no queued request, now or later: drop them
+        while self._skips and self._skips[0] <= head.seq:
+            heapq.heappop(self._skips)
+        return len(self._skips)
+
+    def _finish_estimate(self, unit: Unit, now: float) -> float:
+        return max(0.0, unit.busy_until - now) + unit.queued_work_s
+
+    # -- Algorithm 1 ---------------------------------------------------------------------
+    def schedule(self, now: float) -> list[Dispatch]:
+        out: list[Dispatch] = []
+        for unit in self.idle_order():
+            if not unit.idle:  # taken meanwhile by Algorithm 2, line 5
+                continue
+            if unit.local_queue:  # lines 2-4: the local queue first
+                request = unit.local_queue.popleft()
+                unit.queued_work_s -= self.models[request.model].infer_s
+                out.append(self._dispatch(request, unit, now))
+                continue
+            if self.queue:
+                self._serve(unit, now, out)
+        return out
+
+    def _candidate(self, unit: Unit) -> Request | None:
+        """The oldest queued request whose model `unit` holds (cost: the unit's cached models)."""
+        best = None
+        for model in unit.cache.models:
+            q = self.by_model.get(model)
+            if q and (best is None or q[0].seq < best.seq):
+                best = q[0]
+        return best
+
+    def _serve(self, unit: Unit, now: float, out: list[Dispatch]) -> None:
+        while self.queue:
+            head = next(iter(self.queue.values()))
+            cand = self._candidate(unit)
+            if cand is head:  # lines 7-8: a hit, in order
+                self._take(head)
+                out.append(self._dispatch(head, unit, now))
+                return
+            if self._head_visits(head) >= self.o3_limit:  # lines 11-13: skipped enough, place it now
+                if self._locality_load_balance(unit, head, now, out):
+                    return
+                continue  # head went elsewhere; look again
+            if cand is not None:  # lines 6-8, 15: dispatch out of order, skipping those ahead
+                heapq.heappush(self._skips, cand.seq)
+                self._take(cand)
+                out.append(self._dispatch(cand, unit, now))
+                return
+            # lines 17-21: nothing cached here; every queued request was visited once
+            heapq.heappush(self._skips, self._next_seq)
+            while self.queue:
+                head = next(iter(self.queue.values()))
+                if self._locality_load_balance(unit, head, now, out):
+                    return
+            return
+
+    # -- Algorithm 2 ---------------------------------------------------------------------
+    def _locality_load_balance(self, unit: Unit, request: Request, now: float, out: list[Dispatch]) -> bool:
+        """Place `request`; True when it went to `unit` (which is then busy)."""
+        holders = self.holders.get(request.model)
+        if not holders:  # lines 1-3: cached nowhere, a (true) miss here
+            self._take(request)
+            out.append(self._dispatch(request, unit, now))
+            return True
+        idle_holders = [self.units[i] for i in holders if i in self.idle]
+        if idle_holders:  # lines 4-6: a hit on another idle unit
+            other = min(idle_holders, key=lambda u: (u.dispatches, u.id))
+            self._take(request)
+            out.append(self._dispatch(request, other, now))
+            return False
+        model = self.models[request.model]
+        best = min((self.units[i] for i in holders), key=lambda u: (self._finish_estimate(u, now), u.id))
+        if self._finish_estimate(best, now) < model.load_s:  # lines 8-14: wait for a busy holder
+            self._take(request)
+            best.local_queue.append(request)
+            best.queued_work_s += model.infer_s
+            return False
+        self._take(request)  # lines 16-18: a miss here beats waiting
+        out.append(self._dispatch(request, unit, now))
+        return True
+
+
+def make_scheduler(name: str, units: list[Unit], models: dict[str, Model], o3_limit: int = 25):
+    """`lb`, `lalb` (no out-of-order dispatch) or `lalb_o3` (skip limit `o3_limit`)."""
+    if name == "lb":
+        return LBScheduler(units, models)
+    if name == "lalb":
+        return LALBScheduler(units, models, o3_limit=0)
+    if name == "lalb_o3":
+        return LALBScheduler(units, models, o3_limit=o3_limit)
+    raise PlacementError(f"policy: unknown policy {name!r} (lb, lalb, lalb_o3)")

@@ -1,0 +1,61 @@
+"""Per-unit model cache with LRU replacement (GPU-FaaS paper, §III "Cache Manager").
+
+A unit's GPU memory holds whole models; loading one that does not fit evicts the unit's least
+recently used models until it fits. Sizes are the peak occupation at the profiled batch size
+(Table I), since exceeding memory would OOM the GPU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class ModelTooLarge(ValueError):
+    """A model that no amount of eviction can fit on this unit."""
+
+
+class ModelCache:
+    def __init__(self, capacity_mb: float):
+        if capacity_mb <= 0:
+            raise ValueError(f"capacity_mb: must be positive, got {capacity_mb}")
+        self.capacity_mb = float(capacity_mb)
+        self._lru: OrderedDict[str, float] = OrderedDict()  # oldest first
+        self.used_mb = 0.0
+
+    def __contains__(self, model: str) -> bool:
+        return model in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def models(self) -> list[str]:
+        """Cached models, least recently used first."""
+        return list(self._lru)
+
+    def touch(self, model: str) -> None:
+        self._lru.move_to_end(model)
+
+    def victims_for(self, size_mb: float) -> list[str]:
+        """The LRU models that would be evicted to make room for `size_mb` (nothing changes)."""
+        if size_mb > self.capacity_mb:
+            raise ModelTooLarge(f"model of {size_mb} MB exceeds the unit's {self.capacity_mb} MB")
+        free, victims = self.capacity_mb - self.used_mb, []
+        for name, size in self._lru.items():
+            if free >= size_mb:
+                break
+            victims.append(name)
+            free += size
+        return victims
+
+    def load(self, model: str, size_mb: float) -> list[str]:
+        """Cache `model` as most recently used; returns the evicted models, LRU first."""
+        if model in self._lru:
+            self.touch(model)
+            return []
+        victims = self.victims_for(size_mb)
+        for name in victims:
+            self.used_mb -= self._lru.pop(name)
+        self._lru[model] = float(size_mb)
+        self.used_mb += size_mb
+        return victims

@@ -1,0 +1,226 @@
+"""Simulation scenarios: cluster, model catalog, trace and policy, validated field by field.
+
+A scenario is a small YAML or JSON file. Every refusal names the field, e.g.
+`scenario.yaml: cluster.unit_memory_mb: must be a positive number, got -1`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from faas_gpu.paths import REPO_ROOT
+from faas_gpu.policies import Model
+
+# GPU-FaaS paper, Table I: GPU occupation (MB) at batch 32, loading time (s), inference time (s)
+GPU_FAAS_TABLE1 = [
+    ("squeezenet1.1", 1269, 2.41, 1.28),
+    ("resnet18", 1313, 2.52, 1.25),
+    ("resnet34", 1357, 2.60, 1.25),
+    ("squeezenet1.0", 1435, 2.32, 1.33),
+    ("alexnet", 1437, 2.81, 1.25),
+    ("resnext50_32x4d", 1555, 2.64, 1.29),
+    ("densenet121", 1601, 2.49, 1.28),
+    ("densenet169", 1631, 2.56, 1.30),
+    ("densenet201", 1665, 2.67, 1.40),
+    ("resnet50", 1701, 2.67, 1.28),
+    ("resnet101", 1757, 2.95, 1.30),
+    ("resnet152", 1827, 3.10, 1.31),
+    ("densenet161", 1919, 2.75, 1.32),
+    ("inception_v3", 2157, 4.42, 1.63),
+    ("resnext101_32x8d", 2191, 3.51, 1.33),
+    ("vgg11", 2903, 3.94, 1.29),
+    ("wide_resnet50_2", 3611, 3.16, 1.31),
+    ("wide_resnet101_2", 3831, 3.91, 1.32),
+    ("vgg13", 3887, 3.98, 1.30),
+    ("vgg16", 3907, 4.04, 1.27),
+    ("vgg16_bn", 3907, 4.03, 1.26),
+    ("vgg19", 3947, 4.07, 1.33),
+]
+CATALOGS = {"gpu_faas_table1": [Model(n, s, lt, it) for n, s, lt, it in GPU_FAAS_TABLE1]}
+POLICIES = ("lb", "lalb", "lalb_o3")
+
+KEYS = {"name", "seed", "cluster", "models", "trace", "policy"}
+CLUSTER_KEYS = {"nodes", "units_per_node", "unit_memory_mb"}
+MODEL_KEYS = {"name", "size_mb", "load_s", "infer_s"}
+TRACE_KEYS = {"files", "file", "format", "minutes", "start_minute", "requests_per_minute", "working_set"}
+POLICY_KEYS = {"name", "o3_limit"}
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass
+class Cluster:
+    nodes: int
+    units_per_node: int
+    unit_memory_mb: float
+
+
+@dataclass
+class TraceSpec:
+    files: list[Path]
+    format: str  # "per-minute" (one count per line, one function per file) or "azure2019"
+    minutes: int
+    start_minute: int
+    requests_per_minute: int
+    working_set: int
+
+
+@dataclass
+class Scenario:
+    name: str
+    seed: int
+    cluster: Cluster
+    models: list[Model]
+    trace: TraceSpec
+    policy: str
+    o3_limit: int = 25
+    source: Path | None = field(default=None, compare=False)
+
+
+class _Check:
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, key: str, msg: str):
+        raise ScenarioError(f"{self.file}: {key}: {msg}")
+
+    def keys(self, data: Any, allowed: set[str], where: str) -> dict:
+        if not isinstance(data, dict):
+            self.fail(where, "must be a mapping")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            self.fail(
+                f"{where}.{unknown[0]}" if where else unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
+        return data
+
+    def number(
+        self,
+        data: dict,
+        key: str,
+        where: str,
+        *,
+        integer: bool = False,
+        minimum: float = 0,
+        positive: bool = True,
+        default: Any = None,
+    ) -> Any:
+        value = data.get(key, default)
+        path = f"{where}.{key}" if where else key
+        if value is None:
+            self.fail(path, "is required")
+        if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+            self.fail(path, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        if value < minimum or (positive and value <= 0):
+            self.fail(path, f"must be {'positive' if positive else f'>= {minimum}'}, got {value}")
+        return value
+
+
+def _resolve(path: str, base: Path) -> Path:
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    for root in (base, REPO_ROOT):
+        if (root / p).exists():
+            return (root / p).resolve()
+    return (base / p).resolve()
+
+
+def load_scenario(path: Path | str) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path.name}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    scenario = parse_scenario(data, path.name, path.parent.resolve())
+    scenario.source = path
+    return scenario
+
+
+def parse_scenario(data: Any, file: str = "scenario", base: Path | None = None) -> Scenario:
+    c = _Check(file)
+    base = base or Path.cwd()
+    c.keys(data, KEYS, "")
+    for key in ("cluster", "models", "trace", "policy"):
+        if key not in data:
+            c.fail(key, "is required")
+    seed = c.number(data, "seed", "", integer=True, positive=False, default=1)
+    cl = c.keys(data["cluster"], CLUSTER_KEYS, "cluster")
+    cluster = Cluster(
+        c.number(cl, "nodes", "cluster", integer=True),
+        c.number(cl, "units_per_node", "cluster", integer=True),
+        float(c.number(cl, "unit_memory_mb", "cluster")),
+    )
+    models = _models(c, data["models"])
+    for m in models:
+        if m.size_mb > cluster.unit_memory_mb:
+            c.fail(
+                f"models.{m.name}.size_mb", f"{m.size_mb} MB is bigger than every unit ({cluster.unit_memory_mb} MB)"
+            )
+    tr = c.keys(data["trace"], TRACE_KEYS, "trace")
+    if ("files" in tr) == ("file" in tr):
+        c.fail("trace", "give either files (per-minute count files) or file (an Azure 2019 CSV)")
+    raw_files = tr["files"] if "files" in tr else [tr["file"]]
+    if not isinstance(raw_files, list) or not raw_files or not all(isinstance(f, str) for f in raw_files):
+        c.fail("trace.files", "must be a non-empty list of paths")
+    files = [_resolve(f, base) for f in raw_files]
+    for i, f in enumerate(files):
+        if not f.is_file():
+            c.fail(f"trace.files[{i}]" if "files" in tr else "trace.file", f"{raw_files[i]} not found")
+    fmt = tr.get("format", "per-minute" if "files" in tr else "azure2019")
+    if fmt not in ("per-minute", "azure2019"):
+        c.fail("trace.format", f"must be per-minute or azure2019, got {fmt!r}")
+    trace = TraceSpec(
+        files=files,
+        format=fmt,
+        minutes=c.number(tr, "minutes", "trace", integer=True),
+        start_minute=c.number(tr, "start_minute", "trace", integer=True, positive=False, default=0),
+        requests_per_minute=c.number(tr, "requests_per_minute", "trace", integer=True),
+        working_set=c.number(tr, "working_set", "trace", integer=True),
+    )
+    pol = c.keys(data["policy"], POLICY_KEYS, "policy")
+    name = pol.get("name")
+    if name not in POLICIES:
+        c.fail("policy.name", f"must be one of {', '.join(POLICIES)}, got {name!r}")
+    o3 = c.number(pol, "o3_limit", "policy", integer=True, positive=False, default=25)
+    return Scenario(str(data.get("name", file)), seed, cluster, models, trace, name, o3)
+
+
+def _models(c: _Check, raw: Any) -> list[Model]:
+    if isinstance(raw, str):
+        if raw not in CATALOGS:
+            c.fail("models", f"unknown catalog {raw!r} (known: {', '.join(CATALOGS)})")
+        return list(CATALOGS[raw])
+    if not isinstance(raw, list) or not raw:
+        c.fail("models", "must be a catalog name or a non-empty list of models")
+    out, seen = [], set()
+    for i, m in enumerate(raw):
+        where = f"models[{i}]"
+        c.keys(m, MODEL_KEYS, where)
+        name = m.get("name")
+        if not isinstance(name, str) or not name:
+            c.fail(f"{where}.name", "is required")
+        if name in seen:
+            c.fail(f"{where}.name", f"duplicate model {name!r}")
+        seen.add(name)
+        where = f"models.{name}"
+        out.append(
+            Model(
+                name,
+                float(c.number(m, "size_mb", where)),
+                float(c.number(m, "load_s", where, positive=False)),
+                float(c.number(m, "infer_s", where)),
+            )
+        )
+    return out
