@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("new", help="create a function from a template (offline)")
     p.add_argument("name")
-    p.add_argument("--lang", required=True)
+    p.add_argument("--lang", default="python3-gpu", help="template (default python3-gpu)")
     p.add_argument("--append", help="add to this stack file instead of writing stack.yaml")
     p.add_argument("--prefix", help="image prefix, e.g. your registry user")
     p.add_argument("-g", "--gateway")

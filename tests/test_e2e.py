@@ -154,7 +154,7 @@ def test_new_and_template_pull_work_offline(tmp_path, stack):
     assert (tmp_path / "template" / "python3-gpu" / "template.yml").is_file()
     meta = json.loads((tmp_path / "template" / "python3-gpu" / "meta.json").read_text())
     assert {"repository", "sha", "written_at"} <= set(meta)
-    proc = cli(tmp_path, stack, "new", "my-fn", "--lang", "python3-gpu")
+    proc = cli(tmp_path, stack, "new", "my-fn")  # python3-gpu is the default lang
     assert b"Function created" in proc.stdout
     assert (tmp_path / "my-fn" / "handler.py").is_file()
     data = yaml.safe_load((tmp_path / "stack.yaml").read_text())

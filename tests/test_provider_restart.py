@@ -50,11 +50,15 @@ class _Sink(BaseHTTPRequestHandler):
 
 
 @pytest.mark.slow
-def test_async_work_accepted_before_a_crash_is_done_after_restart(tmp_path, redis_server):
-    """Accepted work rides on Redis Streams; a provider killed mid-way finishes it after restart."""
+@pytest.mark.parametrize("queue", ["embedded", "redis"])
+def test_async_work_accepted_before_a_crash_is_done_after_restart(tmp_path, request, queue):
+    """Accepted work is queued durably; a provider killed mid-way finishes it after restart."""
+    _Sink.bodies.clear()
+    _Sink.got.clear()
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    s = StackProcess(tmp_path / "home", "--redis", redis_server.url).start()
+    extra = ["--redis", request.getfixturevalue("redis_server").url] if queue == "redis" else []
+    s = StackProcess(tmp_path / "home", *extra).start()
     try:
         _deploy(s, "slow", envProcess="sh -c 'sleep 3; cat'")
         s.wait_ready("slow")

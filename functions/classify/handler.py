@@ -1,71 +1,109 @@
 """Classify 3x32x32 images with ResNetMini (plain torch, on the CPU here).
 
-The model loads once, at import. Input (JSON): {"inputs": [3][32][32] or [N][3][32][32] floats}
-or {"seed": int} for a deterministic random image; or raw float32 little-endian bytes of N
-images. Output: {"model", "batch", "predictions": [{"class", "label", "score"}]}.
+The model loads once, at import, from weights.pt beside this file (generated there by
+make_weights when missing, so a fresh build works; if the folder is read-only the same weights
+are generated in memory). Input, one of:
+  - JSON {"inputs": [3][32][32] or [N][3][32][32] numbers}
+  - JSON {"seed": int}: one deterministic random image (torch.randn with that seed)
+  - raw float32 little-endian bytes of N images (Content-Type: application/octet-stream)
+Output (JSON): {"model": "resnet-mini", "batch": N, "predictions": [{"class", "label", "score"}]}.
+Bad input: 400 with a message that starts with the field at fault ("inputs: ...").
 """
 
 import json
+import math
+import sys
 from pathlib import Path
 
 import torch
 
-from .make_weights import make_weights
+from .make_weights import generate, make_weights
 from .model import LABELS, ResNetMini
 
 WEIGHTS = Path(__file__).resolve().parent / "weights.pt"
 IMAGE = (3, 32, 32)
+IMAGE_BYTES = 4 * math.prod(IMAGE)
 MAX_BATCH = 64
+MODEL_NAME = "resnet-mini"
+
+
+def _load_model() -> ResNetMini:
+    if not WEIGHTS.exists():
+        try:
+            make_weights(WEIGHTS)
+        except OSError as exc:  # read-only function folder: same weights, in memory
+            print(f"classify: cannot write {WEIGHTS} ({exc}); generating weights in memory", file=sys.stderr)
+    net = ResNetMini()
+    state = torch.load(WEIGHTS, weights_only=True) if WEIGHTS.exists() else generate()
+    net.load_state_dict(state)
+    net.eval()
+    return net
+
 
 torch.set_num_threads(1)
-if not WEIGHTS.exists():
-    make_weights(WEIGHTS)
-model = ResNetMini()
-model.load_state_dict(torch.load(WEIGHTS, weights_only=True))
-model.eval()
+model = _load_model()
 
 
 class BadInput(ValueError):
     pass
 
 
-def _tensor(event) -> torch.Tensor:
-    ctype = event.headers.get("Content-Type", "")
-    if ctype.startswith("application/octet-stream"):
-        n = len(event.body) // (4 * 3 * 32 * 32)
-        if n == 0 or len(event.body) != n * 4 * 3 * 32 * 32:
-            raise BadInput("body: raw input must be N float32 images of 3x32x32")
-        return torch.frombuffer(bytearray(event.body), dtype=torch.float32).reshape(n, *IMAGE)
+def _raw(body: bytes) -> torch.Tensor:
+    n = len(body) // IMAGE_BYTES
+    if n == 0 or len(body) != n * IMAGE_BYTES:
+        raise BadInput(f"body: raw input must be N float32 images of 3x32x32 ({IMAGE_BYTES} bytes each)")
+    x = torch.frombuffer(bytearray(body), dtype=torch.float32)
+    if sys.byteorder != "little":
+        x = x.byteswap()  # pragma: no cover
+    return x.reshape(n, *IMAGE)
+
+
+def _json(body: bytes) -> torch.Tensor:
     try:
-        data = json.loads(event.body or b"{}")
+        data = json.loads(body or b"{}")
     except ValueError:
-        raise BadInput('body: must be JSON ({"inputs": ...} or {"seed": N})') from None
+        if body and len(body) % IMAGE_BYTES == 0:  # raw floats sent without a content type
+            return _raw(body)
+        raise BadInput('body: must be JSON ({"inputs": ...} or {"seed": N}) or raw float32 images') from None
     if not isinstance(data, dict):
         raise BadInput("body: must be a JSON object")
     if "seed" in data:
-        if not isinstance(data["seed"], int):
-            raise BadInput("seed: must be an integer")
-        return torch.randn(1, *IMAGE, generator=torch.Generator().manual_seed(data["seed"]))
+        seed = data["seed"]
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise BadInput("seed: must be an integer in [0, 2^63)")
+        return torch.randn(1, *IMAGE, generator=torch.Generator().manual_seed(seed))
     if "inputs" not in data:
         raise BadInput("inputs: is required (or give seed)")
     try:
         x = torch.tensor(data["inputs"], dtype=torch.float32)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise BadInput("inputs: must be a nested list of numbers") from None
     if x.dim() == 3:
         x = x.unsqueeze(0)
-    if x.dim() != 4 or tuple(x.shape[1:]) != IMAGE:
-        raise BadInput(f"inputs: shape must be [3,32,32] or [N,3,32,32], got {list(x.shape)}")
+    if x.dim() != 4 or tuple(x.shape[1:]) != IMAGE or x.shape[0] == 0:
+        raise BadInput(f"inputs: shape must be [3,32,32] or [N,3,32,32] with N >= 1, got {list(x.shape)}")
     return x
+
+
+def _tensor(event) -> torch.Tensor:
+    ctype = (event.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    x = _raw(event.body) if ctype == "application/octet-stream" else _json(event.body)
+    if not torch.isfinite(x).all():
+        raise BadInput("inputs: values must be finite (no NaN or Infinity)")
+    return x
+
+
+def _error(status: int, message: str) -> dict:
+    return {"statusCode": status, "body": message + "\n", "headers": {"Content-Type": "text/plain"}}
 
 
 def handle(event, context):
     try:
         x = _tensor(event)
     except BadInput as exc:
-        return {"statusCode": 400, "body": str(exc) + "\n", "headers": {"Content-Type": "text/plain"}}
+        return _error(400, str(exc))
     if x.shape[0] > MAX_BATCH:
-        return {"statusCode": 413, "body": f"inputs: at most {MAX_BATCH} images\n"}
+        return _error(413, f"inputs: at most {MAX_BATCH} images a request, got {x.shape[0]}")
     with torch.inference_mode():
         probs = torch.softmax(model(x), dim=1)
     scores, classes = probs.max(dim=1)
@@ -75,5 +113,6 @@ def handle(event, context):
     ]
     return {
         "statusCode": 200,
-        "body": {"model": "resnet-mini", "batch": len(predictions), "predictions": predictions},
+        "body": {"model": MODEL_NAME, "batch": len(predictions), "predictions": predictions},
+        "headers": {"Content-Type": "application/json"},
     }
