@@ -84,6 +84,7 @@ class Provider:
         with self._lock:
             if not self.store.delete(ns, name):
                 raise NotFoundError(f"function {name}.{ns} not found")
+        self.invoker.forget((ns, name))
         self.runtime.remove(ns, name)
 
     def scale(self, path_name: str, body: object, namespace_query: str | None) -> FunctionRecord:

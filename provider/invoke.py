@@ -83,6 +83,11 @@ class Invoker:
         self._known[key] = now
         return True
 
+    def forget(self, key: tuple[str, str]) -> None:
+        """A deleted function answers 404 at once, not after the existence cache expires."""
+        self._known.pop(key, None)
+        self._rr.pop(key, None)
+
     def pick(self, key: tuple[str, str]) -> str | None:
         endpoints = self.runtime.endpoints(*key)
         if not endpoints:

@@ -334,6 +334,7 @@ def test_async_invocation_posts_result_to_callback(stack, cat_fn):
 def test_delete_removes_function(stack):
     assert deploy(stack, "short-lived").status_code == 202
     stack.wait_ready("short-lived")
+    assert requests.post(f"{stack.url}/function/short-lived", data=b"x", timeout=5).status_code == 200
     r = requests.delete(
         f"{stack.url}/system/functions",
         json={"functionName": "short-lived", "namespace": NS},

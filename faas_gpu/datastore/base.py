@@ -118,7 +118,6 @@ class Datastore(ABC):
     def create(self, key: str, value: bytes | str, lease: Lease | int | None = None) -> bool:
         """Put only if the key is absent (the building block of leader election)."""
 
-    @abstractmethod
     def compare_and_swap(
         self,
         key: str,
@@ -126,6 +125,16 @@ class Datastore(ABC):
         *,
         expected_value: bytes | None = None,
         expected_mod_revision: int | None = None,
+    ) -> bool:
+        """Replace an existing key's value if it still has the expected value and/or revision."""
+        if expected_value is None and expected_mod_revision is None:
+            raise ValueError("compare_and_swap: give expected_value or expected_mod_revision")
+        expected = None if expected_value is None else to_bytes(expected_value)
+        return self._compare_and_swap(key, to_bytes(new_value), expected, expected_mod_revision)
+
+    @abstractmethod
+    def _compare_and_swap(
+        self, key: str, new_value: bytes, expected_value: bytes | None, expected_mod_revision: int | None
     ) -> bool: ...
 
     @abstractmethod

@@ -140,26 +140,19 @@ class EmbeddedDatastore(Datastore):
             self._put_locked(key, to_bytes(value), lease_id(lease))
             return True
 
-    def compare_and_swap(
-        self,
-        key: str,
-        new_value: bytes | str,
-        *,
-        expected_value: bytes | None = None,
-        expected_mod_revision: int | None = None,
+    def _compare_and_swap(
+        self, key: str, new_value: bytes, expected_value: bytes | None, expected_mod_revision: int | None
     ) -> bool:
-        if expected_value is None and expected_mod_revision is None:
-            raise ValueError("compare_and_swap: give expected_value or expected_mod_revision")
         with self._lock, self._tx():
             row = self._db.execute("SELECT value, mod_rev FROM kv WHERE key=?", (key,)).fetchone()
             if row is None:
                 return False
-            if expected_value is not None and bytes(row[0]) != to_bytes(expected_value):
+            if expected_value is not None and bytes(row[0]) != expected_value:
                 return False
             if expected_mod_revision is not None and row[1] != expected_mod_revision:
                 return False
             lease = self._db.execute("SELECT lease FROM kv WHERE key=?", (key,)).fetchone()[0]
-            self._put_locked(key, to_bytes(new_value), lease)
+            self._put_locked(key, new_value, lease)
             return True
 
     # -- leases --------------------------------------------------------------------------

@@ -117,28 +117,19 @@ class EtcdDatastore(Datastore):
         )
         return ok
 
-    def compare_and_swap(
-        self,
-        key: str,
-        new_value: bytes | str,
-        *,
-        expected_value: bytes | None = None,
-        expected_mod_revision: int | None = None,
+    def _compare_and_swap(
+        self, key: str, new_value: bytes, expected_value: bytes | None, expected_mod_revision: int | None
     ) -> bool:
-        if expected_value is None and expected_mod_revision is None:
-            raise ValueError("compare_and_swap: give expected_value or expected_mod_revision")
         tx = self.client.transactions
         compare = [tx.version(key) > 0]
         if expected_value is not None:
-            compare.append(tx.value(key) == to_bytes(expected_value))
+            compare.append(tx.value(key) == expected_value)
         if expected_mod_revision is not None:
             compare.append(tx.mod(key) == expected_mod_revision)
         current = self.get(key)
         lease = current.lease if current else None
         ok, _ = self._retry(
-            lambda: self.client.transaction(
-                compare=compare, success=[tx.put(key, to_bytes(new_value), lease=lease)], failure=[]
-            )
+            lambda: self.client.transaction(compare=compare, success=[tx.put(key, new_value, lease=lease)], failure=[])
         )
         return ok
 
