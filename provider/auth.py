@@ -42,10 +42,16 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def ensure_credentials(secrets_dir: Path) -> Credentials:
-    """Read the credentials, generating them (mode 0600) on first start as faasd does."""
+    """Read the credentials, generating them (mode 0600) on first start as faasd does.
+
+    When both files exist nothing is written, so a read-only mount (a Kubernetes or Swarm
+    secret) works as it is.
+    """
+    user_path, pw_path = secrets_dir / USER_FILE, secrets_dir / PASSWORD_FILE
+    if user_path.exists() and pw_path.exists():
+        return read_credentials(secrets_dir)
     secrets_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(secrets_dir, 0o700)
-    user_path, pw_path = secrets_dir / USER_FILE, secrets_dir / PASSWORD_FILE
     if not user_path.exists():
         _write_private(user_path, "admin")
     if not pw_path.exists():

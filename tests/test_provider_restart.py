@@ -88,3 +88,20 @@ def test_stack_runs_on_etcd(tmp_path, etcd_server):
         assert s2.wait_ready("on-etcd")["name"] == "on-etcd"
     finally:
         s2.stop()
+
+
+def test_stack_rides_out_etcd_and_redis_restarts(tmp_path, etcd_server, redis_server):
+    """Peers restart under the stack: it keeps serving and accepting work afterwards."""
+    s = StackProcess(tmp_path / "home", "--etcd", etcd_server.url, "--redis", redis_server.url).start()
+    try:
+        _deploy(s, "peer-restart")
+        s.wait_ready("peer-restart")
+        etcd_server.restart()
+        redis_server.restart()
+        assert requests.post(f"{s.url}/function/peer-restart", data=b"still", timeout=10).content == b"still"
+        _deploy(s, "after-restart")  # writes reach the restarted etcd
+        assert s.wait_ready("after-restart")["name"] == "after-restart"
+        r = requests.post(f"{s.url}/async-function/peer-restart", data=b"q", timeout=10)
+        assert r.status_code == 202  # the queue reconnected to the restarted redis
+    finally:
+        s.stop()
