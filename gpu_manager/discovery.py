@@ -1,0 +1,76 @@
+"""GPU unit discovery through NVML (nvidia-ml-py, `import pynvml`): read-only queries only.
+
+A unit is what a job runs on: a whole GPU, or — when MIG is on — each MIG device, with its own
+memory. Machines without the driver have no GPU units; the `cpu` back end then emulates units
+with memory budgets. The NVML module is a parameter so that tests replace it at this boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    id: str  # the NVML UUID (GPU-… or MIG-…), or cpu-<n> for emulated units
+    kind: str  # "gpu", "mig" or "cpu"
+    name: str
+    memory_mb: float
+    index: int  # the GPU's index; MIG devices share their parent's
+    parent: str | None = None  # the GPU's UUID, for a MIG device
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:  # not MIG-capable (NVMLError_NotSupported) or no permission
+        return False
+    return current == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def discover_units(nvml: ModuleType | Any | None = None) -> list[UnitInfo]:
+    """Every GPU unit of this node; [] when there is no NVIDIA driver."""
+    if nvml is None:
+        import pynvml as nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        log.info("no NVIDIA GPUs here (%s)", exc)
+        return []
+    try:
+        units: list[UnitInfo] = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid, name = _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))
+            if not _mig_enabled(nvml, handle):
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle).total / MIB
+                units.append(UnitInfo(uuid, "gpu", name, mem, index))
+                continue
+            for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except nvml.NVMLError:  # an empty slot (NVMLError_NotFound)
+                    continue
+                mem = nvml.nvmlDeviceGetMemoryInfo(mig).total / MIB
+                mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+                units.append(UnitInfo(mig_uuid, "mig", _text(nvml.nvmlDeviceGetName(mig)), mem, index, uuid))
+        return units
+    finally:
+        nvml.nvmlShutdown()
+
+
+def cpu_units(count: int, memory_mb: float) -> list[UnitInfo]:
+    """Emulated units for the `cpu` back end: real torch on the CPU within a memory budget."""
+    if count < 1 or memory_mb <= 0:
+        raise ValueError(f"cpu units: need count >= 1 and memory_mb > 0, got {count} x {memory_mb}")
+    return [UnitInfo(f"cpu-{i}", "cpu", "cpu", float(memory_mb), i) for i in range(count)]
