@@ -1,0 +1,116 @@
+"""The node's model store: artifacts by content hash, uploaded once, checked before use.
+
+A model is identified by the SHA-256 of its artifact, so functions that ship the same weights
+share one cache entry. Uploads stream to disk under a size limit, the hash is computed on the
+way (and compared with the client's, when it gives one), and the archive is checked without
+unpickling anything: TorchScript, `torch.export` programs and `torch.save` files are all zip
+archives whose CRCs and layout can be verified here; loading happens only in a worker process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+DEFAULT_MAX_BYTES = 2 * 1024**3
+FORMATS = ("torchscript", "export", "pickle")
+
+
+class ArtifactError(ValueError):
+    """Corrupt or not a torch artifact (answered 400)."""
+
+
+class ArtifactTooLarge(ValueError):
+    """Over the store's size limit (answered 413)."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    digest: str
+    size: int
+    format: str
+    path: Path
+
+
+def detect_format(path: Path) -> str:
+    """torchscript, export or pickle, from the archive's layout; ArtifactError if it is none."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            if bad is not None:
+                raise ArtifactError(f"artifact: corrupt archive (CRC error in {bad})")
+            names = z.namelist()
+    except zipfile.BadZipFile as exc:
+        raise ArtifactError(f"artifact: not a torch archive ({exc})") from None
+    parts = {n.split("/", 1)[1] if "/" in n else n for n in names}
+    if any(p.startswith("code/") for p in parts) and "constants.pkl" in parts:
+        return "torchscript"
+    if any("serialized_exported_program" in p or p.startswith("models/") for p in parts):
+        return "export"
+    if "data.pkl" in parts:
+        return "pickle"
+    raise ArtifactError("artifact: a zip archive, but not TorchScript, torch.export or torch.save")
+
+
+class ModelStore:
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+
+    def _path(self, digest: str) -> Path:
+        return self.root / f"{digest}.pt"
+
+    def get(self, digest: str) -> Artifact | None:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ArtifactError(f"digest: {digest!r} is not a sha256 hex digest")
+        path = self._path(digest)
+        if not path.exists():
+            return None
+        return Artifact(digest, path.stat().st_size, detect_format(path), path)
+
+    def put(self, data: bytes | BinaryIO, expected_digest: str | None = None) -> Artifact:
+        """Store an upload (idempotent: the same bytes give the same artifact)."""
+        stream = _Bytes(data) if isinstance(data, bytes | bytearray) else data
+        h = hashlib.sha256()
+        size = 0
+        fd, tmp_name = tempfile.mkstemp(prefix=".upload-", dir=self.root)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ArtifactTooLarge(f"artifact: larger than the store's limit of {self.max_bytes} bytes")
+                    h.update(chunk)
+                    out.write(chunk)
+            if size == 0:
+                raise ArtifactError("artifact: empty upload")
+            digest = h.hexdigest()
+            if expected_digest and expected_digest.lower() != digest:
+                raise ArtifactError(f"digest: upload hashes to {digest}, not {expected_digest}")
+            fmt = detect_format(tmp)
+            final = self._path(digest)
+            if final.exists():
+                tmp.unlink()
+            else:
+                tmp.replace(final)
+            return Artifact(digest, size, fmt, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data, self.pos = memoryview(data), 0
+
+    def read(self, n: int) -> bytes:
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += len(chunk)
+        return bytes(chunk)
