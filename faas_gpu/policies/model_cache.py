@@ -36,6 +36,10 @@ class ModelCache:
     def touch(self, model: str) -> None:
         self._lru.move_to_end(model)
 
+    def evict(self, model: str) -> None:
+        """Drop a model outside LRU order (its worker died or was stopped)."""
+        self.used_mb -= self._lru.pop(model)
+
     def victims_for(self, size_mb: float) -> list[str]:
         """The LRU models that would be evicted to make room for `size_mb` (nothing changes)."""
         if size_mb > self.capacity_mb:

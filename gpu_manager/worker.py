@@ -1,0 +1,153 @@
+"""A model worker: one process per (model, unit), as in the GPU-FaaS paper's GPU Manager.
+
+The process loads the artifact on its device once (TorchScript, a `torch.export` program, or
+a pickled module) and then runs batches sent over a pipe as wire-format tensors. Loading and
+running user models happens here, never in the manager, so a model that crashes or hangs
+takes down only its worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from .model_store import Artifact
+
+_CTX = mp.get_context("spawn")  # no fork of a threaded manager; CUDA needs spawn anyway
+
+
+class WorkerError(Exception):
+    pass
+
+
+class ModelLoadError(WorkerError):
+    """The artifact would not load on this device."""
+
+
+class ModelInputError(WorkerError):
+    """The model refused the batch (wrong shape or dtype): its message goes back to the caller."""
+
+
+class WorkerDied(WorkerError):
+    """The process died (or stopped answering) mid-job; the manager replaces it."""
+
+
+@dataclass(frozen=True)
+class LoadedInfo:
+    param_bytes: int
+    load_s: float
+
+
+def _load(path: str, fmt: str, device: str):
+    import torch
+
+    if fmt == "torchscript":
+        model = torch.jit.load(path, map_location=device)
+    elif fmt == "export":
+        model = torch.export.load(path).module().to(device)
+    else:
+        model = torch.load(path, map_location=device, weights_only=False)
+    if not isinstance(model, torch.nn.Module) and not hasattr(model, "forward"):
+        raise TypeError(f"the artifact holds a {type(model).__name__}, not a model")
+    if hasattr(model, "eval") and fmt != "export":
+        model.eval()
+    return model
+
+
+def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int) -> None:
+    import torch
+
+    from .wire import decode, encode
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        model = _load(path, fmt, device)
+        tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
+        size = sum(t.numel() * t.element_size() for t in tensors)
+    except Exception as exc:  # reported to the manager, which answers the caller
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", LoadedInfo(size, time.perf_counter() - t0)))
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            x = decode(payload).to(device)
+            with torch.inference_mode():
+                y = model(x)
+            if isinstance(y, tuple | list):
+                y = y[0]
+            conn.send_bytes(b"ok" + encode(y))
+        except Exception as exc:
+            conn.send_bytes(b"er" + f"{type(exc).__name__}: {exc}".encode())
+
+
+class Worker:
+    def __init__(self, artifact: Artifact, device: str = "cpu", threads: int = 1):
+        self.artifact, self.device, self.threads = artifact, device, threads
+        self.proc: mp.Process | None = None
+        self.conn: Connection | None = None
+        self.info: LoadedInfo | None = None
+
+    def start(self, timeout_s: float = 120) -> LoadedInfo:
+        parent, child = _CTX.Pipe()
+        self.proc = _CTX.Process(
+            target=_serve,
+            args=(child, str(self.artifact.path), self.artifact.format, self.device, self.threads),
+            daemon=True,
+        )
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        if not parent.poll(timeout_s):
+            self.stop()
+            raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
+        try:
+            kind, value = parent.recv()
+        except (EOFError, OSError):
+            self.stop()
+            raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
+        if kind == "error":
+            self.stop()
+            raise ModelLoadError(f"model {self.artifact.digest[:12]}: {value}")
+        self.info = value
+        return value
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def run(self, payload: bytes, timeout_s: float = 60) -> bytes:
+        """A wire-format batch in, a wire-format result out."""
+        if self.conn is None or not self.alive:
+            raise WorkerDied("worker is not running")
+        try:
+            self.conn.send_bytes(payload)
+            if not self.conn.poll(timeout_s):
+                self.stop()
+                raise WorkerDied(f"worker did not answer within {timeout_s:.0f}s")
+            reply = self.conn.recv_bytes()
+        except (EOFError, OSError, BrokenPipeError):
+            self.stop()
+            raise WorkerDied("worker died mid-job") from None
+        if reply[:2] == b"er":
+            raise ModelInputError(reply[2:].decode("utf-8", "replace"))
+        return reply[2:]
+
+    def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(5)
+                if self.proc.is_alive():
+                    self.proc.kill()
+                    self.proc.join()
+            self.proc = None
