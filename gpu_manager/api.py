@@ -1,0 +1,90 @@
+"""The GPU Manager's HTTP API: upload a model artifact, run a job (binary tensors), read status.
+
+Every /v1/ route needs `Authorization: Bearer <token>` (the node's token file); the API is for
+the scheduler and the functions' GPU clients, not for the world.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Flask, Response, jsonify, request
+
+from .manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
+from .model_store import ArtifactError, ArtifactTooLarge
+from .wire import WireError, decode
+from .worker import ModelInputError, ModelLoadError, WorkerDied
+
+TENSOR = "application/x-faas-gpu-tensor"
+
+
+def _text(message: str, status: int) -> Response:
+    return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 * 1024) -> Flask:
+    app = Flask("faas-gpu-manager")
+
+    @app.before_request
+    def require_token():
+        if request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "")
+            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
+                resp = _text("invalid token", 401)
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
+                return resp
+        return None
+
+    @app.get("/healthz")
+    def healthz():
+        return _text("OK", 200)
+
+    @app.get("/v1/units")
+    def units():
+        return jsonify(manager.status())
+
+    @app.put("/v1/models")
+    def upload():
+        try:
+            artifact = manager.store.put(request.stream, request.headers.get("X-Model-Digest"))
+        except ArtifactTooLarge as exc:
+            return _text(str(exc), 413)
+        except ArtifactError as exc:
+            return _text(str(exc), 400)
+        return jsonify({"digest": artifact.digest, "size": artifact.size, "format": artifact.format}), 201
+
+    @app.post("/v1/jobs/<digest>")
+    def job(digest: str):
+        unit = request.args.get("unit")
+        if not unit:
+            return _text("unit: query parameter is required", 400)
+        if request.content_length and request.content_length > max_job_bytes:
+            return _text(f"body: larger than {max_job_bytes} bytes", 413)
+        payload = request.get_data(cache=False)
+        try:
+            decode(payload)  # a malformed batch is the caller's error, not the model's
+            result = manager.run(digest, unit, payload)
+        except (WireError, ArtifactError) as exc:
+            return _text(str(exc), 400)
+        except ModelInputError as exc:
+            return _text(f"model: {exc}", 400)
+        except (UnknownModel, UnknownUnit) as exc:
+            return _text(str(exc), 404)
+        except ModelDoesNotFit as exc:
+            return _text(str(exc), 507)
+        except ModelLoadError as exc:
+            return _text(str(exc), 400)
+        except WorkerDied as exc:
+            return _text(f"unit {unit}: {exc}", 503)
+        resp = Response(result.payload, mimetype=TENSOR)
+        resp.headers.update(
+            {
+                "X-Faas-Gpu-Unit": result.unit,
+                "X-Faas-Gpu-Cache": "hit" if result.hit else "miss",
+                "X-Faas-Gpu-Load-Seconds": f"{result.load_s:.6f}",
+                "X-Faas-Gpu-Execute-Seconds": f"{result.execute_s:.6f}",
+            }
+        )
+        return resp
+
+    return app

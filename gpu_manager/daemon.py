@@ -1,0 +1,151 @@
+"""`python -m gpu_manager`: the per-node GPU Manager daemon (gunicorn gthread, one worker).
+
+It discovers its units (NVML for `cuda`, emulated ones for `cpu`), serves the job API, and
+every second reports each unit's status into the datastore under a lease, so a dead manager's
+units vanish from the scheduler's view by themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+from pathlib import Path
+
+from gunicorn.app.base import BaseApplication
+
+from faas_gpu.datastore import open_datastore
+
+log = logging.getLogger("gpu-manager")
+STATUS_PREFIX = "/faas-gpu/units/"
+TOKEN_FILE = "gpu-manager-token"
+
+
+def ensure_token(secrets_dir: Path) -> str:
+    path = secrets_dir / TOKEN_FILE
+    if not path.exists():
+        secrets_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class StatusReporter:
+    """Puts each unit's status under /faas-gpu/units/<node>/<unit>, attached to a lease."""
+
+    def __init__(self, manager, datastore, node: str, url: str, every_s: float = 1.0, ttl_s: int = 5):
+        self.manager, self.ds, self.node, self.url = manager, datastore, node, url
+        self.every_s, self.ttl_s = every_s, ttl_s
+        self._stop = threading.Event()
+        self._lease = None
+        self._thread = threading.Thread(target=self._run, name="status", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def report(self) -> None:
+        if self._lease is None:
+            self._lease = self.ds.lease(self.ttl_s)
+        else:
+            try:
+                self._lease.refresh()
+            except ValueError:  # expired while the datastore was away: take a new one
+                self._lease = self.ds.lease(self.ttl_s)
+        for unit in self.manager.status():
+            body = {**unit, "node": self.node, "url": self.url}
+            self.ds.put(f"{STATUS_PREFIX}{self.node}/{unit['unit']}", json.dumps(body), lease=self._lease)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.report()
+            except Exception as exc:  # the datastore restarting must not stop the manager
+                log.warning("status report failed: %s", exc)
+                self._lease = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _Server(BaseApplication):
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.manager = None
+        self.reporter = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        a = self.args
+        for key, value in {
+            "bind": [f"{a.bind}:{a.port}"],
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": a.threads,
+            "timeout": 300,
+            "keepalive": 75,
+            "accesslog": None,
+            "errorlog": "-",
+            "worker_exit": lambda _s, _w: self._close(),
+        }.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from .api import create_app
+        from .discovery import cpu_units, discover_units
+        from .manager import GPUManager
+        from .model_store import ModelStore
+
+        a = self.args
+        home = a.home
+        units = discover_units() if a.backend == "cuda" else cpu_units(a.units, a.unit_memory_mb)
+        if not units:
+            raise SystemExit("gpu-manager: the cuda back end found no GPU units (try --backend cpu)")
+        store = ModelStore(home / "models", a.max_model_bytes)
+        self.manager = GPUManager(units, store, threads_per_worker=a.worker_threads)
+        token = ensure_token(home / "secrets")
+        datastore = open_datastore(a.etcd, home / "state.db")
+        url = f"http://{a.advertise or a.bind}:{a.port}"
+        self.reporter = StatusReporter(self.manager, datastore, a.node, url)
+        self.reporter.start()
+        log.info("gpu-manager %s serving %d %s unit(s) on %s", a.node, len(units), a.backend, url)
+        return create_app(self.manager, token)
+
+    def _close(self) -> None:
+        if self.reporter:
+            self.reporter.stop()
+        if self.manager:
+            self.manager.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpu-manager", description=__doc__)
+    p.add_argument("--home", type=Path, default=None, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8090)
+    p.add_argument("--advertise", help="host the scheduler reaches this manager at (default: --bind)")
+    p.add_argument("--node", default=socket.gethostname())
+    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--units", type=int, default=2, help="emulated units (cpu back end)")
+    p.add_argument("--unit-memory-mb", type=float, default=2048, help="memory budget per emulated unit")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per model worker")
+    p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
+    p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--threads", type=int, default=16)
+    args = p.parse_args(argv)
+    if args.home is None:
+        from faas_gpu import paths
+
+        args.home = paths.home()
+    args.home = args.home.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _Server(parse_args(argv)).run()
+    return 0
