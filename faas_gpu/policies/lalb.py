@@ -98,6 +98,13 @@ class _Base:
         self.idle: set[int] = {u.id for u in units if u.idle}
 
     # -- driver API ----------------------------------------------------------------------
+    def add_model(self, model: Model) -> None:
+        """Teach the policy a model (or its newly measured times) before requests use it."""
+        largest = max(u.cache.capacity_mb for u in self.units.values())
+        if model.size_mb > largest:
+            raise PlacementError(f"models.{model.name}.size_mb: {model.size_mb} MB exceeds every unit ({largest} MB)")
+        self.models[model.name] = model
+
     def submit(self, request: Request, now: float) -> None:
         if request.model not in self.models:
             raise PlacementError(f"model: {request.model!r} is not in the catalog")

@@ -1,0 +1,83 @@
+"""The scheduler's HTTP API for the functions' GPU clients (token-protected)."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Flask, Response, jsonify, request
+
+from faas_gpu.policies import PlacementError
+from gpu_manager.api import TENSOR
+from gpu_manager.model_store import ArtifactError, ArtifactTooLarge
+from gpu_manager.wire import WireError, decode
+
+from .core import Scheduler
+from .leader import LeaderElection
+
+
+def _text(message: str, status: int) -> Response:
+    return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300) -> Flask:
+    app = Flask("faas-gpu-scheduler")
+
+    @app.before_request
+    def require_token():
+        if request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "")
+            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
+                return _text("invalid token", 401)
+        return None
+
+    @app.get("/healthz")
+    def healthz():
+        return _text("OK", 200)
+
+    @app.get("/v1/status")
+    def status():
+        return jsonify(
+            {
+                "leader": election.is_leader.is_set(),
+                "leader_id": election.leader(),
+                "queued": scheduler.queued(),
+                "units": [u.key for u in scheduler._units],
+            }
+        )
+
+    @app.put("/v1/models")
+    def upload():
+        try:
+            a = scheduler.store.put(request.stream, request.headers.get("X-Model-Digest"))
+        except ArtifactTooLarge as exc:
+            return _text(str(exc), 413)
+        except ArtifactError as exc:
+            return _text(str(exc), 400)
+        return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
+
+    @app.post("/v1/jobs/<digest>")
+    def job(digest: str):
+        if not election.is_leader.is_set():
+            resp = _text("not the scheduler leader; retry", 503)
+            resp.headers["Retry-After"] = "1"
+            return resp
+        payload = request.get_data(cache=False)
+        try:
+            decode(payload)
+            deadline_ms = request.headers.get("X-Faas-Gpu-Deadline-Ms")
+            deadline = float(deadline_ms) / 1000 if deadline_ms else None
+            job = scheduler.submit(digest, payload, deadline)
+        except (WireError, ValueError) as exc:
+            return _text(str(exc), 400)
+        except LookupError as exc:
+            return _text(str(exc), 404)
+        except PlacementError as exc:
+            return _text(str(exc), 507)
+        if not job.done.wait(job_timeout_s):
+            return _text(f"job {job.id}: no unit finished it within {job_timeout_s:.0f}s", 504)
+        out = job.outcome
+        resp = Response(out.body, status=out.status, mimetype=TENSOR if out.status == 200 else "text/plain")
+        resp.headers.update(out.headers)
+        return resp
+
+    return app

@@ -1,0 +1,253 @@
+"""The scheduler daemon's core: the global queue, LALB-O3 over live units, dispatch to managers.
+
+The placement decisions are the `faas_gpu.policies` objects the simulator measures; this module
+only feeds them live state (units the GPU Managers report into the datastore, models uploaded
+here, the clock) and applies their `Dispatch` decisions by calling the managers' job API. A job
+whose manager fails is put back in the queue and placed again, so a manager that dies does not
+lose accepted work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import requests
+
+from faas_gpu.datastore import Datastore
+from faas_gpu.policies import Dispatch, Model, ModelCache, Request, Unit, make_scheduler
+from gpu_manager.daemon import STATUS_PREFIX
+from gpu_manager.model_store import ModelStore
+
+log = logging.getLogger(__name__)
+DEFAULT_LOAD_S = 1.0
+DEFAULT_INFER_S = 0.05
+EWMA = 0.3
+MAX_ATTEMPTS = 5
+
+
+@dataclass
+class JobOutcome:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    id: int
+    digest: str
+    payload: bytes
+    arrival: float
+    deadline: float | None
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: JobOutcome | None = None
+    attempts: int = 0
+    queued: bool = True  # in the policy's queues (global or local), not running
+
+    def finish(self, outcome: JobOutcome) -> None:
+        self.outcome = outcome
+        self.done.set()
+
+
+@dataclass(frozen=True)
+class UnitRef:
+    key: str  # node/unit
+    node: str
+    unit: str
+    url: str
+    memory_mb: float
+
+
+class Scheduler:
+    def __init__(
+        self,
+        datastore: Datastore,
+        store: ModelStore,
+        token: str,
+        *,
+        policy: str = "lalb_o3",
+        o3_limit: int = 25,
+        clock: Callable[[], float] = time.monotonic,
+        max_parallel: int = 64,
+    ):
+        self.ds, self.store, self.token = datastore, store, token
+        self.policy_name, self.o3_limit, self.clock = policy, o3_limit, clock
+        self.http = requests.Session()
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._jobs: dict[int, Job] = {}
+        self._next_id = 0
+        self._units: list[UnitRef] = []
+        self._policy = None
+        self._models: dict[str, Model] = {}
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
+        self._loop = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- live state ----------------------------------------------------------------------
+    def refresh_units(self) -> None:
+        """Rebuild the policy's units when the managers' reports change; queued jobs carry over."""
+        found = []
+        for kv in self.ds.get_prefix(STATUS_PREFIX):
+            try:
+                s = json.loads(kv.value)
+                found.append(UnitRef(f"{s['node']}/{s['unit']}", s["node"], s["unit"], s["url"], float(s["memory_mb"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring a malformed unit report at %s", kv.key)
+        found.sort(key=lambda u: u.key)
+        with self._lock:
+            if [u.key for u in found] == [u.key for u in self._units] or not found:
+                if not found and self._units:
+                    log.warning("no GPU units are reporting; jobs wait")
+                return
+            old_policy, old_units = self._policy, self._units
+            self._units = found
+            self._policy = make_scheduler(
+                self.policy_name,
+                [Unit(id=i, cache=ModelCache(u.memory_mb)) for i, u in enumerate(found)],
+                {},
+                self.o3_limit,
+            )
+            for model in self._models.values():
+                self._policy.add_model(model)
+            if old_policy is not None:  # carry what was cached and queued into the new view
+                index = {u.key: i for i, u in enumerate(found)}
+                for i, u in enumerate(old_units):
+                    if u.key in index:
+                        new_unit = self._policy.units[index[u.key]]
+                        for name in old_policy.units[i].cache.models:
+                            new_unit.cache.load(name, self._models[name].size_mb)
+                            self._policy.holders.setdefault(name, set()).add(new_unit.id)
+            for job in sorted(self._jobs.values(), key=lambda j: j.arrival):
+                if job.queued:
+                    self._policy.submit(Request(job.id, job.digest, job.arrival), self.clock())
+            log.info("scheduling over %d unit(s): %s", len(found), ", ".join(u.key for u in found))
+            self._wake.notify_all()
+
+    def _model(self, digest: str) -> Model:
+        model = self._models.get(digest)
+        if model is None:
+            artifact = self.store.get(digest)
+            if artifact is None:
+                raise LookupError(f"model: {digest[:12]}… has not been uploaded")
+            model = Model(digest, artifact.size / 2**20, DEFAULT_LOAD_S, DEFAULT_INFER_S)
+            self._learn(model)
+        return model
+
+    def _learn(self, model: Model) -> None:
+        self._models[model.name] = model
+        if self._policy is not None:
+            self._policy.add_model(model)
+
+    # -- jobs ----------------------------------------------------------------------------
+    def submit(self, digest: str, payload: bytes, deadline_s: float | None = None) -> Job:
+        with self._lock:
+            self._model(digest)
+            now = self.clock()
+            job = Job(self._next_id, digest, payload, now, now + deadline_s if deadline_s else None)
+            self._next_id += 1
+            self._jobs[job.id] = job
+            if self._policy is not None:
+                self._policy.submit(Request(job.id, digest, now), now)
+            self._wake.notify_all()
+        return job
+
+    def queued(self) -> int:
+        with self._lock:
+            return self._policy.queued() if self._policy else len(self._jobs)
+
+    def _run(self) -> None:
+        last_refresh = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() - last_refresh > 1.0:
+                try:
+                    self.refresh_units()
+                except Exception as exc:
+                    log.warning("cannot read unit reports: %s", exc)
+                last_refresh = time.monotonic()
+            with self._wake:
+                decisions = self._policy.schedule(self.clock()) if self._policy else []
+                for d in decisions:
+                    self._jobs[d.request.id].queued = False
+                if not decisions:
+                    self._wake.wait(0.5)
+                units = self._units
+            for d in decisions:
+                self._pool.submit(self._execute, d, units[d.unit])
+
+    def _execute(self, d: Dispatch, unit: UnitRef) -> None:
+        job = self._jobs[d.request.id]
+        job.attempts += 1
+        outcome: JobOutcome | None = None
+        retry = False
+        try:
+            outcome = self._call(unit, job)
+        except requests.RequestException as exc:
+            log.warning("manager %s failed job %d: %s", unit.key, job.id, exc)
+            retry = job.attempts < MAX_ATTEMPTS
+            if not retry:
+                outcome = JobOutcome(503, f"unit {unit.key}: {exc}\n".encode())
+            if isinstance(exc, requests.ConnectionError):
+                self._forget_unit(unit)
+        with self._wake:
+            if self._policy is not None and self._units and d.unit < len(self._units) and self._units[d.unit] == unit:
+                self._policy.complete(d.unit, self.clock())
+            if retry:
+                job.queued = True
+                if self._policy is not None:
+                    self._policy.submit(Request(job.id, job.digest, job.arrival), self.clock())
+                self._wake.notify_all()
+                return
+            self._wake.notify_all()
+        job.finish(outcome)
+        with self._lock:
+            self._jobs.pop(job.id, None)
+
+    def _forget_unit(self, unit: UnitRef) -> None:
+        """A manager that does not answer loses its units until it reports again."""
+        try:
+            self.ds.delete(f"{STATUS_PREFIX}{unit.key}")
+            self.refresh_units()
+        except Exception as exc:
+            log.warning("cannot drop unit %s: %s", unit.key, exc)
+
+    def _call(self, unit: UnitRef, job: Job) -> JobOutcome:
+        auth = {"Authorization": f"Bearer {self.token}"}
+        url = f"{unit.url}/v1/jobs/{job.digest}"
+        for _ in range(2):
+            r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=auth, timeout=300)
+            if r.status_code == 404 and "not been uploaded" in r.text:
+                artifact = self.store.get(job.digest)
+                with open(artifact.path, "rb") as fh:
+                    up = self.http.put(f"{unit.url}/v1/models", data=fh, headers=auth, timeout=300)
+                up.raise_for_status()
+                continue
+            break
+        if r.status_code == 200:
+            load_s = float(r.headers.get("X-Faas-Gpu-Load-Seconds", 0))
+            exec_s = float(r.headers.get("X-Faas-Gpu-Execute-Seconds", 0))
+            with self._lock:
+                m = self._models[job.digest]
+                load = m.load_s if r.headers.get("X-Faas-Gpu-Cache") == "hit" else (1 - EWMA) * m.load_s + EWMA * load_s
+                self._learn(Model(m.name, m.size_mb, load, (1 - EWMA) * m.infer_s + EWMA * exec_s))
+        if r.status_code >= 500 and r.status_code != 507:
+            r.raise_for_status()  # a manager in trouble: place the job again
+        headers = {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
+        headers["X-Faas-Gpu-Queue-Seconds"] = f"{self.clock() - job.arrival:.6f}"
+        return JobOutcome(r.status_code, r.content, headers)

@@ -1,0 +1,66 @@
+"""Leader election over the datastore: the leader holds a key under a lease and refreshes it.
+
+When the leader dies its lease expires (ttl), the key vanishes, and a follower's `create`
+succeeds: it becomes the leader. Works on etcd and on the embedded store alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from faas_gpu.datastore import Datastore
+
+log = logging.getLogger(__name__)
+LEADER_KEY = "/faas-gpu/scheduler/leader"
+
+
+class LeaderElection:
+    def __init__(self, ds: Datastore, identity: str, ttl_s: int = 3, key: str = LEADER_KEY):
+        self.ds, self.identity, self.ttl_s, self.key = ds, identity, ttl_s, key
+        self.is_leader = threading.Event()
+        self._lease = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def leader(self) -> str | None:
+        kv = self.ds.get(self.key)
+        return kv.value.decode() if kv else None
+
+    def step(self) -> None:
+        """One round: refresh leadership, or try to take it."""
+        if self.is_leader.is_set():
+            try:
+                self._lease.refresh()
+                if self.leader() == self.identity:
+                    return
+            except Exception as exc:
+                log.warning("lost leadership: %s", exc)
+            self.is_leader.clear()
+            self._lease = None
+        lease = self.ds.lease(self.ttl_s)
+        if self.ds.create(self.key, self.identity, lease=lease):
+            self._lease = lease
+            self.is_leader.set()
+            log.info("%s is the scheduler leader", self.identity)
+        else:
+            lease.revoke()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.step()
+            except Exception as exc:  # the datastore restarting: try again next round
+                log.warning("leader election round failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.is_leader.is_set() and self._lease is not None:
+            try:
+                self._lease.revoke()  # hand over at once rather than after the ttl
+            except Exception:
+                pass
+        self.is_leader.clear()
