@@ -66,7 +66,7 @@ class Daemon:
 def cluster(tmp_path, etcd_server):
     """Returns a starter; everything it started is killed at the end."""
     started: list[Daemon] = []
-    prefix = f"/faas-gpu/units/"
+    prefix = "/faas-gpu/units/"
     ds = open_datastore(etcd_server.url)
     ds.delete_prefix(prefix)
     ds.delete_prefix("/faas-gpu/scheduler/")
