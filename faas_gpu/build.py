@@ -48,15 +48,13 @@ def shrinkwrap(spec: FunctionSpec, out_dir: Path | None = None) -> Path:
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(template, out, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
-    dest = out / handler_folder
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    dest = out / handler_folder  # the template's own files stay; the handler's overwrite them
+    dest.mkdir(parents=True, exist_ok=True)
     for entry in handler.iterdir():
         if entry.name in SKIP_IN_HANDLER or entry.name == "__pycache__":
             continue
         if entry.is_dir():
-            shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         else:
             shutil.copy2(entry, dest / entry.name)
     return out

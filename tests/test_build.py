@@ -34,8 +34,11 @@ def test_shrinkwrap_layout_matches_faas_cli(project, tmp_path):
     template = TEMPLATES_DIR / "python3-gpu"
     template_files = {p.relative_to(template) for p in template.glob("*") if p.name != "__pycache__"}
     assert {p.relative_to(out) for p in out.glob("*")} == template_files
-    assert sorted(p.name for p in (out / "function").iterdir()) == ["handler.py", "requirements.txt"]
+    # the handler is overlaid on the template's function folder, whose other files stay
+    template_fn = {p.name for p in (template / "function").iterdir() if p.name != "__pycache__"}
+    assert {p.name for p in (out / "function").iterdir()} == template_fn | {"handler.py", "requirements.txt"}
     assert "return 'x'" in (out / "function" / "handler.py").read_text()
+    assert (out / "function" / "requirements.txt").read_text() == "requests\n"
 
 
 def test_unknown_lang_is_a_clear_error(project):
