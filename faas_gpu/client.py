@@ -1,0 +1,224 @@
+"""The GPU client of python3-gpu: the handler's models run on GPU units through the scheduler.
+
+`install()` (called by the template's index.py before it imports the handler) swaps
+`torch.load` and `torch.jit.load`: loading a whole model (TorchScript, a pickled module) returns
+a `RemoteModel`; calling it sends the batch to the scheduler, which places it on a unit. State
+dicts and tensors load as before. `faas_gpu.remote(module)` does the same for a module built in
+code. Without `FAAS_GPU_SCHEDULER_URL` nothing is swapped: the model runs in the instance on
+the CPU, and the log says so once. The handler's code is the same either way.
+
+Concurrent calls in one instance are coalesced into one batch (`FAAS_GPU_MAX_BATCH`, and a
+timeout `FAAS_GPU_BATCH_TIMEOUT_MS`, by default a quarter of the SLO `FAAS_GPU_SLO_MS`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+import torch
+
+from gpu_manager.wire import decode, encode
+
+log = logging.getLogger("faas_gpu.client")
+_installed = False
+_original = {}
+last_job: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("faas_gpu_last_job", default=None)
+RETRYABLE = (502, 503, 504)
+
+
+@dataclass
+class ClientConfig:
+    scheduler_urls: list[str]
+    token: str
+    max_batch: int = 8
+    batch_timeout_s: float = 0.005
+    retries: int = 50
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
+        env = os.environ if env is None else env
+        urls = [u.strip().rstrip("/") for u in env.get("FAAS_GPU_SCHEDULER_URL", "").split(",") if u.strip()]
+        if not urls:
+            return None
+        slo_ms = float(env.get("FAAS_GPU_SLO_MS", "0") or 0)
+        timeout_ms = env.get("FAAS_GPU_BATCH_TIMEOUT_MS")
+        timeout_s = float(timeout_ms) / 1000 if timeout_ms else (slo_ms / 4000 if slo_ms else 0.005)
+        return cls(urls, env.get("FAAS_GPU_TOKEN", ""), int(env.get("FAAS_GPU_MAX_BATCH", "8")), timeout_s)
+
+
+@dataclass
+class _Call:
+    x: torch.Tensor
+    done: threading.Event = field(default_factory=threading.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RemoteError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class RemoteModel(torch.nn.Module):
+    """A model whose forward runs on a GPU unit; the local module stays as the artifact's source."""
+
+    def __init__(self, local: torch.nn.Module, config: ClientConfig, artifact: bytes | None = None):
+        super().__init__()
+        self.local = local
+        self.config = config
+        self._artifact = artifact
+        self._digest: str | None = None
+        self._http = requests.Session()
+        self._pending: list[_Call] = []
+        self._cv = threading.Condition()
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+        self._flusher.start()
+
+    # -- artifact ------------------------------------------------------------------------
+    def _ensure_uploaded(self, example: torch.Tensor) -> str:
+        if self._digest:
+            return self._digest
+        if self._artifact is None:
+            buf = io.BytesIO()
+            # traced at batch 2 with a named batch dimension: batch 1 would be specialised away
+            ex = example[:1].expand(2, *example.shape[1:]).clone()
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            program = torch.export.export(self.local, (ex,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, buf)
+            self._artifact = buf.getvalue()
+        r = self._request("PUT", "/v1/models", data=self._artifact)
+        self._digest = r.json()["digest"]
+        return self._digest
+
+    def _request(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.config.token}", **kwargs.pop("headers", {})}
+        last: Exception | None = None
+        for attempt in range(self.config.retries):
+            for url in self.config.scheduler_urls:
+                try:
+                    r = self._http.request(method, url + path, headers=headers, timeout=300, **kwargs)
+                except requests.ConnectionError as exc:
+                    last = exc
+                    continue
+                if r.status_code in RETRYABLE:
+                    last = RemoteError(r.status_code, r.text.strip())
+                    continue
+                if r.status_code >= 300:
+                    raise RemoteError(r.status_code, r.text.strip())
+                return r
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
+        raise RemoteError(503, f"no scheduler answered: {last}")
+
+    # -- calls ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        call = _Call(x)
+        with self._cv:
+            self._pending.append(call)
+            self._cv.notify()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        last_job.set(call.headers)
+        return call.result
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                deadline = time.monotonic() + self.config.batch_timeout_s
+                while sum(c.x.shape[0] for c in self._pending) < self.config.max_batch:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                batch, rows = [], 0
+                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.config.max_batch):
+                    call = self._pending.pop(0)
+                    batch.append(call)
+                    rows += call.x.shape[0]
+            self._run(batch)
+
+    def _run(self, batch: list[_Call]) -> None:
+        try:
+            x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
+            digest = self._ensure_uploaded(x)
+            r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x))
+            y = decode(r.content)
+            headers = {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
+            headers["X-Faas-Gpu-Batch"] = str(x.shape[0])
+            start = 0
+            for c in batch:
+                n = c.x.shape[0]
+                c.result, c.headers = y[start : start + n], headers
+                start += n
+        except BaseException as exc:  # every caller of the batch gets the error
+            for c in batch:
+                c.error = exc
+        for c in batch:
+            c.done.set()
+
+
+def _config() -> ClientConfig | None:
+    return ClientConfig.from_env()
+
+
+def remote(module: torch.nn.Module) -> torch.nn.Module:
+    """The module, made remote when a scheduler is configured (else returned as it is)."""
+    config = _config()
+    return RemoteModel(module.eval(), config) if config else module
+
+
+def install() -> bool:
+    """Swap torch.load / torch.jit.load for remote-model loaders; False when running locally."""
+    global _installed
+    config = _config()
+    if config is None:
+        log.warning("faas-gpu: no scheduler configured (FAAS_GPU_SCHEDULER_URL); models run locally on the CPU")
+        return False
+    if _installed:
+        return True
+    _original["load"], _original["jit_load"] = torch.load, torch.jit.load
+
+    def load(f, *args, **kwargs):
+        data = _read(f)
+        obj = _original["load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
+        if isinstance(obj, torch.nn.Module):
+            return RemoteModel(obj.eval(), config)
+        return obj
+
+    def jit_load(f, *args, **kwargs):
+        data = _read(f)
+        module = _original["jit_load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
+        return RemoteModel(module, config, artifact=data)
+
+    torch.load, torch.jit.load = load, jit_load
+    _installed = True
+    log.info("faas-gpu: models loaded with torch.load / torch.jit.load run through %s", config.scheduler_urls[0])
+    return True
+
+
+def _read(f) -> bytes | None:
+    if isinstance(f, str | os.PathLike):
+        with open(f, "rb") as fh:
+            return fh.read()
+    if hasattr(f, "read"):
+        return f.read()
+    return None
+
+
+def uninstall() -> None:
+    """Restore torch's loaders (for tests, and for a handler that wants them back)."""
+    global _installed
+    if _installed:
+        torch.load, torch.jit.load = _original["load"], _original["jit_load"]
+        _installed = False

@@ -1,0 +1,90 @@
+"""The python3-gpu GPU client against a real scheduler and GPU Manager (cpu back end)."""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+
+import pytest
+import torch
+
+from faas_gpu import client
+from faas_gpu.paths import REPO_ROOT
+from tests.test_scheduler import _wait_units, cluster  # noqa: F401 — the fixture
+
+sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
+from model import ResNetMini  # noqa: E402
+
+
+@pytest.fixture
+def remote_env(cluster, monkeypatch):  # noqa: F811
+    start, auth = cluster
+    start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "8")
+    sched = start("scheduler")
+    _wait_units(sched.url, auth, 2)
+    monkeypatch.setenv("FAAS_GPU_SCHEDULER_URL", sched.url)
+    monkeypatch.setenv("FAAS_GPU_TOKEN", auth["Authorization"][7:])
+    monkeypatch.setenv("FAAS_GPU_MAX_BATCH", "8")
+    monkeypatch.setenv("FAAS_GPU_BATCH_TIMEOUT_MS", "50")
+    yield sched
+    client.uninstall()
+
+
+def test_jit_load_returns_a_remote_model_with_the_same_answers(remote_env, tmp_path):
+    torch.manual_seed(0)
+    local = ResNetMini().eval()
+    torch.jit.save(torch.jit.script(local), tmp_path / "model.pt")
+    assert client.install()
+    model = torch.jit.load(str(tmp_path / "model.pt"))
+    assert isinstance(model, client.RemoteModel)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(model(x), local(x), atol=1e-5)
+    headers = client.last_job.get()
+    assert headers["X-Faas-Gpu-Unit"].startswith("cpu-") and headers["X-Faas-Gpu-Cache"] in ("hit", "miss")
+    model(x)
+    assert client.last_job.get()["X-Faas-Gpu-Cache"] == "hit"
+    # state dicts still load as they are
+    buf = io.BytesIO()
+    torch.save(local.state_dict(), buf)
+    buf.seek(0)
+    assert isinstance(torch.load(buf, weights_only=True), dict)
+
+
+def test_concurrent_calls_are_coalesced_into_batches(remote_env):
+    torch.manual_seed(1)
+    local = ResNetMini().eval()
+    model = client.remote(local)
+    xs = [torch.randn(1, 3, 32, 32) for _ in range(8)]
+    outs, batches = [None] * 8, []
+
+    def call(i):
+        outs[i] = model(xs[i])
+        batches.append(int(client.last_job.get()["X-Faas-Gpu-Batch"]))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for x, y in zip(xs, outs, strict=True):
+        assert torch.allclose(y, local(x), atol=1e-5)
+    assert max(batches) > 1
+
+
+def test_wrong_input_raises_the_models_message(remote_env):
+    model = client.remote(ResNetMini())
+    model(torch.randn(1, 3, 32, 32))  # exported at batch 1 ...
+    assert model(torch.randn(3, 3, 32, 32)).shape == (3, 10)  # ... and still takes any batch
+    with pytest.raises(client.RemoteError) as err:
+        model(torch.randn(1, 5, 32, 32))
+    assert err.value.status == 400
+
+
+def test_without_a_scheduler_models_stay_local(monkeypatch, caplog):
+    monkeypatch.delenv("FAAS_GPU_SCHEDULER_URL", raising=False)
+    with caplog.at_level("WARNING"):
+        assert client.install() is False
+    assert "run locally on the CPU" in caplog.text
+    m = ResNetMini()
+    assert client.remote(m) is m
