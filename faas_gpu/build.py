@@ -1,13 +1,16 @@
 """`faas-gpu build`: what `faas-cli build --shrinkwrap` does, then an image in the local store.
 
-The build context is laid out exactly as go-sdk's builder.CreateBuildContext lays it out:
-`build/<fn>/` is a copy of `template/<lang>/` with the handler overlaid at
-`build/<fn>/<handler_folder>/`, the handler's own `build` and `template` entries skipped.
+The build context is laid out as go-sdk's builder.CreateBuildContext lays it out:
+`build/<fn>/` is a copy of `template/<lang>/`, with the handler folder's entries overlaid at
+`build/<fn>/<handler_folder>/` (the template's own files there stay unless the handler has a
+file of the same name), the handler's own `build` and `template` entries skipped, then the
+stack's `configuration.copy` paths copied into `build/<fn>/<handler_folder>/<path>`.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -16,55 +19,141 @@ from faas_gpu import paths
 from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore
 from faas_gpu.stack import FunctionSpec
 
-SKIP_IN_HANDLER = {"build", "template"}
+SKIP_IN_HANDLER = ("build", "template")
+_IGNORE = shutil.ignore_patterns("__pycache__", ".pytest_cache")
 
 
-def find_template(lang: str, stack_dir: Path) -> Path:
-    """./template/<lang> beside the stack file first (what `template pull` wrote), then ours."""
-    candidates = [stack_dir / "template" / lang, paths.TEMPLATES_DIR / lang]
+@dataclass(frozen=True)
+class LanguageTemplate:
+    """template/<lang>/template.yml (go-sdk LanguageTemplate)."""
+
+    path: Path
+    language: str
+    fprocess: str
+    welcome_message: str
+    handler_folder: str
+    build_options: list
+
+
+def template_dirs(stack_dir: Path | None = None) -> list[Path]:
+    """Where templates are looked up: ./template beside the stack file, then the repo's templates/."""
+    stack_dir = Path(stack_dir) if stack_dir is not None else Path.cwd()
+    return [stack_dir / "template", paths.TEMPLATES_DIR]
+
+
+def find_template(lang: str, stack_dir: Path | None = None, *, function: str | None = None) -> Path:
+    candidates = [d / lang for d in template_dirs(stack_dir)]
     for c in candidates:
         if (c / "template.yml").is_file():
             return c
     looked = ", ".join(str(c) for c in candidates)
-    raise BuildError(f"lang: template {lang!r} not found (looked in {looked}); try `faas-gpu template pull`")
+    who = f"functions.{function}.lang: " if function else "lang: "
+    raise BuildError(
+        f"{who}template {lang!r} not found (looked in {looked}); run `faas-gpu template pull` or check the lang"
+    )
 
 
 def template_info(template_dir: Path) -> dict:
-    data = yaml.safe_load((template_dir / "template.yml").read_text()) or {}
+    """template.yml as a dict (kept for callers that want the raw fields)."""
+    path = Path(template_dir) / "template.yml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise BuildError(f"{path}: cannot read the template: {exc}") from None
     if not isinstance(data, dict):
-        raise BuildError(f"{template_dir / 'template.yml'}: must be a mapping")
+        raise BuildError(f"{path}: must be a mapping")
     return data
 
 
-def shrinkwrap(spec: FunctionSpec, out_dir: Path | None = None) -> Path:
-    if spec.skip_build or not spec.lang or not spec.handler:
-        raise BuildError(f"functions.{spec.name}: skip_build is set or lang/handler missing; nothing to build")
-    template = find_template(spec.lang, spec.stack_dir)
-    handler_folder = template_info(template).get("handler_folder") or "function"
-    handler = (spec.stack_dir / spec.handler).resolve()
+def load_template(template_dir: Path) -> LanguageTemplate:
+    data = template_info(template_dir)
+    return LanguageTemplate(
+        path=Path(template_dir),
+        language=str(data.get("language") or Path(template_dir).name),
+        fprocess=str(data.get("fprocess") or ""),
+        welcome_message=str(data.get("welcome_message") or ""),
+        handler_folder=str(data.get("handler_folder") or "function"),
+        build_options=list(data.get("build_options") or []),
+    )
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """go-sdk CopyFiles: a folder is merged into dest (files overwritten), a file replaces dest."""
+    if src.is_dir():
+        shutil.copytree(src, dest, symlinks=False, ignore=_IGNORE, dirs_exist_ok=True)
+    else:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+
+
+def shrinkwrap(spec: FunctionSpec, stack_dir: Path | str | None = None, out_dir: Path | str = "build") -> Path:
+    """Write `<out_dir>/<fn>/` exactly as `faas-cli build --shrinkwrap` does; returns that folder.
+
+    `stack_dir` (default: the folder of the stack file the spec came from) is where the handler,
+    `./template/` and relative `out_dir` are resolved.
+    """
+    stack_dir = Path(stack_dir) if stack_dir is not None else Path(spec.stack_dir)
+    if spec.skip_build:
+        raise BuildError(f"functions.{spec.name}: skip_build is set; nothing to build")
+    if not spec.lang:
+        raise BuildError(f"functions.{spec.name}.lang: is required to build")
+    if not spec.handler:
+        raise BuildError(f"functions.{spec.name}.handler: is required to build")
+    handler = (stack_dir / spec.handler).resolve()
     if not handler.is_dir():
-        raise BuildError(f"functions.{spec.name}.handler: folder {spec.handler!r} not found")
-    out = (out_dir or spec.stack_dir / "build") / spec.name
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(template, out, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
-    dest = out / handler_folder  # the template's own files stay; the handler's overwrite them
-    dest.mkdir(parents=True, exist_ok=True)
-    for entry in handler.iterdir():
-        if entry.name in SKIP_IN_HANDLER or entry.name == "__pycache__":
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        raise BuildError(f"functions.{spec.name}.handler: folder {spec.handler!r} not found in {stack_dir}")
+    out_root = Path(out_dir) if Path(out_dir).is_absolute() else stack_dir / out_dir
+    out = out_root / spec.name
+    if out.exists() or out.is_symlink():
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
         else:
-            shutil.copy2(entry, dest / entry.name)
+            out.unlink()
+
+    if spec.lang == "dockerfile":
+        # faas-cli: the handler folder is the whole build context; no template is used
+        handler_folder_path = out
+        out.mkdir(parents=True)
+    else:
+        template = load_template(find_template(spec.lang, stack_dir, function=spec.name))
+        handler_folder_path = out / template.handler_folder
+        handler_folder_path.mkdir(parents=True)
+        _copy(template.path, out)
+    for entry in sorted(handler.iterdir()):
+        if entry.name in SKIP_IN_HANDLER or entry.name in ("__pycache__", ".pytest_cache"):
+            continue
+        _copy(entry, handler_folder_path / entry.name)
+    for extra in spec.copy:
+        src = (stack_dir / extra).resolve()
+        if not src.is_relative_to(stack_dir.resolve()):
+            raise BuildError(f"configuration.copy: {extra!r} is outside the stack file's folder")
+        if not src.exists():
+            raise BuildError(f"configuration.copy: {extra!r} not found in {stack_dir}")
+        _copy(src, handler_folder_path / extra)
     return out
 
 
-def build(spec: FunctionSpec, store: ImageStore | None = None, out_dir: Path | None = None) -> ImageRecord:
-    """Shrinkwrap, then install the context as an image the local runtime can run."""
-    context = shrinkwrap(spec, out_dir)
-    info = template_info(context)
-    fprocess = spec.fprocess or info.get("fprocess") or ""
+def build(
+    spec: FunctionSpec,
+    store: ImageStore | None = None,
+    out_dir: Path | str = "build",
+    *,
+    stack_dir: Path | str | None = None,
+    quiet: bool = True,
+) -> ImageRecord:
+    """Shrinkwrap, then add the context to the local image store as `spec.image`."""
+    if spec.lang == "dockerfile" and not spec.fprocess:
+        raise BuildError(
+            f"functions.{spec.name}: dockerfile functions cannot be built into the local image store "
+            "without an fprocess; build them with docker and deploy with skip_build: true"
+        )
+    context = shrinkwrap(spec, stack_dir, out_dir)
+    fprocess = spec.fprocess
+    if not fprocess and (context / "template.yml").is_file():
+        fprocess = load_template(context).fprocess
     if not fprocess:
-        raise BuildError(f"functions.{spec.name}: the template has no fprocess and none is given")
-    return (store or ImageStore()).add(spec.image, context, lang=spec.lang or "", fprocess=fprocess)
+        raise BuildError(f"functions.{spec.name}: the template has no fprocess and the function gives none")
+    try:
+        return (store or ImageStore()).add(spec.image, context, lang=spec.lang or "", fprocess=fprocess, quiet=quiet)
+    except BuildError as exc:
+        raise BuildError(f"functions.{spec.name}: {exc}") from None

@@ -1,16 +1,26 @@
-"""`faas-gpu`: the CLI. Reads the same stack.yml as faas-cli and makes the same REST calls."""
+"""`faas-gpu`: the CLI. Reads the same stack file as faas-cli 0.18 and makes the same REST calls.
+
+Gateway: `--gateway` > the stack's provider.gateway > $OPENFAAS_URL > http://127.0.0.1:8080.
+Credentials: `--username/--password`, else the stack's own files (`.faas-gpu/secrets/basic-auth-user`
+and `basic-auth-password`), else faas-cli's saved login (config.yml in $OPENFAAS_CONFIG, ./.openfaas
+when CI=true, else ~/.openfaas). `invoke` sends no system credentials, like faas-cli.
+"""
 
 from __future__ import annotations
 
 import argparse
 import base64
+import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import requests
@@ -18,52 +28,69 @@ import yaml
 
 from faas_gpu import __version__, paths
 from faas_gpu.build import build as build_image
-from faas_gpu.build import find_template, shrinkwrap, template_info
+from faas_gpu.build import find_template, load_template, shrinkwrap
 from faas_gpu.imagestore import BuildError
-from faas_gpu.stack import DEFAULT_GATEWAY, NAME_RE, Stack, StackError, find_stack_file, load_stack
+from faas_gpu.stack import (
+    DEFAULT_GATEWAY,
+    NAME_RE,
+    FunctionSpec,
+    Stack,
+    StackError,
+    find_stack_file,
+    load_stack,
+)
 
 DEFAULT_NAMESPACE = "openfaas-fn"
 TIMEOUT_S = 30
+CONNECT_TIMEOUT_S = 10
+OK_DEPLOY = (200, 202)  # faas-cli's badStatusCode: 201 counts as a failure
 
 
 class CliError(Exception):
-    pass
+    """A user-facing failure: printed as one line, exit status 1."""
 
 
 # -- gateway and credentials -------------------------------------------------------------
+def _norm(url: str) -> str:
+    return url.strip().lower().rstrip("/")
+
+
 def gateway_url(flag: str | None, stack: Stack | None) -> str:
-    """faas-cli's precedence: --gateway > stack provider.gateway > OPENFAAS_URL > default."""
-    if flag and flag.rstrip("/") != DEFAULT_GATEWAY:
-        url = flag
-    elif stack and stack.gateway != DEFAULT_GATEWAY:
-        url = stack.gateway
-    elif os.environ.get("OPENFAAS_URL"):
-        url = os.environ["OPENFAAS_URL"]
-    else:
-        url = flag or DEFAULT_GATEWAY
-    return url.lower().rstrip("/")
+    """faas-cli's precedence (commands/priority.go): --gateway (if not the default) > stack
+    provider.gateway (if not the default) > OPENFAAS_URL > http://127.0.0.1:8080."""
+    if flag and _norm(flag) != DEFAULT_GATEWAY:
+        return _norm(flag)
+    if stack is not None and stack.gateway and _norm(stack.gateway) != DEFAULT_GATEWAY:
+        return _norm(stack.gateway)
+    if os.environ.get("OPENFAAS_URL"):
+        return _norm(os.environ["OPENFAAS_URL"])
+    return DEFAULT_GATEWAY
+
+
+def faas_cli_config_file() -> Path:
+    if os.environ.get("OPENFAAS_CONFIG"):
+        return Path(os.environ["OPENFAAS_CONFIG"]) / "config.yml"
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        return Path.cwd() / ".openfaas" / "config.yml"
+    return Path.home() / ".openfaas" / "config.yml"
 
 
 def _faas_cli_token(gateway: str) -> str | None:
-    if os.environ.get("OPENFAAS_CONFIG"):
-        config = Path(os.environ["OPENFAAS_CONFIG"]) / "config.yml"
-    elif os.environ.get("CI", "").lower() in ("true", "1"):
-        config = Path.cwd() / ".openfaas" / "config.yml"
-    else:
-        config = Path.home() / ".openfaas" / "config.yml"
     try:
-        data = yaml.safe_load(config.read_text()) or {}
+        data = yaml.safe_load(faas_cli_config_file().read_text()) or {}
     except (OSError, yaml.YAMLError):
         return None
+    if not isinstance(data, dict):
+        return None
     for entry in data.get("auths") or []:
-        if str(entry.get("gateway", "")).rstrip("/") == gateway and entry.get("auth") == "basic":
+        if isinstance(entry, dict) and _norm(str(entry.get("gateway", ""))) == gateway and entry.get("auth") == "basic":
             return entry.get("token")
     return None
 
 
 def credentials(args: argparse.Namespace, gateway: str) -> tuple[str, str] | None:
-    if getattr(args, "username", None) and getattr(args, "password", None):
-        return (args.username, args.password)
+    if getattr(args, "username", None) or getattr(args, "password", None):
+        return (getattr(args, "username", None) or "admin", getattr(args, "password", None) or "")
     secrets = paths.secrets_dir()
     try:
         return (
@@ -74,34 +101,64 @@ def credentials(args: argparse.Namespace, gateway: str) -> tuple[str, str] | Non
         pass
     token = _faas_cli_token(gateway)
     if token:
-        user, _, password = base64.b64decode(token).decode().partition(":")
+        try:
+            user, _, password = base64.b64decode(token).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
         return (user, password)
     return None
 
 
 class Client:
+    """HTTP to the gateway with timeouts; connection problems become one clear CliError."""
+
     def __init__(self, gateway: str, auth: tuple[str, str] | None):
         self.gateway = gateway
+        self.auth = auth
         self.session = requests.Session()
-        if auth:
-            self.session.auth = auth
 
-    def request(self, method: str, path: str, **kwargs) -> requests.Response:
-        kwargs.setdefault("timeout", TIMEOUT_S)
+    def request(self, method: str, path: str, *, system: bool = True, **kwargs) -> requests.Response:
+        kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, TIMEOUT_S))
+        if system and self.auth:
+            kwargs.setdefault("auth", self.auth)
+        url = self.gateway + path
         try:
-            return self.session.request(method, self.gateway + path, **kwargs)
-        except requests.ConnectionError:
-            raise CliError(f"cannot reach gateway at {self.gateway}: is the stack running (faas-gpu up)?") from None
+            return self.session.request(method, url, **kwargs)
+        except requests.ConnectionError as exc:
+            raise CliError(
+                f"cannot reach gateway at {self.gateway}: {_reason(exc)} (is the stack running? faas-gpu up)"
+            ) from None
         except requests.Timeout:
-            raise CliError(f"gateway at {self.gateway} did not answer within {kwargs['timeout']}s") from None
+            raise CliError(f"gateway at {self.gateway} did not answer in time ({method} {path})") from None
+        except requests.RequestException as exc:
+            raise CliError(f"bad gateway URL {self.gateway}: {exc}") from None
 
 
-def _check(resp: requests.Response, ok: tuple[int, ...], what: str) -> requests.Response:
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] ([^')]+)", text)
+    return m.group(1) if m else "connection failed"
+
+
+def _message(resp: requests.Response) -> str:
+    return resp.text.strip()[:2000] or resp.reason or ""
+
+
+def _check(resp: requests.Response, ok: Iterable[int], what: str) -> requests.Response:
     if resp.status_code == 401:
-        raise CliError(f"{what}: unauthorized (401); check the credentials in {paths.secrets_dir()}")
-    if resp.status_code not in ok:
-        raise CliError(f"{what}: server returned {resp.status_code}: {resp.text.strip()}")
+        raise CliError(
+            f"{what}: unauthorized (401); give --username/--password or check {paths.secrets_dir()}/basic-auth-*"
+        )
+    if resp.status_code not in tuple(ok):
+        raise CliError(f"{what}: unexpected status {resp.status_code}: {_message(resp)}")
     return resp
+
+
+def _json(resp: requests.Response, what: str):
+    try:
+        return resp.json()
+    except ValueError:
+        raise CliError(f"{what}: the gateway answered {resp.status_code} with a body that is not JSON") from None
 
 
 def _load(args: argparse.Namespace, required: bool = True) -> Stack | None:
@@ -110,7 +167,7 @@ def _load(args: argparse.Namespace, required: bool = True) -> Stack | None:
         if required:
             raise CliError("no stack file: give -f stack.yml (or create ./stack.yaml)")
         return None
-    return load_stack(path, substitute=not getattr(args, "no_envsubst", False))
+    return load_stack(path, substitute=getattr(args, "envsubst", True))
 
 
 def _client(args: argparse.Namespace, stack: Stack | None = None) -> Client:
@@ -118,40 +175,78 @@ def _client(args: argparse.Namespace, stack: Stack | None = None) -> Client:
     return Client(gw, credentials(args, gw))
 
 
-# -- commands ----------------------------------------------------------------------------
+def _kv(pairs: list[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"{what}: expected key=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _ns_body(namespace: str | None) -> dict[str, str]:
+    return {"namespace": namespace} if namespace else {}
+
+
+# -- build -------------------------------------------------------------------------------
 def cmd_build(args: argparse.Namespace) -> int:
     stack = _load(args)
     for spec in stack.select(args.filter):
         if spec.skip_build:
-            print(f"Skipping build of {spec.name} (skip_build)")
+            print(f"Skipping build of: {spec.name}.")
             continue
         if args.shrinkwrap:
-            out = shrinkwrap(spec)
-            print(f"{spec.name} shrink-wrapped to {out}")
+            out = shrinkwrap(spec, stack.stack_dir)
+            print(f"{spec.name} shrink-wrapped to {_rel(out)}")
         else:
-            record = build_image(spec)
+            print(f"Building: {spec.image} with {spec.lang} template. Please wait..", flush=True)
+            record = build_image(spec, stack_dir=stack.stack_dir)
             print(f"Image: {record.image} built.")
     return 0
 
 
-def deploy_specs(client: Client, specs, replace: bool = False) -> list[str]:
-    deployed = []
+def _rel(path: Path) -> str:
+    try:
+        return "./" + str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# -- deploy ------------------------------------------------------------------------------
+def deploy_one(client: Client, spec: FunctionSpec, replace: bool = False) -> requests.Response:
+    """faas-cli: PUT, and POST on 404; `--replace` sends DELETE then POST."""
+    body = spec.to_deployment()
+    if replace:
+        client.request("DELETE", "/system/functions", json={"functionName": spec.name, **_ns_body(spec.namespace)})
+        return client.request("POST", "/system/functions", json=body)
+    resp = client.request("PUT", "/system/functions", json=body)
+    if resp.status_code == 404:
+        resp = client.request("POST", "/system/functions", json=body)
+    return resp
+
+
+def deploy_specs(client: Client, specs: Iterable[FunctionSpec], replace: bool = False) -> list[str]:
+    """Deploy each function; all are tried, then a CliError names the ones that failed."""
+    deployed, failed = [], []
     for spec in specs:
-        body = spec.to_deployment()
-        if replace:
-            client.request(
-                "DELETE",
-                "/system/functions",
-                json={"functionName": spec.name, "namespace": spec.namespace or DEFAULT_NAMESPACE},
-            )
-            resp = client.request("POST", "/system/functions", json=body)
+        print(f"Deploying: {spec.name}.", flush=True)
+        resp = deploy_one(client, spec, replace)
+        if resp.status_code == 401:
+            _check(resp, OK_DEPLOY, f"deploy {spec.name}")
+        if resp.status_code in OK_DEPLOY:
+            suffix = f".{spec.namespace}" if spec.namespace else ""
+            print(f"\nDeployed. {resp.status_code} {resp.reason or 'OK'}.")
+            print(f"URL: {client.gateway}/function/{spec.name}{suffix}\n")
+            deployed.append(spec.name)
         else:
-            resp = client.request("PUT", "/system/functions", json=body)
-            if resp.status_code == 404:
-                resp = client.request("POST", "/system/functions", json=body)
-        _check(resp, (200, 202), f"deploy {spec.name}")
-        print(f"Deployed. {resp.status_code} Accepted.\nURL: {client.gateway}/function/{spec.name}")
-        deployed.append(spec.name)
+            print(
+                f"faas-gpu: deploy {spec.name}: unexpected status {resp.status_code}: {_message(resp)}",
+                file=sys.stderr,
+            )
+            failed.append(f"{spec.name} ({resp.status_code})")
+    if failed:
+        raise CliError(f"failed to deploy: {', '.join(failed)}")
     return deployed
 
 
@@ -161,18 +256,19 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-def wait_ready(client: Client, name: str, namespace: str, timeout_s: float) -> bool:
+def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
+    params = {"namespace": namespace} if namespace else {}
     while time.monotonic() < deadline:
-        resp = client.request("GET", f"/system/function/{name}", params={"namespace": namespace})
-        if resp.status_code == 200 and resp.json().get("availableReplicas", 0) > 0:
+        resp = client.request("GET", f"/system/function/{name}", params=params)
+        if resp.status_code == 200 and (_json(resp, "ready").get("availableReplicas") or 0) > 0:
             return True
         time.sleep(0.2)
     return False
 
 
 def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180) -> list[str]:
-    """Build and deploy every function of the stack file; wait until each serves (for `up`)."""
+    """Build and deploy every function of the stack file, then wait until each serves (for `up`)."""
     path = find_stack_file(yaml_path)
     if path is None:
         return []
@@ -181,266 +277,444 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
     for spec in stack.functions.values():
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
-            build_image(spec)
+            build_image(spec, stack_dir=stack.stack_dir)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():
-        if not wait_ready(client, spec.name, spec.namespace or DEFAULT_NAMESPACE, ready_timeout_s):
+        if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s):
             raise CliError(
                 f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
             )
     return names
 
 
+# -- list / describe ---------------------------------------------------------------------
+def _list(client: Client, namespace: str | None) -> list[dict]:
+    params = {"namespace": namespace} if namespace else None
+    fns = _json(_check(client.request("GET", "/system/functions", params=params), (200,), "list"), "list")
+    if not isinstance(fns, list):
+        raise CliError("list: the gateway did not answer with a JSON array")
+    return fns
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     client = _client(args, _load(args, required=False))
-    params = {"namespace": args.namespace} if args.namespace else None
-    fns = _check(client.request("GET", "/system/functions", params=params), (200,), "list").json()
+    fns = sorted(_list(client, args.namespace), key=lambda f: str(f.get("name", "")))
     if args.verbose:
-        print(f"{'Function':<30}{'Image':<40}{'Invocations':>12}{'Replicas':>10}")
+        print(f"{'Function':<30}\t{'Image':<30}\t{'Invocations':<15}\t{'Replicas':<5}")
         for f in fns:
-            print(f"{f['name']:<30}{f['image']:<40}{int(f.get('invocationCount', 0)):>12}{f.get('replicas', 0):>10}")
+            print(
+                f"{f.get('name', ''):<30}\t{f.get('image', ''):<30}\t"
+                f"{int(f.get('invocationCount') or 0):<15}\t{f.get('replicas') or 0:<5}"
+            )
     else:
-        print(f"{'Function':<30}{'Invocations':>12}{'Replicas':>10}")
+        print(f"{'Function':<30}\t{'Invocations':<15}\t{'Replicas':<5}")
         for f in fns:
-            print(f"{f['name']:<30}{int(f.get('invocationCount', 0)):>12}{f.get('replicas', 0):>10}")
+            print(f"{f.get('name', ''):<30}\t{int(f.get('invocationCount') or 0):<15}\t{f.get('replicas') or 0:<5}")
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
     client = _client(args, _load(args, required=False))
-    params = {"usage": "1", "namespace": args.namespace or DEFAULT_NAMESPACE}
+    params = {"usage": "1"}
+    if args.namespace:
+        params["namespace"] = args.namespace
     resp = client.request("GET", f"/system/function/{args.name}", params=params)
     if resp.status_code == 404:
         raise CliError(f"No such function: {args.name}")
-    f = _check(resp, (200,), "describe").json()
-    status = "Ready" if f.get("availableReplicas", 0) > 0 else "Not Ready"
-    rows = [
-        ("Name", f["name"]),
-        ("Status", status),
-        ("Replicas", f.get("replicas", 0)),
-        ("Available Replicas", f.get("availableReplicas", 0)),
-        ("Invocations", int(f.get("invocationCount", 0))),
-        ("Image", f["image"]),
-        ("Function Process", f.get("envProcess", "<default>")),
-        ("URL", f"{client.gateway}/function/{f['name']}"),
-        ("Async URL", f"{client.gateway}/async-function/{f['name']}"),
-        ("Labels", json.dumps(f.get("labels", {}))),
-        ("Annotations", json.dumps(f.get("annotations", {}))),
+    f = _json(_check(resp, (200,), f"describe {args.name}"), "describe")
+    invocations = f.get("invocationCount") or 0
+    for other in _list(client, args.namespace):  # faas-cli reads invocationCount from the list
+        if other.get("name") == f.get("name"):
+            invocations = other.get("invocationCount") or invocations
+    suffix = f".{args.namespace}" if args.namespace else ""
+    rows: list[tuple[str, object]] = [
+        ("Name", f.get("name", args.name)),
+        ("Status", "Ready" if (f.get("availableReplicas") or 0) > 0 else "Not Ready"),
+        ("Replicas", f.get("replicas") or 0),
+        ("Available Replicas", f.get("availableReplicas") or 0),
+        ("Invocations", int(invocations)),
+        ("Image", f.get("image", "")),
+        ("Function Process", f.get("envProcess") or "<default>"),
+        ("URL", f"{client.gateway}/function/{args.name}{suffix}"),
+        ("Async URL", f"{client.gateway}/async-function/{args.name}{suffix}"),
     ]
+    for key, title in (
+        ("labels", "Labels"),
+        ("annotations", "Annotations"),
+        ("envVars", "Environment"),
+        ("constraints", "Constraints"),
+        ("secrets", "Secrets"),
+        ("requests", "Requests"),
+        ("limits", "Limits"),
+    ):
+        value = f.get(key)
+        if isinstance(value, dict) and value:
+            rows.append((title, ", ".join(f"{k}: {v}" for k, v in sorted(value.items()))))
+        elif isinstance(value, list) and value:
+            rows.append((title, ", ".join(map(str, value))))
+    usage = f.get("usage") or {}
+    if usage.get("totalMemoryBytes"):
+        rows.append(("RAM", f"{usage['totalMemoryBytes'] / 1024 / 1024:.2f} MB"))
+    if usage.get("cpu") is not None and usage:
+        rows.append(("CPU", f"{usage['cpu']:.0f} Mi"))
     for k, v in rows:
         print(f"{k + ':':<20} {v}")
     return 0
 
 
+# -- invoke / logs -----------------------------------------------------------------------
 def cmd_invoke(args: argparse.Namespace) -> int:
     client = _client(args, _load(args, required=False))
-    data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
-    headers = dict(h.split("=", 1) for h in args.header or [])
-    query = dict(q.split("=", 1) for q in args.query or [])
+    if sys.stdin.isatty():
+        print("Reading from STDIN - hit (Control + D) to stop.", file=sys.stderr)
+    data = sys.stdin.buffer.read()
+    headers = _kv(args.header, "--header")
+    query = _kv(args.query, "--query")
     if args.content_type:
         headers["Content-Type"] = args.content_type
+    if args.callback_url:
+        headers["X-Callback-Url"] = args.callback_url
     route = "async-function" if args.async_ else "function"
     path = f"/{route}/{args.name}.{args.namespace or DEFAULT_NAMESPACE}"
-    resp = client.request(args.method, path, data=data, headers=headers, params=query, auth=None)
+    resp = client.request(
+        args.method.upper(),
+        path,
+        system=False,
+        data=data,
+        headers=headers,
+        params=query,
+        timeout=(CONNECT_TIMEOUT_S, None),
+    )
     if args.async_:
-        _check(resp, (202,), f"invoke {args.name}")
-        print(f"Function submitted asynchronously. Call-Id: {resp.headers.get('X-Call-Id')}", file=sys.stderr)
+        if resp.status_code != 202:
+            raise CliError(f"invoke {args.name}: unexpected status {resp.status_code}: {_message(resp)}")
+        print(f"Function submitted asynchronously. X-Call-Id: {resp.headers.get('X-Call-Id', '')}", file=sys.stderr)
         return 0
+    if not 200 <= resp.status_code < 300:
+        raise CliError(f"Server returned unexpected status code: {resp.status_code} - {_message(resp)}")
     sys.stdout.buffer.write(resp.content)
     sys.stdout.flush()
-    if resp.status_code >= 300:
-        print(f"Server returned unexpected status code: {resp.status_code}", file=sys.stderr)
-        return 1
     return 0
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float:
+    """A Go duration (`5m`, `1h30m`, `90s`, `1.5h`) in seconds; a bare number means seconds."""
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise CliError(f"--since: {text!r} is not a duration like 30s, 5m or 1h30m")
+    return total
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     client = _client(args, _load(args, required=False))
-    params = {
-        "name": args.name,
-        "namespace": args.namespace or DEFAULT_NAMESPACE,
-        "follow": str(args.follow).lower(),
-        "tail": str(args.tail),
-    }
-    if args.since:
-        params["since"] = args.since
+    params = {"name": args.name, "follow": str(args.follow).lower(), "tail": str(args.tail)}
+    if args.namespace:
+        params["namespace"] = args.namespace
+    if args.since_time:
+        params["since"] = args.since_time
+    elif args.since:
+        since = datetime.now(UTC) - timedelta(seconds=parse_go_duration(args.since))
+        params["since"] = since.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     if args.instance:
         params["instance"] = args.instance
-    resp = client.request("GET", "/system/logs", params=params, stream=True, timeout=None if args.follow else TIMEOUT_S)
+    resp = client.request(
+        "GET",
+        "/system/logs",
+        params=params,
+        stream=True,
+        timeout=(CONNECT_TIMEOUT_S, None if args.follow else TIMEOUT_S),
+    )
+    if resp.status_code in (404, 501):
+        raise CliError(f"logs {args.name}: the provider does not serve logs ({resp.status_code}: {_message(resp)})")
     _check(resp, (200,), f"logs {args.name}")
     try:
         for line in resp.iter_lines():
-            if line:
+            if not line.strip():
+                continue
+            try:
                 m = json.loads(line)
-                print(f"{m['timestamp']} {m['name']} ({m['instance']}) {m['text']}", flush=True)
-    except KeyboardInterrupt:
-        pass
+                print(f"{m['timestamp']} {m['name']} ({m.get('instance', '')}) {str(m['text']).rstrip()}", flush=True)
+            except (ValueError, KeyError, TypeError):
+                print(line.decode(errors="replace"), flush=True)
+    except requests.RequestException as exc:
+        raise CliError(f"logs {args.name}: the stream broke: {exc}") from None
     return 0
 
 
+# -- remove ------------------------------------------------------------------------------
 def cmd_remove(args: argparse.Namespace) -> int:
-    stack = _load(args, required=False)
+    stack = _load(args, required=bool(getattr(args, "yaml", None)) or not args.name)
     client = _client(args, stack)
-    names = [args.name] if args.name else [s.name for s in (stack.functions.values() if stack else [])]
-    if not names:
-        raise CliError("remove: give a function name or -f stack.yml")
+    if args.name:
+        names = [args.name]
+    else:
+        names = [s.name for s in stack.select(args.filter)]
+    failed = False
     for name in names:
-        ns = args.namespace or (stack.functions[name].namespace if stack and name in stack.functions else None)
-        resp = client.request(
-            "DELETE", "/system/functions", json={"functionName": name, "namespace": ns or DEFAULT_NAMESPACE}
-        )
+        spec = stack.functions.get(name) if stack else None
+        ns = args.namespace or (spec.namespace if spec else None)
+        print(f"Deleting: {name}{'.' + ns if ns else ''}.")
+        resp = client.request("DELETE", "/system/functions", json={"functionName": name, **_ns_body(ns)})
         if resp.status_code == 404:
-            raise CliError(f"No existing function to remove: {name}")
+            print(f"faas-gpu: No existing function to remove: {name}", file=sys.stderr)
+            failed = True
+            continue
         _check(resp, (200, 201, 202), f"remove {name}")
-        print(f"Removing old function: {name}")
-    return 0
+        print("Removing old function.")
+    return 1 if failed else 0
 
 
+# -- secrets -----------------------------------------------------------------------------
 def cmd_secret(args: argparse.Namespace) -> int:
     client = _client(args, _load(args, required=False))
-    ns = args.namespace or DEFAULT_NAMESPACE
-    if args.action == "list":
-        items = _check(client.request("GET", "/system/secrets", params={"namespace": ns}), (200,), "secret list").json()
+    ns = args.namespace
+    action = {"ls": "list", "rm": "remove"}.get(args.action, args.action)
+    if action == "list":
+        params = {"namespace": ns} if ns else None
+        items = _json(
+            _check(client.request("GET", "/system/secrets", params=params), (200,), "secret list"), "secret list"
+        )
         print("NAME")
-        for s in items:
-            print(s["name"])
+        for s in items or []:
+            print(s.get("name", "") if isinstance(s, dict) else s)
         return 0
     if not args.name:
-        raise CliError(f"secret {args.action}: a secret name is required")
-    if args.action == "remove":
-        resp = client.request("DELETE", "/system/secrets", json={"name": args.name, "namespace": ns})
-        _check(resp, (200, 202), f"secret remove {args.name}")
-        print(f"Removed: {args.name}")
+        raise CliError(f"secret {action}: a secret name is required")
+    if action == "remove":
+        resp = client.request("DELETE", "/system/secrets", json={"name": args.name, **_ns_body(ns)})
+        if resp.status_code == 404:
+            raise CliError(f"secret remove {args.name}: no such secret")
+        _check(resp, (200, 202), f"secret remove {args.name}")  # faas-cli: 204 is an error
+        print("Removed.. OK.")
         return 0
+    body: dict = {"name": args.name, **_ns_body(ns)}
+    if args.from_literal is not None and args.from_file:
+        raise CliError(f"secret {action}: give --from-literal or --from-file, not both")
     if args.from_literal is not None:
-        body = {"name": args.name, "namespace": ns, "value": args.from_literal}
+        body["value"] = args.from_literal
     elif args.from_file:
-        body = {
-            "name": args.name,
-            "namespace": ns,
-            "rawValue": base64.b64encode(Path(args.from_file).read_bytes()).decode(),
-        }
+        try:
+            body["rawValue"] = base64.b64encode(Path(args.from_file).read_bytes()).decode()
+        except OSError as exc:
+            raise CliError(f"secret {action}: cannot read {args.from_file}: {exc.strerror}") from None
     else:
-        body = {"name": args.name, "namespace": ns, "value": sys.stdin.read().strip()}
-    method = "POST" if args.action == "create" else "PUT"
+        if sys.stdin.isatty():
+            print("Reading from STDIN - hit (Control + D) to stop.", file=sys.stderr)
+        body["value"] = sys.stdin.read().strip()
+    if not body.get("value") and not body.get("rawValue"):
+        raise CliError(f"secret {action}: the secret value is empty")
+    method = "POST" if action == "create" else "PUT"
+    print(f"{'Creating' if method == 'POST' else 'Updating'} secret: {args.name}{'.' + ns if ns else ''}")
     resp = client.request(method, "/system/secrets", json=body)
     if resp.status_code == 409:
         raise CliError(f"secret {args.name} already exists; use `faas-gpu secret update`")
-    _check(resp, (200, 201, 202), f"secret {args.action} {args.name}")
-    print(f"{'Created' if method == 'POST' else 'Updated'}: {resp.status_code} {args.name}")
+    if resp.status_code == 404 and method == "PUT":
+        raise CliError(f"secret {args.name} does not exist; use `faas-gpu secret create`")
+    _check(resp, (200, 201, 202), f"secret {action} {args.name}")
+    print(f"{'Created' if method == 'POST' else 'Updated'}: {resp.status_code} {resp.reason or 'OK'}")
     return 0
 
 
-def template_pull(dest_root: Path, source: str | None = None) -> list[str]:
-    """Write ./template/<lang>/ (+ meta.json) so the real `faas-cli new --lang` works offline."""
-    if source and source not in ("python3-gpu",) and Path(source).exists():
-        tmp = dest_root / ".template-pull"
-        shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run(["git", "clone", "--depth", "1", "-q", source, str(tmp)], check=True)
-        src_root, repository = tmp / "template", source
-    else:
-        src_root, repository, tmp = paths.TEMPLATES_DIR, "faas-gpu", None
-    sha = _git_sha()
-    pulled = []
-    for tdir in sorted(p for p in src_root.iterdir() if (p / "template.yml").is_file()):
-        dest = dest_root / "template" / tdir.name
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(tdir, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
-        meta = {"repository": repository, "sha": sha, "written_at": datetime.now(UTC).isoformat()}
-        (dest / "meta.json").write_text(json.dumps(meta, indent=2))
-        pulled.append(tdir.name)
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return pulled
+# -- templates and new -------------------------------------------------------------------
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _git_sha() -> str:
+def _git(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            ["git", "-C", str(paths.REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
+        return subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CliError(f"template pull: git failed: {exc}") from None
+
+
+def _repo_sha(repo: Path) -> str:
+    proc = _git("-C", str(repo), "rev-parse", "HEAD")
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def template_pull(dest_root: Path, source: str | None = None, overwrite: bool = True) -> list[str]:
+    """Write ./template/<lang>/ and meta.json (repository, sha, written_at), as `faas-cli template pull`.
+
+    No source (or `python3-gpu`): this repository's templates/. Otherwise a git repository (a
+    local path or URL, `#ref` for a branch or tag) whose `template/` folder is copied. Existing
+    templates are kept unless `overwrite` (faas-cli's --overwrite); returns the languages written.
+    """
+    tmp = None
+    try:
+        if not source or source == "python3-gpu":
+            src_root, repository, sha = paths.TEMPLATES_DIR, str(paths.REPO_ROOT), _repo_sha(paths.REPO_ROOT)
+        else:
+            repository, _, ref = source.partition("#")
+            local = Path(repository).expanduser()
+            if local.is_dir() and not (local / ".git").exists() and (local / "template").is_dir():
+                src_root, sha = local / "template", ""
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix="faas-gpu-template-"))
+                cmd = [
+                    "clone",
+                    "--depth",
+                    "1",
+                    "-q",
+                    *(["--branch", ref] if ref else []),
+                    repository,
+                    str(tmp / "repo"),
+                ]
+                proc = _git(*cmd)
+                if proc.returncode != 0:
+                    raise CliError(f"template pull: cannot clone {source}: {proc.stderr.strip().splitlines()[-1:]}")
+                src_root, sha = tmp / "repo" / "template", _repo_sha(tmp / "repo")
+        if not src_root.is_dir():
+            raise CliError(f"template pull: {source} has no template/ folder")
+        written, kept = [], []
+        for tdir in sorted(p for p in src_root.iterdir() if (p / "template.yml").is_file()):
+            dest = dest_root / "template" / tdir.name
+            if dest.exists() and not overwrite:
+                kept.append(tdir.name)
+                continue
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(tdir, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+            meta = {"repository": repository, "sha": sha, "written_at": _now_rfc3339()}
+            (dest / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+            written.append(tdir.name)
+        if kept:
+            print(f"Cannot overwrite the following {len(kept)} template(s): {kept} (use --overwrite)")
+        return written
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cmd_template(args: argparse.Namespace) -> int:
-    pulled = template_pull(Path.cwd(), args.repository)
-    print(f"Wrote {len(pulled)} template(s) to ./template: {', '.join(pulled)}")
+    written = template_pull(Path.cwd(), args.repository, overwrite=args.overwrite)
+    print(f"Wrote {len(written)} template(s) to ./template: {', '.join(written) or '-'}")
     return 0
+
+
+def _stack_entry(name: str, lang: str, image: str) -> str:
+    return f"  {name}:\n    lang: {lang}\n    handler: ./{name}\n    image: {image}\n"
 
 
 def cmd_new(args: argparse.Namespace) -> int:
     name = args.name
     if not NAME_RE.match(name):
-        raise CliError(f"new: {name!r} must match {NAME_RE.pattern}")
+        raise CliError(f"new: function name {name!r} must match {NAME_RE.pattern}")
     cwd = Path.cwd()
-    template = find_template(args.lang, cwd)
-    handler_folder = template_info(template).get("handler_folder") or "function"
+    stack_file = Path(args.append) if args.append else cwd / "stack.yaml"
+    if args.append:
+        if not stack_file.is_file():
+            raise CliError(f"new --append: {stack_file} does not exist")
+        try:
+            existing = yaml.safe_load(stack_file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise CliError(f"new --append: {stack_file}: not valid YAML: {exc}") from None
+        if name in ((existing.get("functions") or {}) if isinstance(existing, dict) else {}):
+            raise CliError(f"new: function {name} already exists in {stack_file}")
+    elif stack_file.exists():
+        raise CliError(f"new: {stack_file.name} already exists; use --append {stack_file.name}")
     dest = cwd / name
     if dest.exists():
         raise CliError(f"new: folder ./{name} already exists")
-    shutil.copytree(template / handler_folder, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    stack_file = Path(args.append) if args.append else cwd / "stack.yaml"
-    image = f"{args.prefix.rstrip('/') + '/' if args.prefix else ''}{name}:latest"
-    entry = {"lang": args.lang, "handler": f"./{name}", "image": image}
-    if args.append:
-        if not stack_file.exists():
-            raise CliError(f"new --append: {stack_file} does not exist")
-        data = yaml.safe_load(stack_file.read_text()) or {}
-        data.setdefault("functions", {})[name] = entry
+    template = load_template(find_template(args.lang, cwd))
+    handler_src = template.path / template.handler_folder
+    if handler_src.is_dir():
+        shutil.copytree(handler_src, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
     else:
-        if stack_file.exists():
-            raise CliError(f"new: {stack_file.name} exists; use --append {stack_file.name}")
-        data = {
-            "version": 1.0,
-            "provider": {"name": "openfaas", "gateway": args.gateway or DEFAULT_GATEWAY},
-            "functions": {name: entry},
-        }
-    stack_file.write_text(yaml.safe_dump(data, sort_keys=False))
+        dest.mkdir()
+    image = f"{args.prefix.rstrip('/')}/{name}:latest" if args.prefix else f"{name}:latest"
+    entry = _stack_entry(name, args.lang, image)
+    if args.append:
+        text = stack_file.read_text()
+        stack_file.write_text(text + ("" if text.endswith("\n") else "\n") + "\n" + entry)
+    else:
+        gateway = _norm(args.gateway) if args.gateway else DEFAULT_GATEWAY
+        stack_file.write_text(f"version: 1.0\nprovider:\n  name: openfaas\n  gateway: {gateway}\nfunctions:\n{entry}")
     gitignore = cwd / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []
     for ignore in ("template", "build", ".secrets"):
         if ignore not in lines:
             lines.append(ignore)
     gitignore.write_text("\n".join(lines) + "\n")
-    print(template_info(template).get("welcome_message", "").strip())
-    print(f"Function created in folder: {name}\nStack file written: {stack_file.name}")
+    if template.welcome_message.strip():
+        print(template.welcome_message.strip())
+    print(
+        f"\nFunction created in folder: {name}\nStack file {'updated' if args.append else 'written'}: {stack_file.name}"
+    )
     return 0
 
 
+# -- version -----------------------------------------------------------------------------
 def cmd_version(args: argparse.Namespace) -> int:
-    print(f"faas-gpu CLI: {__version__}")
+    print(f"faas-gpu CLI:\n version: {__version__}")
     client = _client(args, None)
     try:
-        info = client.request("GET", "/system/info", timeout=3)
-    except CliError:
+        resp = client.request("GET", "/system/info", timeout=3)
+        info = resp.json() if resp.status_code == 200 else None
+    except (CliError, ValueError):
+        info = None
+    if not isinstance(info, dict):
         return 0
-    if info.status_code == 200:
-        p = info.json().get("provider", {})
-        print(f"Gateway: {client.gateway}\nProvider: {p.get('provider')} {p.get('version', {}).get('release', '')}")
+    provider = info.get("provider")
+    if isinstance(provider, dict):  # the gateway's GatewayInfo wraps ProviderInfo
+        name, orchestration, version = provider.get("provider"), provider.get("orchestration"), provider.get("version")
+    else:  # a provider answering directly
+        name, orchestration, version = provider, info.get("orchestration"), info.get("version")
+    version = version if isinstance(version, dict) else {}
+    print(f"\nGateway\n uri: {client.gateway}")
+    print(f"\nProvider\n name: {name}\n orchestration: {orchestration}")
+    print(f" version: {version.get('release', '')}\n sha: {version.get('sha', '')}")
     return 0
 
 
 # -- parser ------------------------------------------------------------------------------
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _common(p: argparse.ArgumentParser, stack: bool = True) -> None:
-    p.add_argument("-g", "--gateway", help=f"gateway URL (default {DEFAULT_GATEWAY}, or OPENFAAS_URL)")
-    p.add_argument("-u", "--username", help="basic-auth user (default: the stack's credentials file)")
+    p.add_argument("-g", "--gateway", help=f"gateway URL (default: stack file, $OPENFAAS_URL, {DEFAULT_GATEWAY})")
+    p.add_argument("-u", "--username", help="basic-auth user (default: the stack's credentials files)")
     p.add_argument("-p", "--password", help="basic-auth password")
     if stack:
         p.add_argument("-f", "--yaml", help="stack file (default ./stack.yaml, then ./stack.yml)")
-        p.add_argument("--no-envsubst", action="store_true", help="no ${VAR} substitution in the stack file")
+        p.add_argument(
+            "--envsubst", type=_bool, nargs="?", const=True, default=True, help="substitute ${VAR} (default true)"
+        )
+        p.add_argument("--no-envsubst", dest="envsubst", action="store_false", help="no ${VAR} substitution")
+
+
+DELEGATED = {
+    "up": ("faas_gpu.up", "main", "start the stack, then build and deploy stack.yml"),
+    "down": ("faas_gpu.up", "down_main", "stop the stack"),
+    "sim": ("faas_gpu.sim.cli", "main", "replay a trace against the placement policies"),
+    "serve": ("provider.server", "main", "run the stack in the foreground (what `up` starts)"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faas-gpu", description="GPU-aware serverless inference for OpenFaaS")
     parser.add_argument("--version", action="version", version=f"faas-gpu {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("up", help="start the stack and deploy stack.yml", add_help=False)
-    sub.add_parser("down", help="stop the stack", add_help=False)
-    sub.add_parser("sim", help="run a placement simulation scenario", add_help=False)
-    sub.add_parser("serve", help="run the stack in the foreground (what `up` starts)", add_help=False)
+    for name, (_, _, help_text) in DELEGATED.items():
+        p = sub.add_parser(name, help=help_text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
 
     p = sub.add_parser("build", help="shrink-wrap functions and build them into the local image store")
     _common(p)
@@ -470,30 +744,33 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("name")
     p.add_argument("-n", "--namespace")
-    p.add_argument("--async", dest="async_", action="store_true")
-    p.add_argument("-H", "--header", action="append", help="header k=v (repeatable)")
-    p.add_argument("--query", action="append", help="query k=v (repeatable)")
+    p.add_argument("-a", "--async", dest="async_", action="store_true", help="use /async-function (202)")
+    p.add_argument("-H", "--header", action="append", help="header key=value (repeatable)")
+    p.add_argument("--query", action="append", help="query key=value (repeatable)")
     p.add_argument("-m", "--method", default="POST")
     p.add_argument("--content-type")
+    p.add_argument("--callback-url", help="X-Callback-Url for --async")
     p.set_defaults(func=cmd_invoke)
 
-    p = sub.add_parser("logs", help="stream a function's logs")
+    p = sub.add_parser("logs", help="print a function's logs")
     _common(p)
     p.add_argument("name")
     p.add_argument("-n", "--namespace")
-    p.add_argument("--tail", type=int, default=-1, help="lines to show (-1 = all)")
-    p.add_argument("--since", help="RFC3339 time")
+    p.add_argument("--tail", "--lines", dest="tail", type=int, default=-1, help="lines to show (-1: all)")
+    p.add_argument("--since", help="only logs newer than this duration (30s, 5m, 1h)")
+    p.add_argument("--since-time", help="only logs after this RFC3339 time")
     p.add_argument("--instance")
     p.add_argument("--follow", action=argparse.BooleanOptionalAction, default=True)
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("remove", aliases=["rm", "delete"], help="remove a function (or all of a stack file)")
+    p = sub.add_parser("remove", aliases=["rm", "delete"], help="remove a function (or those of a stack file)")
     _common(p)
     p.add_argument("name", nargs="?")
+    p.add_argument("--filter", help="with -f: only this function")
     p.add_argument("-n", "--namespace")
     p.set_defaults(func=cmd_remove)
 
-    p = sub.add_parser("secret", help="manage secrets")
+    p = sub.add_parser("secret", help="manage secrets: create|update|list|remove NAME")
     p.add_argument("action", choices=["create", "update", "list", "ls", "remove", "rm"])
     p.add_argument("name", nargs="?")
     _common(p)
@@ -505,15 +782,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("new", help="create a function from a template (offline)")
     p.add_argument("name")
     p.add_argument("--lang", default="python3-gpu", help="template (default python3-gpu)")
-    p.add_argument("--append", help="add to this stack file instead of writing stack.yaml")
-    p.add_argument("--prefix", help="image prefix, e.g. your registry user")
-    p.add_argument("-g", "--gateway")
+    p.add_argument("-a", "--append", help="add to this stack file instead of writing stack.yaml")
+    p.add_argument("-p", "--prefix", help="image prefix, e.g. your registry user")
+    p.add_argument("-g", "--gateway", help=f"gateway written to the stack file (default {DEFAULT_GATEWAY})")
     p.set_defaults(func=cmd_new)
 
     p = sub.add_parser("template", help="templates")
-    tsub = p.add_subparsers(dest="template_command", required=True)
+    tsub = p.add_subparsers(dest="template_command", required=True, metavar="pull")
     tp = tsub.add_parser("pull", help="write ./template/<lang>/ (faas-cli's layout)")
-    tp.add_argument("repository", nargs="?", help="a local git repository with a template/ folder")
+    tp.add_argument("repository", nargs="?", help="python3-gpu (default), or a git repository with template/")
+    tp.add_argument("--overwrite", action="store_true", help="replace templates already in ./template")
     tp.set_defaults(func=cmd_template)
 
     p = sub.add_parser("version", help="versions of the CLI and of the gateway")
@@ -522,33 +800,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DELEGATED = {
-    "up": ("faas_gpu.up", "main"),
-    "down": ("faas_gpu.up", "down_main"),
-    "sim": ("faas_gpu.sim.cli", "main"),
-    "serve": ("provider.server", "main"),
-}
+def _fail(exc: BaseException) -> int:
+    print(f"faas-gpu: {exc}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in DELEGATED:
-        import importlib
-
-        module, func = DELEGATED[argv[0]]
-        try:
-            return getattr(importlib.import_module(module), func)(argv[1:])
-        except (CliError, StackError, BuildError) as exc:
-            print(f"faas-gpu: {exc}", file=sys.stderr)
-            return 1
-    args = build_parser().parse_args(argv)
-    if getattr(args, "action", None) in ("ls", "rm"):
-        args.action = {"ls": "list", "rm": "remove"}[args.action]
     try:
+        if argv and argv[0] in DELEGATED:  # everything after the word goes to the other module
+            module, func, _ = DELEGATED[argv[0]]
+            return getattr(importlib.import_module(module), func)(argv[1:]) or 0
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except (CliError, StackError, BuildError) as exc:
-        print(f"faas-gpu: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
 
 
 if __name__ == "__main__":

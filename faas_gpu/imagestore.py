@@ -1,14 +1,25 @@
 """The local image store: what `faas-gpu build` makes and the local runtime runs.
 
-An image is a folder named after the image: the build context (`context/`, what `faas-cli
-build --shrinkwrap` writes to build/<fn>/) and a virtual environment (`venv/`). The venv reuses
-the stack's own site-packages through a .pth file, so torch is installed once per machine, not
-once per function; pip then installs only what that does not already satisfy.
+Layout under `paths.images_dir()`:
+
+    <safe-name>            -> symlink to the current version, e.g. `.<safe-name>@<ns>`
+    .<safe-name>@<ns>/     one built version: image.json, context/ (the shrink-wrapped build
+                           context), venv/ (the function environment)
+    .tmp-*                 a build in progress
+
+A build is made in a temporary folder and published by atomically replacing the symlink, so a
+concurrent reader (a deploy) sees the old image or the new one, never half of one. A running
+instance keeps the folder it was started from; the previous version is kept, older ones go.
+
+The function environment is a venv made with the running interpreter plus a `.pth` file that puts
+the stack environment's site-packages on its path: torch, flask, waitress and prometheus_client
+are reused, not copied. pip then installs only what that does not already satisfy.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,132 +27,242 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from faas_gpu import paths
 
 RECORD = "image.json"
+PTH_NAME = "_faas_gpu_stack.pth"
+KEEP_VERSIONS = 2  # the current one and the one before it
 
 
 class BuildError(Exception):
-    pass
+    """A function that cannot be built; the message says why (pip's tail for install failures)."""
 
 
 def normalise(image: str) -> str:
-    """Docker's rule: a name without a tag means `:latest`."""
+    """Docker's rule: a name without a tag or digest means `:latest` (`fn` == `fn:latest`)."""
     image = image.strip()
+    if not image:
+        raise BuildError("image: an image name is required")
     last = image.rsplit("/", 1)[-1]
-    return image if ":" in last or "@" in last else f"{image}:latest"
+    return image if (":" in last or "@" in image) else f"{image}:latest"
 
 
 def folder_name(image: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", normalise(image))
+    """A safe folder name for an image (`ghcr.io/me/fn:1.0` -> `ghcr.io_me_fn_1.0`)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", normalise(image))
+    return name.lstrip(".") or "_"
 
 
 @dataclass(frozen=True)
 class ImageRecord:
-    image: str
-    folder: str
-    lang: str
+    image: str  # normalised name
+    folder: Path  # this version's folder
+    context: Path  # the build context copied in (build/<fn>/ of `faas-cli build --shrinkwrap`)
+    python: Path  # the function environment's interpreter
     fprocess: str
-    created: float
+    lang: str
+    created: float  # time.time() of the build
 
-    @property
-    def context(self) -> Path:
-        return Path(self.folder) / "context"
+    def to_json(self) -> dict:
+        return {"image": self.image, "fprocess": self.fprocess, "lang": self.lang, "created": self.created}
 
-    @property
-    def python(self) -> Path:
-        return Path(self.folder) / "venv" / "bin" / "python"
+    @classmethod
+    def read(cls, folder: Path) -> ImageRecord | None:
+        try:
+            data = json.loads((folder / RECORD).read_text())
+            return cls(
+                image=data["image"],
+                folder=folder,
+                context=folder / "context",
+                python=folder / "venv" / "bin" / "python",
+                fprocess=data["fprocess"],
+                lang=data.get("lang", ""),
+                created=float(data["created"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
 
-def _requirements(path: Path) -> bool:
+def has_requirements(path: Path) -> bool:
+    """True if a requirements file has any line that is not blank or a comment."""
     if not path.is_file():
         return False
     return any(line.strip() and not line.strip().startswith("#") for line in path.read_text().splitlines())
 
 
-class ImageStore:
-    def __init__(self, root: Path | None = None):
-        self.root = root or paths.images_dir()
+def stack_site_packages() -> list[str]:
+    """The running environment's site-packages (what the function venv reuses through the .pth)."""
+    found = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    found += [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
 
+
+class ImageStore:
+    def __init__(self, root: Path | str | None = None):
+        self.root = Path(root) if root is not None else paths.images_dir()
+
+    # -- reading -------------------------------------------------------------------------
     def get(self, image: str) -> ImageRecord | None:
-        record = self.root / folder_name(image) / RECORD
+        link = self.root / folder_name(image)
         try:
-            return ImageRecord(**json.loads(record.read_text()))
-        except (OSError, ValueError, TypeError):
+            folder = link.resolve(strict=True)
+        except (OSError, RuntimeError):
             return None
+        return ImageRecord.read(folder)
 
     def list(self) -> list[ImageRecord]:
-        if not self.root.exists():
+        if not self.root.is_dir():
             return []
-        return [r for r in (self.get_folder(p) for p in sorted(self.root.iterdir())) if r]
+        records = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            try:
+                record = ImageRecord.read(entry.resolve(strict=True))
+            except (OSError, RuntimeError):
+                continue
+            if record:
+                records.append(record)
+        return records
 
-    def get_folder(self, folder: Path) -> ImageRecord | None:
-        try:
-            return ImageRecord(**json.loads((folder / RECORD).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
+    # -- writing -------------------------------------------------------------------------
     def remove(self, image: str) -> bool:
-        folder = self.root / folder_name(image)
-        if not folder.exists():
+        name = folder_name(image)
+        link = self.root / name
+        if not link.is_symlink() and not link.exists():
             return False
-        shutil.rmtree(folder)
+        if link.is_symlink():
+            link.unlink()
+        else:
+            shutil.rmtree(link, ignore_errors=True)
+        for old in self._versions(name):
+            shutil.rmtree(old, ignore_errors=True)
         return True
 
-    def add(self, image: str, context_dir: Path, *, lang: str, fprocess: str, quiet: bool = True) -> ImageRecord:
-        """Copy the build context in, make its environment, then swap it in atomically."""
+    def add(
+        self,
+        image: str,
+        context_dir: Path | str,
+        *,
+        lang: str,
+        fprocess: str,
+        quiet: bool = True,
+    ) -> ImageRecord:
+        """Copy the build context in, make its environment, then publish it atomically."""
+        context_dir = Path(context_dir)
+        if not context_dir.is_dir():
+            raise BuildError(f"image {image}: build context {context_dir} is not a folder")
+        image = normalise(image)
+        name = folder_name(image)
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / folder_name(image)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
+        staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        version = self.root / f".{name}@{time.time_ns()}"
         try:
-            shutil.copytree(context_dir, staging / "context", symlinks=True)
-            _make_venv(staging / "venv")
+            shutil.copytree(
+                context_dir, staging / "context", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
+            make_function_env(staging / "venv")
+            handler_folder = _handler_folder(staging / "context")
             for req in (
                 staging / "context" / "requirements.txt",
-                staging / "context" / "function" / "requirements.txt",
+                staging / "context" / handler_folder / "requirements.txt",
             ):
-                if _requirements(req):
-                    _pip_install(staging / "venv" / "bin" / "python", req, quiet)
-            record = ImageRecord(normalise(image), str(final), lang, fprocess, time.time())
-            (staging / RECORD).write_text(json.dumps(asdict(record), indent=2))
-            # the venv's scripts name their folder: rewrite it to the final place before the swap
-            _relocate_venv(staging / "venv", final / "venv")
-            old = None
-            if final.exists():
-                old = final.with_name(f".{final.name}.old-{time.time_ns()}")
-                final.rename(old)
-            staging.rename(final)
-            if old:
-                shutil.rmtree(old, ignore_errors=True)
-            return record
+                if has_requirements(req):
+                    pip_install(staging / "venv" / "bin" / "python", req, quiet=quiet)
+            created = time.time()
+            record_json = {"image": image, "fprocess": fprocess, "lang": lang, "created": created}
+            (staging / RECORD).write_text(json.dumps(record_json, indent=2) + "\n")
+            _relocate_venv(staging / "venv", version / "venv")
+            staging.rename(version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        self._publish(name, version)
+        record = ImageRecord.read(version)
+        assert record is not None
+        return record
+
+    def _publish(self, name: str, version: Path) -> None:
+        link = self.root / name
+        tmp_link = self.root / f".tmp-link-{name}-{os.getpid()}-{time.time_ns()}"
+        tmp_link.symlink_to(version.name)
+        if link.exists() and not link.is_symlink():  # a store written before versioned folders
+            legacy = self.root / f".{name}@legacy-{time.time_ns()}"
+            link.rename(legacy)
+        os.replace(tmp_link, link)  # atomic: readers see the old version or the new one
+        current = version.name
+        older = [v for v in self._versions(name) if v.name != current]
+        for old in older[: max(0, len(older) - (KEEP_VERSIONS - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _versions(self, name: str) -> list[Path]:
+        """This image's version folders, oldest first."""
+        prefix = f".{name}@"
+        found = [p for p in self.root.iterdir() if p.name.startswith(prefix) and p.is_dir()]
+
+        def stamp(p: Path) -> int:
+            suffix = p.name[len(prefix) :]
+            return int(suffix) if suffix.isdigit() else 0
+
+        return sorted(found, key=stamp)
 
 
-def _make_venv(target: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
-    site = next(target.glob("lib/python*/site-packages"))
-    stack_site = sysconfig.get_paths()["purelib"]
-    platlib = sysconfig.get_paths()["platlib"]
-    lines = dict.fromkeys([stack_site, platlib])
-    (site / "_faas_gpu_stack.pth").write_text("\n".join(lines) + "\n")
+def _handler_folder(context: Path) -> str:
+    try:
+        data = yaml.safe_load((context / "template.yml").read_text()) or {}
+        folder = data.get("handler_folder") if isinstance(data, dict) else None
+    except (OSError, yaml.YAMLError):
+        folder = None
+    return str(folder or "function")
 
 
-def _pip_install(python: Path, requirements: Path, quiet: bool) -> None:
-    cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "-r", str(requirements)]
+def make_function_env(target: Path) -> Path:
+    """A venv of the running interpreter whose .pth exposes the stack's site-packages; returns its python."""
+    proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"cannot create the function environment: {_tail(proc.stdout + proc.stderr)}")
+    sites = sorted(target.glob("lib/python*/site-packages"))
+    if not sites:
+        raise BuildError(f"cannot create the function environment: no site-packages in {target}")
+    (sites[0] / PTH_NAME).write_text("\n".join(stack_site_packages()) + "\n")
+    return target / "bin" / "python"
+
+
+def pip_install(python: Path, requirements: Path, *, quiet: bool = True, timeout_s: float = 1800) -> None:
+    """`pip --python <venv python> install -r <file>`: pip sees the .pth packages and skips those."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "--disable-pip-version-check",
+        "-r",
+        str(requirements),
+    ]
     if quiet:
         cmd.append("-q")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"pip install -r {requirements.name} did not finish within {timeout_s:.0f}s") from None
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise BuildError(f"pip install -r {requirements.name} failed:\n{tail}")
+        where = f"{requirements.parent.name}/{requirements.name}"
+        raise BuildError(f"pip install -r {where} failed:\n{_tail(proc.stdout + proc.stderr)}")
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def _relocate_venv(venv: Path, final: Path) -> None:
+    """The activate scripts name their folder: point them at the folder the venv is published in."""
     old = str(venv)
     for f in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
         if f.is_file() and not f.is_symlink():

@@ -1,12 +1,18 @@
 """stack.yml, read as faas-cli 0.18 reads it (go-sdk stack/schema.go, stack.go).
 
-Errors name the file and the key path, e.g. `stack.yml: functions.echo.labels: must be a mapping`.
+Errors raise StackError and name the file and the key path, e.g.
+`stack.yml: functions.echo.labels: must be a mapping of strings`.
+
+Where we are stricter than faas-cli (which silently ignores what it does not know):
+unknown keys, wrong types, duplicate keys and GPU limits (faas-cli drops them before they
+reach the provider; ours ride in the annotation `com.faas-gpu.gpu`) are errors.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,10 +20,15 @@ from typing import Any
 import yaml
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
-TOP_KEYS = {"version", "provider", "functions", "configuration", "stack"}
-FUNCTION_KEYS = {
+VALID_VERSIONS = ("1.0",)
+PROVIDER_NAME = "openfaas"
+
+TOP_KEYS = ("version", "provider", "functions", "configuration")
+PROVIDER_KEYS = ("name", "gateway", "network")
+CONFIGURATION_KEYS = ("templates", "copy")
+TEMPLATE_SOURCE_KEYS = ("name", "source")
+FUNCTION_KEYS = (
     "lang",
     "handler",
     "image",
@@ -37,33 +48,91 @@ FUNCTION_KEYS = {
     "build_args",
     "build_secrets",
     "platforms",
-}
-RESOURCE_KEYS = {"memory", "cpu"}
-GPU_KEYS = {"nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu", "gpu"}
+)
+RESOURCE_KEYS = ("memory", "cpu")
+GPU_ANNOTATION = "com.faas-gpu.gpu"
+
+# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:=default}, ${VAR=default} and $VAR (drone/envsubst,
+# which faas-cli uses for --envsubst)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_TRUE = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "y", "Y"}
+_FALSE = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF", "n", "N"}
 
 
 class StackError(ValueError):
-    pass
+    """A stack file that cannot be used; the message names the file and the key path."""
 
 
-def envsubst(text: str, env: dict[str, str]) -> str:
-    """${VAR}, ${VAR:-default} and $VAR, as faas-cli's --envsubst (on by default)."""
+def envsubst(text: str, env: Mapping[str, str] | None = None) -> str:
+    """Substitute ${VAR}, ${VAR:-default}, ${VAR-default} and $VAR as faas-cli's --envsubst does.
+
+    `:-` (and `:=`) use the default when the variable is unset or empty, `-` (and `=`) only when
+    it is unset. An unset variable without a default becomes the empty string.
+    """
+    env = os.environ if env is None else env
 
     def repl(m: re.Match) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env and env[name] != "":
-            return env[name]
-        return m.group(2) if m.group(2) is not None else ""
+        name = m.group(1) or m.group(4)
+        op, default = m.group(2), m.group(3)
+        value = env.get(name)
+        if op is None:
+            return value or ""
+        if op.startswith(":"):
+            return value if value else default
+        return value if value is not None else default
 
     return _VAR.sub(repl, text)
 
 
+# -- YAML: every plain scalar stays the text that was written, as Go decodes into string fields --
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, list | dict):
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar", key_node.start_mark)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, file: str) -> Any:
+    """YAML with plain scalars kept as strings; syntax errors name the file and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "syntax"
+        raise StackError(f"{file}: {where}: invalid YAML: {problem}") from None
+
+
+# -- the model -------------------------------------------------------------------------------
 @dataclass
 class FunctionSpec:
+    """One entry of `functions:` with faas-cli's field names (snake_case as in the YAML)."""
+
     name: str
-    lang: str | None
-    handler: str | None
     image: str
+    lang: str | None = None
+    handler: str | None = None
     fprocess: str | None = None
     namespace: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
@@ -75,46 +144,68 @@ class FunctionSpec:
     requests: dict[str, str] = field(default_factory=dict)
     readonly_root_filesystem: bool = False
     skip_build: bool = False
+    build_args: dict[str, str] = field(default_factory=dict)
+    build_options: list[str] = field(default_factory=list)
+    build_secrets: dict[str, str] = field(default_factory=dict)
+    platforms: str | None = None
     stack_dir: Path = field(default_factory=Path.cwd)
+    copy: list[str] = field(default_factory=list)  # configuration.copy, shared by every function
 
     def to_deployment(self) -> dict[str, Any]:
-        """FunctionDeployment JSON (faas-provider field names), empty fields left out."""
+        """The FunctionDeployment JSON faas-cli sends (faas-provider field names), empty fields left out."""
         dep: dict[str, Any] = {
             "service": self.name,
             "image": self.image,
             "namespace": self.namespace,
             "envProcess": self.fprocess,
-            "envVars": self.environment,
-            "constraints": self.constraints,
-            "secrets": self.secrets,
-            "labels": self.labels,
-            "annotations": self.annotations,
-            "limits": self.limits,
-            "requests": self.requests,
+            "envVars": dict(self.environment),
+            "constraints": list(self.constraints),
+            "secrets": list(self.secrets),
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "limits": dict(self.limits),
+            "requests": dict(self.requests),
             "readOnlyRootFilesystem": self.readonly_root_filesystem or None,
         }
         return {k: v for k, v in dep.items() if v not in (None, "", {}, [])}
 
 
 @dataclass
-class Stack:
-    path: Path
-    gateway: str
-    functions: dict[str, FunctionSpec]
-    templates: list[dict[str, str]] = field(default_factory=list)
+class StackFile:
+    """A parsed stack file. `gateway` is provider.gateway normalised (lower case, no trailing /),
+    DEFAULT_GATEWAY when absent."""
 
-    def select(self, name: str | None) -> list[FunctionSpec]:
+    path: Path
+    functions: dict[str, FunctionSpec]
+    gateway: str = DEFAULT_GATEWAY
+    version: str | None = "1.0"
+    network: str | None = None
+    templates: list[dict[str, str]] = field(default_factory=list)
+    copy: list[str] = field(default_factory=list)
+
+    @property
+    def stack_dir(self) -> Path:
+        return self.path.parent.resolve()
+
+    @classmethod
+    def load(cls, path: Path | str, *, envsubst: bool = True, env: Mapping[str, str] | None = None) -> StackFile:
+        return load_stack(path, env=env, substitute=envsubst)
+
+    def select(self, name: str | None = None) -> list[FunctionSpec]:
+        """All functions, or the one `--filter NAME` names (an error naming the file if absent)."""
         if name is None:
             return list(self.functions.values())
         if name not in self.functions:
-            raise StackError(
-                f"{self.path.name}: functions.{name}: no such function (have: {', '.join(self.functions)})"
-            )
+            have = ", ".join(self.functions) or "none"
+            raise StackError(f"{_display(self.path)}: functions.{name}: no such function (have: {have})")
         return [self.functions[name]]
 
 
-def find_stack_file(explicit: str | None, cwd: Path | None = None) -> Path | None:
-    """faas-cli's default: ./stack.yaml, else ./stack.yml."""
+Stack = StackFile  # the older name, still used by callers
+
+
+def find_stack_file(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> Path | None:
+    """faas-cli's default: ./stack.yaml, else ./stack.yml; an explicit -f wins."""
     if explicit:
         return Path(explicit)
     cwd = cwd or Path.cwd()
@@ -124,21 +215,46 @@ def find_stack_file(explicit: str | None, cwd: Path | None = None) -> Path | Non
     return None
 
 
+def _display(path: Path) -> str:
+    """The file as a user would name it: relative to the working folder when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
 class _Reader:
+    """Typed access to YAML values; every failure names the file and the key path."""
+
     def __init__(self, file: str):
         self.file = file
 
     def fail(self, key: str, message: str):
-        raise StackError(f"{self.file}: {key}: {message}")
+        raise StackError(f"{self.file}: {key}: {message}" if key else f"{self.file}: {message}")
+
+    def keys(self, data: dict, allowed: tuple[str, ...], where: str) -> None:
+        unknown = [str(k) for k in data if k not in allowed]
+        if len(unknown) == 1:
+            self.fail(_join(where, unknown[0]), f"unknown key (known keys: {', '.join(allowed)})")
+        if unknown:
+            self.fail(where, f"unknown keys {', '.join(unknown)} (known keys: {', '.join(allowed)})")
+
+    def mapping(self, data: dict, key: str, where: str) -> dict:
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(_join(where, key), "must be a mapping")
+        return value
 
     def str_(self, data: dict, key: str, where: str, required: bool = False) -> str | None:
         value = data.get(key)
-        if value is None:
+        if value is None or value == "":
             if required:
-                self.fail(f"{where}.{key}", "is required")
+                self.fail(_join(where, key), "is required")
             return None
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            self.fail(f"{where}.{key}", "must be a string")
+            self.fail(_join(where, key), "must be a string")
         return str(value)
 
     def map_(self, data: dict, key: str, where: str) -> dict[str, str]:
@@ -146,119 +262,170 @@ class _Reader:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            self.fail(f"{where}.{key}", "must be a mapping of strings")
+            self.fail(_join(where, key), "must be a mapping of strings")
         out = {}
         for k, v in value.items():
-            if not isinstance(k, str) or isinstance(v, dict | list) or v is None:
-                self.fail(f"{where}.{key}.{k}", "must be a string")
-            out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+            if v is None:
+                v = ""
+            if isinstance(v, dict | list):
+                self.fail(_join(where, key, str(k)), "must be a string")
+            out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
         return out
 
     def list_(self, data: dict, key: str, where: str) -> list[str]:
         value = data.get(key)
         if value is None:
             return []
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.fail(f"{where}.{key}", "must be a list of strings")
-        return list(value)
+        if not isinstance(value, list):
+            self.fail(_join(where, key), "must be a list of strings")
+        for i, v in enumerate(value):
+            if not isinstance(v, str | int | float) or isinstance(v, bool):
+                self.fail(f"{_join(where, key)}[{i}]", "must be a string")
+        return [str(v) for v in value]
 
     def bool_(self, data: dict, key: str, where: str) -> bool:
-        value = data.get(key, False)
-        if not isinstance(value, bool):
-            self.fail(f"{where}.{key}", "must be true or false")
-        return value
+        value = data.get(key)
+        if value is None or isinstance(value, bool):
+            return bool(value)
+        if isinstance(value, str) and value in _TRUE:
+            return True
+        if isinstance(value, str) and value in _FALSE:
+            return False
+        self.fail(_join(where, key), f"must be true or false, got {value!r}")
 
 
-def load_stack(path: Path | str, *, env: dict[str, str] | None = None, substitute: bool = True) -> Stack:
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def load_stack(path: Path | str, *, env: Mapping[str, str] | None = None, substitute: bool = True) -> StackFile:
+    """Parse a stack file; `substitute=False` is faas-cli's `--envsubst=false`."""
     path = Path(path)
-    file = path.name
+    file = _display(path)
     try:
         text = path.read_text()
-    except OSError as exc:
-        raise StackError(f"{path}: cannot read: {exc.strerror}") from None
-    env = dict(os.environ if env is None else env)
+    except FileNotFoundError:
+        raise StackError(f"{file}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StackError(f"{file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if substitute:
-        text = envsubst(text, env)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "syntax"
-        raise StackError(f"{file}: {where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        text = envsubst(text, os.environ if env is None else env)
+    data = parse_yaml(text, file)
     r = _Reader(file)
     if not isinstance(data, dict):
-        raise StackError(f"{file}: the stack file must be a mapping with version, provider and functions")
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        r.fail(unknown[0], f"unknown key (expected one of {', '.join(sorted(TOP_KEYS))})")
-    version = data.get("version")
-    if str(version) != "1.0":
+        r.fail("", "must be a mapping with version, provider and functions")
+    r.keys(data, TOP_KEYS, "")
+
+    version = r.str_(data, "version", "")
+    if version is not None and version not in VALID_VERSIONS:
         r.fail("version", f"must be 1.0, got {version!r}")
+
     provider = data.get("provider")
+    if provider is None:
+        r.fail("provider", f"is required (name: {PROVIDER_NAME}, gateway: URL)")
     if not isinstance(provider, dict):
-        r.fail("provider", "is required (name: openfaas, gateway: URL)")
-    if provider.get("name") != "openfaas":
-        r.fail("provider.name", f"must be openfaas, got {provider.get('name')!r}")
-    gateway = r.str_(provider, "gateway", "provider") or DEFAULT_GATEWAY
+        r.fail("provider", "must be a mapping (name: openfaas, gateway: URL)")
+    r.keys(provider, PROVIDER_KEYS, "provider")
+    name = r.str_(provider, "name", "provider")
+    if name != PROVIDER_NAME:
+        r.fail("provider.name", f"must be {PROVIDER_NAME} (the only provider name faas-cli accepts), got {name!r}")
+    gateway = (r.str_(provider, "gateway", "provider") or DEFAULT_GATEWAY).lower().rstrip("/")
+
+    config = r.mapping(data, "configuration", "")
+    r.keys(config, CONFIGURATION_KEYS, "configuration")
+    templates = []
+    raw_templates = config.get("templates") or []
+    if not isinstance(raw_templates, list):
+        r.fail("configuration.templates", "must be a list of {name, source}")
+    for i, t in enumerate(raw_templates):
+        where = f"configuration.templates[{i}]"
+        if not isinstance(t, dict):
+            r.fail(where, "must be a mapping with name and source")
+        r.keys(t, TEMPLATE_SOURCE_KEYS, where)
+        templates.append({"name": r.str_(t, "name", where, required=True), "source": r.str_(t, "source", where) or ""})
+    copy = r.list_(config, "copy", "configuration")
+
     functions_raw = data.get("functions")
     if not isinstance(functions_raw, dict) or not functions_raw:
         r.fail("functions", "must be a mapping of one or more functions")
+    stack_dir = path.parent.resolve()
     functions = {}
-    for name, fn in functions_raw.items():
-        where = f"functions.{name}"
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            r.fail(where, "invalid function name (lower case letters, digits and '-', RFC 1123)")
+    for fn_name, fn in functions_raw.items():
+        fn_name = str(fn_name)
+        where = f"functions.{fn_name}"
+        if not NAME_RE.match(fn_name):
+            r.fail(where, f"invalid function name: must match {NAME_RE.pattern} (lower case letters, digits, '-')")
         if not isinstance(fn, dict):
             r.fail(where, "must be a mapping")
-        functions[name] = _function(r, name, fn, where, path.parent.resolve())
-    templates = []
-    config = data.get("configuration") or {}
-    if not isinstance(config, dict):
-        r.fail("configuration", "must be a mapping")
-    for i, t in enumerate(config.get("templates") or []):
-        if not isinstance(t, dict) or "name" not in t:
-            r.fail(f"configuration.templates[{i}]", "must have a name")
-        templates.append({"name": str(t["name"]), "source": str(t.get("source", ""))})
-    return Stack(path, gateway.lower().rstrip("/"), functions, templates)
+        functions[fn_name] = _function(r, fn_name, fn, where, stack_dir, copy)
+    return StackFile(
+        path=path,
+        functions=functions,
+        gateway=gateway,
+        version=version,
+        network=r.str_(provider, "network", "provider"),
+        templates=templates,
+        copy=copy,
+    )
 
 
-def _function(r: _Reader, name: str, fn: dict, where: str, stack_dir: Path) -> FunctionSpec:
-    unknown = sorted(set(fn) - FUNCTION_KEYS)
-    if unknown:
-        r.fail(f"{where}.{unknown[0]}", "unknown key")
+def _resources(r: _Reader, fn: dict, key: str, where: str) -> dict[str, str]:
+    res = r.map_(fn, key, where)
+    for k in res:
+        if k.endswith("/gpu") or k == "gpu":
+            r.fail(
+                f"{where}.{key}.{k}",
+                f"faas-cli drops GPU {key} before they reach the provider; "
+                f'use the annotation {GPU_ANNOTATION}: "{res[k]}" instead',
+            )
+        if k not in RESOURCE_KEYS:
+            r.fail(f"{where}.{key}.{k}", f"unknown resource (only {', '.join(RESOURCE_KEYS)})")
+    return res
+
+
+def _environment_files(r: _Reader, fn: dict, where: str, stack_dir: Path) -> dict[str, str]:
+    """environment_file: files of the form `environment: {K: V}`, relative to the stack file, in order."""
+    environment: dict[str, str] = {}
+    for i, name in enumerate(r.list_(fn, "environment_file", where)):
+        key = f"{where}.environment_file[{i}]"
+        env_path = stack_dir / name
+        try:
+            text = env_path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            r.fail(key, f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}")
+        try:
+            loaded = parse_yaml(text, name)
+        except StackError as exc:
+            r.fail(key, str(exc))
+        if loaded is None:
+            continue
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("environment") or {}, dict):
+            r.fail(key, f"{name} must hold `environment: {{KEY: value}}`")
+        unknown = [str(k) for k in loaded if k != "environment"]
+        if unknown:
+            r.fail(key, f"{name}: unknown key {unknown[0]} (only environment)")
+        environment.update(r.map_(loaded, "environment", f"{key}:{name}"))
+    return environment
+
+
+def _function(r: _Reader, name: str, fn: dict, where: str, stack_dir: Path, copy: list[str]) -> FunctionSpec:
+    r.keys(fn, FUNCTION_KEYS, where)
     skip_build = r.bool_(fn, "skip_build", where)
     lang = r.str_(fn, "lang", where, required=not skip_build)
+    if lang == "Dockerfile":  # faas-cli accepts both spellings
+        lang = "dockerfile"
     handler = r.str_(fn, "handler", where, required=not skip_build)
     image = r.str_(fn, "image", where, required=True)
-    for key in ("limits", "requests"):
-        res = r.map_(fn, key, where)
-        gpu = sorted(set(res) & GPU_KEYS)
-        if gpu:
-            r.fail(
-                f"{where}.{key}.{gpu[0]}",
-                "faas-cli drops GPU limits; use the annotation com.faas-gpu.gpu instead",
-            )
-        extra = sorted(set(res) - RESOURCE_KEYS)
-        if extra:
-            r.fail(f"{where}.{key}.{extra[0]}", "unknown resource (memory, cpu)")
-    environment: dict[str, str] = {}
-    for i, env_file in enumerate(r.list_(fn, "environment_file", where)):
-        env_path = stack_dir / env_file
-        try:
-            loaded = yaml.safe_load(env_path.read_text()) or {}
-        except OSError:
-            r.fail(f"{where}.environment_file[{i}]", f"cannot read {env_file}")
-        except yaml.YAMLError:
-            r.fail(f"{where}.environment_file[{i}]", f"{env_file} is not valid YAML")
-        if not isinstance(loaded, dict) or not isinstance(loaded.get("environment", {}), dict):
-            r.fail(f"{where}.environment_file[{i}]", f"{env_file} must hold `environment: {{KEY: value}}`")
-        environment.update(r.map_(loaded, "environment", f"{env_file}"))
+    limits = _resources(r, fn, "limits", where)
+    requests = _resources(r, fn, "requests", where)
+    # faas-cli: environment_file first, then environment{} overrides it
+    environment = _environment_files(r, fn, where, stack_dir)
     environment.update(r.map_(fn, "environment", where))
     return FunctionSpec(
         name=name,
+        image=image,
         lang=lang,
         handler=handler,
-        image=image,
         fprocess=r.str_(fn, "fprocess", where),
         namespace=r.str_(fn, "namespace", where),
         environment=environment,
@@ -266,9 +433,14 @@ def _function(r: _Reader, name: str, fn: dict, where: str, stack_dir: Path) -> F
         labels=r.map_(fn, "labels", where),
         annotations=r.map_(fn, "annotations", where),
         constraints=r.list_(fn, "constraints", where),
-        limits=r.map_(fn, "limits", where),
-        requests=r.map_(fn, "requests", where),
+        limits=limits,
+        requests=requests,
         readonly_root_filesystem=r.bool_(fn, "readonly_root_filesystem", where),
         skip_build=skip_build,
+        build_args=r.map_(fn, "build_args", where),
+        build_options=r.list_(fn, "build_options", where),
+        build_secrets=r.map_(fn, "build_secrets", where),
+        platforms=r.str_(fn, "platforms", where),
         stack_dir=stack_dir,
+        copy=list(copy),
     )

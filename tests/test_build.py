@@ -42,8 +42,11 @@ def test_shrinkwrap_layout_matches_faas_cli(project, tmp_path):
 
 
 def test_unknown_lang_is_a_clear_error(project):
-    with pytest.raises(BuildError, match="lang: template 'no-such-lang' not found"):
+    with pytest.raises(BuildError) as err:
         shrinkwrap(project.functions["other"])
+    message = str(err.value)
+    assert message.startswith("functions.other.lang: template 'no-such-lang' not found")
+    assert str(TEMPLATES_DIR / "no-such-lang") in message and "template/no-such-lang" in message
 
 
 def test_image_env_reuses_stack_packages(project, tmp_path):
@@ -59,8 +62,11 @@ def test_image_env_reuses_stack_packages(project, tmp_path):
         check=True,
     )
     assert str(record.folder) not in proc.stdout
-    size = sum(f.stat().st_size for f in (record.context.parent / "venv").rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in (record.folder / "venv").rglob("*") if f.is_file())
     assert size < 5_000_000
+    # requests (in function/requirements.txt) was already satisfied: pip installed nothing
+    site = next((record.folder / "venv").glob("lib/python*/site-packages"))
+    assert sorted(p.name for p in site.iterdir()) == ["_faas_gpu_stack.pth"]
     # a rebuild replaces the image atomically
     again = build(project.functions["fn"], store)
     assert again.created >= record.created and len(store.list()) == 1
@@ -91,3 +97,61 @@ def test_cli_build_runs_offline(project, tmp_path, monkeypatch):
     )
     assert proc.returncode == 0, proc.stderr
     assert ImageStore(tmp_path / "home" / "images").get("me/fn") is not None
+
+
+def test_store_publishes_atomically_and_keeps_the_previous_version(project, tmp_path):
+    store = ImageStore(tmp_path / "images")
+    ctx = shrinkwrap(project.functions["fn"])
+    first = store.add("me/fn", ctx, lang="python3-gpu", fprocess="python index.py")
+    link = tmp_path / "images" / "me_fn_latest"
+    assert link.is_symlink() and link.resolve() == first.folder
+    second = store.add("me/fn:latest", ctx, lang="python3-gpu", fprocess="python index.py")
+    assert store.get("me/fn") == second and first.folder.is_dir()  # a running instance keeps its folder
+    third = store.add("me/fn", ctx, lang="python3-gpu", fprocess="python index.py")
+    assert not first.folder.exists() and second.folder.is_dir() and third.folder.is_dir()
+    assert [r.image for r in store.list()] == ["me/fn:latest"]
+    assert not [p for p in (tmp_path / "images").iterdir() if p.name.startswith(".tmp-")]
+    assert store.remove("me/fn") and store.get("me/fn") is None and store.list() == []
+    assert list((tmp_path / "images").iterdir()) == [] and not store.remove("me/fn")
+
+
+def test_folder_names_are_safe():
+    from faas_gpu.imagestore import folder_name
+
+    assert folder_name("ghcr.io/me/fn:1.0") == "ghcr.io_me_fn_1.0"
+    assert folder_name("../../etc") == "_.._etc_latest"
+    with pytest.raises(BuildError):
+        normalise("  ")
+
+
+def test_pulled_template_wins_and_copy_paths_are_added(tmp_path):
+    import shutil
+
+    shutil.copytree(TEMPLATES_DIR / "python3-gpu", tmp_path / "template" / "python3-gpu")
+    (tmp_path / "template" / "python3-gpu" / "pulled.txt").write_text("mine")
+    (tmp_path / "fn").mkdir()
+    (tmp_path / "fn" / "handler.py").write_text("x = 1\n")
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "util.py").write_text("y = 2\n")
+    (tmp_path / "stack.yml").write_text(
+        "version: 1.0\nprovider: {name: openfaas}\nconfiguration: {copy: [common]}\n"
+        "functions:\n  fn: {lang: python3-gpu, handler: ./fn, image: me/fn}\n"
+    )
+    spec = load_stack(tmp_path / "stack.yml").functions["fn"]
+    out = shrinkwrap(spec, tmp_path, "out")
+    assert out == tmp_path / "out" / "fn"
+    assert (out / "pulled.txt").read_text() == "mine"
+    assert (out / "function" / "common" / "util.py").read_text() == "y = 2\n"
+
+
+def test_dockerfile_lang_is_the_handler_folder(tmp_path):
+    (tmp_path / "fn").mkdir()
+    (tmp_path / "fn" / "Dockerfile").write_text("FROM scratch\n")
+    (tmp_path / "stack.yml").write_text(
+        "version: 1.0\nprovider: {name: openfaas}\nfunctions:\n  fn: {lang: Dockerfile, handler: ./fn, image: me/fn}\n"
+    )
+    spec = load_stack(tmp_path / "stack.yml").functions["fn"]
+    out = shrinkwrap(spec)
+    assert sorted(p.name for p in out.iterdir()) == ["Dockerfile"]
+    with pytest.raises(BuildError, match="dockerfile functions cannot be built"):
+        build(spec, ImageStore(tmp_path / "images"))

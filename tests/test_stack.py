@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from faas_gpu.paths import REPO_ROOT
-from faas_gpu.stack import StackError, envsubst, find_stack_file, load_stack
+from faas_gpu.stack import StackError, StackFile, envsubst, find_stack_file, load_stack
 
 GOOD = """
 version: 1.0
@@ -122,3 +122,160 @@ def test_default_stack_file_lookup(tmp_path):
     assert find_stack_file(None, tmp_path).name == "stack.yml"
     (tmp_path / "stack.yaml").write_text("")
     assert find_stack_file(None, tmp_path).name == "stack.yaml"
+
+
+def test_envsubst_unset_versus_empty_and_disabled(tmp_path):
+    env = {"EMPTY": ""}
+    assert envsubst("${EMPTY-unset}|${EMPTY:-empty}|${NOPE-unset}", env) == "|empty|unset"
+    body = "version: 1.0\nprovider: {name: openfaas}\nfunctions: {f: {image: '${IMG}', skip_build: true}}\n"
+    path = write(tmp_path, body)
+    assert load_stack(path, env={"IMG": "x/y"}).functions["f"].image == "x/y"
+    assert load_stack(path, env={"IMG": "x/y"}, substitute=False).functions["f"].image == "${IMG}"
+    assert StackFile.load(path, envsubst=False).functions["f"].image == "${IMG}"
+
+
+def test_environment_file_is_relative_to_the_stack_file(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.yml").write_text("environment: {A: '1', B: a}\n")
+    (tmp_path / "sub" / "b.yml").write_text("environment: {B: b}\n")
+    body = (
+        "version: 1.0\nprovider: {name: openfaas}\n"
+        "functions: {f: {image: x, skip_build: true, environment_file: [a.yml, b.yml], environment: {C: c}}}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # not the stack file's folder
+    fn = load_stack(write(tmp_path / "sub", body)).functions["f"]
+    assert fn.environment == {"A": "1", "B": "b", "C": "c"}  # later files win, environment{} wins over files
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("environment: [a]\n", "a.yml must hold `environment: {KEY: value}`"),
+        ("environment: {A: [1]}\n", "functions.f.environment_file[0]:a.yml.environment.A: must be a string"),
+        ("environment: {A: 1\n", "functions.f.environment_file[0]: a.yml: line"),
+        ("environment: {}\nother: 1\n", "unknown key other"),
+    ],
+)
+def test_environment_file_errors_name_the_key(tmp_path, content, message):
+    (tmp_path / "a.yml").write_text(content)
+    body = BASE + "functions: {f: {image: x, skip_build: true, environment_file: [a.yml]}}"
+    with pytest.raises(StackError) as err:
+        load_stack(write(tmp_path, body, "s.yml"))
+    assert str(err.value).startswith("s.yml: functions.f.environment_file[0]") and message in str(err.value)
+
+
+def test_scalars_keep_their_text_and_booleans_parse(tmp_path):
+    body = """
+    provider: {name: openfaas, gateway: HTTP://GW:8080/}
+    functions:
+      f:
+        image: x
+        skip_build: yes
+        readonly_root_filesystem: "true"
+        labels: {a: 1e3, b: 0x10, c: 010, d: true, e: ~}
+        constraints: [node.platform.os == linux]
+        build_args: {PY: 3.11}
+        build_options: [dev]
+        platforms: linux/amd64
+        requests: {memory: 128Mi, cpu: 100m}
+    configuration:
+      templates: [{name: python3-gpu, source: https://example.com/t.git}]
+      copy: [common]
+    """
+    stack = load_stack(write(tmp_path, body))  # no version: faas-cli accepts that too
+    fn = stack.functions["f"]
+    assert stack.version is None and stack.gateway == "http://gw:8080"
+    assert fn.skip_build and fn.readonly_root_filesystem
+    assert fn.labels == {"a": "1e3", "b": "0x10", "c": "010", "d": "true", "e": ""}
+    assert fn.build_args == {"PY": "3.11"} and fn.build_options == ["dev"] and fn.platforms == "linux/amd64"
+    assert stack.templates == [{"name": "python3-gpu", "source": "https://example.com/t.git"}]
+    assert stack.copy == ["common"] and fn.copy == ["common"]
+    dep = fn.to_deployment()
+    assert dep == {
+        "service": "f",
+        "image": "x",
+        "constraints": ["node.platform.os == linux"],
+        "labels": {"a": "1e3", "b": "0x10", "c": "010", "d": "true", "e": ""},
+        "requests": {"memory": "128Mi", "cpu": "100m"},
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def test_to_deployment_field_names_are_faas_providers():
+    from faas_gpu.stack import FunctionSpec
+
+    full = FunctionSpec(
+        name="f",
+        image="i",
+        fprocess="python index.py",
+        namespace="ns",
+        environment={"A": "1"},
+        secrets=["s"],
+        labels={"l": "1"},
+        annotations={"com.faas-gpu.gpu": "1"},
+        constraints=["c"],
+        limits={"memory": "1Gi"},
+        requests={"cpu": "1"},
+        readonly_root_filesystem=True,
+    ).to_deployment()
+    assert list(full) == [
+        "service",
+        "image",
+        "namespace",
+        "envProcess",
+        "envVars",
+        "constraints",
+        "secrets",
+        "labels",
+        "annotations",
+        "limits",
+        "requests",
+        "readOnlyRootFilesystem",
+    ]
+    assert FunctionSpec(name="f", image="i").to_deployment() == {"service": "f", "image": "i"}
+
+
+BASE = "version: 1.0\nprovider: {name: openfaas}\n"
+
+
+@pytest.mark.parametrize(
+    "body, prefix",
+    [
+        (
+            BASE + "functions: {f: {image: x, skip_build: true, colour: red, size: 2}}",
+            "functions.f: unknown keys colour, size",
+        ),
+        ("version: 1.0\nprovider: {name: openfaas, port: 1}\nfunctions: {f: {image: x}}", "provider.port: unknown key"),
+        (BASE + "configuration: {copy: common}\nfunctions: {f: {image: x, skip_build: true}}", "configuration.copy"),
+        (BASE + "configuration: {templates: [{url: x}]}\nfunctions: {}", "configuration.templates[0].url"),
+        (BASE + "functions: {f: {image: x, skip_build: maybe}}", "functions.f.skip_build: must be true or false"),
+        (BASE + "functions: {f: {image: x, skip_build: true, secrets: [a, [b]]}}", "functions.f.secrets[1]"),
+        (BASE + "functions: {f: {image: x, skip_build: true, limits: {disk: 1G}}}", "functions.f.limits.disk"),
+        (BASE + "functions: {f: {image: x, skip_build: true, requests: {amd.com/gpu: 1}}}", "functions.f.requests.amd"),
+        (BASE + "functions: {f: {image: x, skip_build: true, environment: {A: {B: c}}}}", "functions.f.environment.A"),
+        (BASE + "functions: {f: [x]}", "functions.f: must be a mapping"),
+        (BASE + "functions:\n  f: {image: x, skip_build: true}\n  f: {image: y, skip_build: true}\n", "line 5"),
+        (BASE + "functions: {-bad: {image: x}}", "functions.-bad: invalid function name"),
+        ("version: 1.0\nfunctions: {f: {image: x}}", "provider: is required"),
+        ("- a\n- b\n", "must be a mapping"),
+    ],
+)
+def test_more_errors_name_file_and_key(tmp_path, body, prefix):
+    with pytest.raises(StackError) as err:
+        load_stack(write(tmp_path, body, "s.yml"))
+    assert str(err.value).startswith(f"s.yml: {prefix}"), str(err.value)
+
+
+def test_yaml_error_names_the_line(tmp_path):
+    body = "version: 1.0\nprovider: {name: openfaas}\nfunctions:\n  f:\n    image: [x\n    lang: y\n"
+    with pytest.raises(StackError, match=r"^s.yml: line \d+, column \d+: invalid YAML"):
+        load_stack(write(tmp_path, body, "s.yml"))
+
+
+def test_missing_file_and_filter(tmp_path):
+    with pytest.raises(StackError, match="no such file"):
+        load_stack(tmp_path / "nope.yml")
+    stack = load_stack(write(tmp_path, BASE + "functions: {f: {image: x, skip_build: true}}", "s.yml"))
+    assert [s.name for s in stack.select("f")] == ["f"] and len(stack.select()) == 1
+    with pytest.raises(StackError, match=r"^s.yml: functions.g: no such function \(have: f\)"):
+        stack.select("g")
