@@ -34,7 +34,14 @@ def build_provider(config: ProviderConfig) -> Provider:
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
-    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs)
+    gpu_env = {}
+    if config.scheduler_url:
+        token_file = home / "secrets" / "gpu-manager-token"
+        gpu_env = {
+            "FAAS_GPU_SCHEDULER_URL": config.scheduler_url,
+            "FAAS_GPU_TOKEN": token_file.read_text().strip() if token_file.exists() else "",
+        }
+    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env)
     invoker = Invoker(
         store,
         runtime,

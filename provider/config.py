@@ -35,6 +35,8 @@ class ProviderConfig:
     home: Path = field(default_factory=paths.home)
     etcd_url: str | None = None
     redis_url: str | None = None
+    scheduler_url: str | None = None
+    """The GPU scheduler the functions' GPU clients call (comma-separated replicas); None: models run locally."""
     basic_auth: bool = True
     namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
     max_body_bytes: int = 20 * 1024 * 1024

@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL, e.g. http://127.0.0.1:2379 (default: embedded store)")
     p.add_argument("--redis", help="Redis URL for the async queue (default: embedded queue)")
+    p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
     p.add_argument("--threads", type=int, default=32)
@@ -82,6 +83,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "provider_port": a.provider_port,
         "etcd_url": a.etcd,
         "redis_url": a.redis,
+        "scheduler_url": a.scheduler,
         "threads": a.threads,
     }
     if a.home:

@@ -82,8 +82,16 @@ class _Function:
 
 
 class LocalRuntime(Runtime):
-    def __init__(self, home: Path, images: ImageStore, secrets: SecretStore, logs: LogStore):
+    def __init__(
+        self,
+        home: Path,
+        images: ImageStore,
+        secrets: SecretStore,
+        logs: LogStore,
+        gpu_env: dict[str, str] | None = None,
+    ):
         self.home = home
+        self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
         self.images = images
         self.secrets = secrets
         self.logs = logs
@@ -147,6 +155,8 @@ class LocalRuntime(Runtime):
             "metrics_port": "0",
             "bind_address": "127.0.0.1",
             "healthcheck_interval": "100ms",
+            **self.gpu_env,
+            **_gpu_settings(dep.annotations or {}),
             **env_vars,
         }
         digest = hashlib.sha256(
@@ -360,6 +370,18 @@ class LocalRuntime(Runtime):
             except (OSError, ValueError):
                 pass
         shutil.rmtree(self.run_root, ignore_errors=True)
+
+
+GPU_ANNOTATIONS = {
+    "com.faas-gpu.slo-ms": "FAAS_GPU_SLO_MS",
+    "com.faas-gpu.max-batch": "FAAS_GPU_MAX_BATCH",
+    "com.faas-gpu.batch-timeout-ms": "FAAS_GPU_BATCH_TIMEOUT_MS",
+}
+
+
+def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
+    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
+    return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

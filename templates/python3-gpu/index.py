@@ -10,8 +10,18 @@ import traceback
 from urllib.parse import urlsplit
 
 from flask import Flask, jsonify, request
-from function import handler
 from waitress import serve
+
+gpu_client = None
+if os.getenv("FAAS_GPU_SCHEDULER_URL"):
+    # the GPU client: torch.load / torch.jit.load return models that run on GPU units
+    from faas_gpu import client as gpu_client
+
+    gpu_client.install()
+else:
+    print("faas-gpu: no scheduler configured; models run locally on the CPU", flush=True)
+
+from function import handler  # noqa: E402 — after the loaders are swapped
 
 app = Flask(__name__)
 
@@ -76,12 +86,19 @@ def format_response(res):
 def call_handler(path):
     event = Event()
     context = Context()
+    if gpu_client is not None:
+        gpu_client.last_job.set(None)
     try:
         response_data = handler.handle(event, context)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
         traceback.print_exc()
         return (f"{type(exc).__name__}: {exc}\n", 500, [("Content-Type", "text/plain")])
-    return format_response(response_data)
+    response = app.make_response(format_response(response_data))
+    job = gpu_client.last_job.get() if gpu_client is not None else None
+    if job:  # which unit ran the model, and whether it was a cache hit
+        response.headers["X-Faas-Gpu-Unit"] = job.get("X-Faas-Gpu-Unit", "")
+        response.headers["X-Faas-Gpu-Cache"] = job.get("X-Faas-Gpu-Cache", "")
+    return response
 
 
 if __name__ == "__main__":
