@@ -229,7 +229,10 @@ def make_function_env(target: Path) -> Path:
     sites = sorted(target.glob("lib/python*/site-packages"))
     if not sites:
         raise BuildError(f"cannot create the function environment: no site-packages in {target}")
-    (sites[0] / PTH_NAME).write_text("\n".join(stack_site_packages()) + "\n")
+    # addsitedir (not a bare path) so that the stack's own .pth files run too: its editable install
+    # of faas-gpu is what lets the template import the GPU client
+    lines = [f"import site; site.addsitedir({d!r})" for d in stack_site_packages()]
+    (sites[0] / PTH_NAME).write_text("\n".join(lines) + "\n")
     return target / "bin" / "python"
 
 
