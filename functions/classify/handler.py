@@ -40,8 +40,16 @@ def _load_model() -> ResNetMini:
     return net
 
 
+try:  # on faas-gpu the model runs on a GPU unit through the scheduler; elsewhere, right here
+    from faas_gpu import remote
+except ImportError:
+
+    def remote(module):
+        return module
+
+
 torch.set_num_threads(1)
-model = _load_model()
+model = remote(_load_model())
 
 
 class BadInput(ValueError):

@@ -346,7 +346,11 @@ class LocalRuntime(Runtime):
     def _stop_all(self, replicas: list[Replica], timeout_s: float) -> None:
         for r in replicas:
             r.stopping = True
-            _signal_group(r.proc, signal.SIGTERM)
+            # the watchdog alone: it drains its in-flight requests, then stops its own child
+            try:
+                r.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + timeout_s
         for r in replicas:
             try:

@@ -433,11 +433,20 @@ class Handler(BaseHTTPRequestHandler):
         return code
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-request is no error worth a traceback in the function's log."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
 def serve(cfg: Config) -> None:
     wd = Watchdog(cfg)
     Handler.wd = wd
-    server = ThreadingHTTPServer((cfg.bind_address, cfg.port), Handler)
-    server.daemon_threads = True
+    server = Server((cfg.bind_address, cfg.port), Handler)
     if cfg.mode == "http":
         wd.start_child()
     wd.write_lock()
