@@ -63,6 +63,7 @@ class ModelStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self._verified: dict[str, Artifact] = {}
 
     def _path(self, digest: str) -> Path:
         return self.root / f"{digest}.pt"
@@ -70,10 +71,15 @@ class ModelStore:
     def get(self, digest: str) -> Artifact | None:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ArtifactError(f"digest: {digest!r} is not a sha256 hex digest")
+        known = self._verified.get(digest)
+        if known is not None and known.path.exists():
+            return known  # checked once: not on every job
         path = self._path(digest)
         if not path.exists():
             return None
-        return Artifact(digest, path.stat().st_size, detect_format(path), path)
+        artifact = Artifact(digest, path.stat().st_size, detect_format(path), path)
+        self._verified[digest] = artifact
+        return artifact
 
     def put(self, data: bytes | BinaryIO, expected_digest: str | None = None) -> Artifact:
         """Store an upload (idempotent: the same bytes give the same artifact)."""
@@ -101,7 +107,9 @@ class ModelStore:
                 tmp.unlink()
             else:
                 tmp.replace(final)
-            return Artifact(digest, size, fmt, final)
+            artifact = Artifact(digest, size, fmt, final)
+            self._verified[digest] = artifact
+            return artifact
         finally:
             tmp.unlink(missing_ok=True)
 

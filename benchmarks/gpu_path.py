@@ -1,0 +1,187 @@
+"""The GPU path on this machine: client -> scheduler -> GPU Manager (cpu back end) -> worker.
+
+Model: the classify example's ResNet at ResNet-18-like widths (64/128/256 channels) on 3x64x64
+inputs, TorchScript, one torch thread per worker. Measured in the same run:
+- offline: the model's best throughput at its best batch size, in this process (the physical
+  limit here);
+- through the whole path with the client's batching (max batch 8) and without (max batch 1),
+  16 concurrent callers: `cpu_batch_efficiency` = batched path throughput / offline best;
+- a cache miss (first job on a unit: load + execute) vs a hit;
+- the latency breakdown of a batch of 8 (queue, transfer, load, execute), `transfer_share` =
+  transfer / execute;
+- `sim_batching_speedup`: INFless's measured ResNet-50 GPU profile (../shared/data/infless/
+  profiler/), throughput per instance with the client's batching vs without at the same SLO and
+  SM share, under INFless's rule t_exec <= SLO/2 (computed from the profile, not run).
+Last line: one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "functions" / "classify"))
+
+from model import ResNetMini  # noqa: E402
+
+from faas_gpu import client  # noqa: E402
+from gpu_manager.daemon import ensure_token  # noqa: E402
+from gpu_manager.wire import encode  # noqa: E402
+from tests.test_scheduler import Daemon, _wait_units  # noqa: E402
+
+SIZE = 64  # input side: at 64x64 these widths cost what the issue's ResNet-18-like model does (~25 ms at b1)
+PROFILE = REPO.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"
+
+
+def offline_best(model: torch.nn.Module, batches=(1, 2, 4, 8, 16), seconds: float = 2.0) -> tuple[float, int, dict]:
+    torch.set_num_threads(1)
+    per_batch = {}
+    with torch.inference_mode():
+        for b in batches:
+            x = torch.randn(b, 3, SIZE, SIZE)
+            model(x)
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                model(x)
+                n += 1
+            per_batch[b] = n * b / (time.perf_counter() - t0)
+    best = max(per_batch, key=per_batch.get)
+    return per_batch[best], best, per_batch
+
+
+def path_throughput(remote: torch.nn.Module, callers: int, seconds: float) -> float:
+    done = [0] * callers
+    stop = time.perf_counter() + seconds
+
+    def caller(i: int) -> None:
+        x = torch.randn(1, 3, SIZE, SIZE)
+        while time.perf_counter() < stop:
+            remote(x)
+            done[i] += 1
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - t0)
+
+
+def sim_batching_speedup(slo_ms: float = 400.0, sm_share: int = 50) -> tuple[float, dict]:
+    rows = [line.split() for line in PROFILE.read_text().splitlines() if line.strip()]
+    configs = [(int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows if int(r[2]) == sm_share]
+    feasible = [(b / (lat / 1000), t, b, lat) for t, _sm, b, lat in configs if lat <= slo_ms / 2]
+    single = max((x for x in feasible if x[2] == 1), key=lambda x: x[0])
+    batched = max(feasible, key=lambda x: x[0])
+    return batched[0] / single[0], {"single": single, "batched": batched}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0, help="per throughput measurement")
+    p.add_argument("--callers", type=int, default=16)
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    model = ResNetMini(widths=(64, 128, 256)).eval()
+    best_tput, best_b, per_batch = offline_best(model)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(model), buf)
+    artifact = buf.getvalue()
+
+    with tempfile.TemporaryDirectory(prefix="faas-gpu-gpupath-") as tmp:
+        home = Path(tmp)
+        token = ensure_token(home / "secrets")
+        auth = {"Authorization": f"Bearer {token}"}
+        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--worker-threads", "1")
+        scheduler = Daemon("scheduler", home)
+        try:
+            _wait_units(scheduler.url, auth, 1)
+            digest = requests.put(f"{scheduler.url}/v1/models", data=artifact, headers=auth, timeout=60).json()[
+                "digest"
+            ]
+            x8 = encode(torch.randn(8, 3, SIZE, SIZE))
+            x1 = encode(torch.randn(1, 3, SIZE, SIZE))
+
+            def job(payload: bytes) -> tuple[float, requests.Response]:
+                t0 = time.perf_counter()
+                r = requests.post(f"{scheduler.url}/v1/jobs/{digest}", data=payload, headers=auth, timeout=120)
+                r.raise_for_status()
+                return time.perf_counter() - t0, r
+
+            miss_s, miss = job(x1)
+            hit_s = min(job(x1)[0] for _ in range(20))
+            # breakdown of a batch of 8 (best of 10 runs)
+            runs = [job(x8) for _ in range(10)]
+            total_s, r8 = min(runs, key=lambda t: t[0])
+            execute_s = float(r8.headers["X-Faas-Gpu-Execute-Seconds"])
+            queue_s = float(r8.headers["X-Faas-Gpu-Queue-Seconds"]) - execute_s
+            load_s = float(miss.headers["X-Faas-Gpu-Load-Seconds"])
+            transfer_s = max(0.0, total_s - execute_s)
+
+            os.environ.update(FAAS_GPU_SCHEDULER_URL=scheduler.url, FAAS_GPU_TOKEN=token)
+            os.environ.update(FAAS_GPU_MAX_BATCH="8", FAAS_GPU_BATCH_TIMEOUT_MS="20")
+            batched = client.remote(model)
+            batched(torch.randn(1, 3, SIZE, SIZE))
+            batched_tput = path_throughput(batched, args.callers, args.seconds)
+            os.environ.update(FAAS_GPU_MAX_BATCH="1", FAAS_GPU_BATCH_TIMEOUT_MS="0")
+            single = client.remote(model)
+            single(torch.randn(1, 3, SIZE, SIZE))
+            nobatch_tput = path_throughput(single, args.callers, args.seconds)
+        finally:
+            scheduler.kill()
+            manager.kill()
+
+    speedup, sim = sim_batching_speedup()
+    fig = {
+        "offline_best_throughput": round(best_tput, 2),
+        "offline_best_batch": best_b,
+        "cpu_batch_throughput": round(batched_tput, 2),
+        "cpu_nobatch_throughput": round(nobatch_tput, 2),
+        "cpu_batch_efficiency": round(batched_tput / best_tput, 3),
+        "batch_vs_nobatch_x": round(batched_tput / nobatch_tput, 3),
+        "hit_ms": round(hit_s * 1000, 2),
+        "miss_ms": round(miss_s * 1000, 2),
+        "load_ms": round(load_s * 1000, 2),
+        "batch8_total_ms": round(total_s * 1000, 2),
+        "batch8_execute_ms": round(execute_s * 1000, 2),
+        "batch8_queue_ms": round(max(queue_s, 0.0) * 1000, 2),
+        "batch8_transfer_ms": round(transfer_s * 1000, 2),
+        "transfer_share": round(transfer_s / execute_s, 4),
+        "sim_batching_speedup": round(speedup, 3),
+    }
+    print("offline throughput by batch (img/s): " + ", ".join(f"b{b} {t:.1f}" for b, t in per_batch.items()))
+    print(
+        f"through the path, {args.callers} callers: batched {batched_tput:.1f} img/s, "
+        f"unbatched {nobatch_tput:.1f} img/s; efficiency vs offline best {fig['cpu_batch_efficiency']:.2f} "
+        f"(goal >= 0.8)"
+    )
+    print(f"cache hit {fig['hit_ms']:.1f} ms vs miss {fig['miss_ms']:.1f} ms (load {fig['load_ms']:.1f} ms)")
+    print(
+        f"batch of 8: execute {fig['batch8_execute_ms']:.1f} ms, transfer+overhead {fig['batch8_transfer_ms']:.1f} ms "
+        f"-> transfer share {fig['transfer_share']:.3f} (goal <= 0.10)"
+    )
+    s, b = sim["single"], sim["batched"]
+    print(
+        f"INFless ResNet-50 profile at 50% SM, SLO 400 ms: batch 1 {s[0]:.1f} rps ({s[1]} threads, {s[3]:.0f} ms) "
+        f"vs batch {b[2]} {b[0]:.1f} rps ({b[1]} threads, {b[3]:.0f} ms) -> x{speedup:.2f} (goal >= 3)"
+    )
+    print(json.dumps(fig))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
