@@ -40,6 +40,7 @@ class ClientConfig:
     max_batch: int = 8
     batch_timeout_s: float = 0.005
     retries: int = 50
+    slo_ms: float = 0.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -50,7 +51,9 @@ class ClientConfig:
         slo_ms = float(env.get("FAAS_GPU_SLO_MS", "0") or 0)
         timeout_ms = env.get("FAAS_GPU_BATCH_TIMEOUT_MS")
         timeout_s = float(timeout_ms) / 1000 if timeout_ms else (slo_ms / 4000 if slo_ms else 0.005)
-        return cls(urls, env.get("FAAS_GPU_TOKEN", ""), int(env.get("FAAS_GPU_MAX_BATCH", "8")), timeout_s)
+        return cls(
+            urls, env.get("FAAS_GPU_TOKEN", ""), int(env.get("FAAS_GPU_MAX_BATCH", "8")), timeout_s, slo_ms=slo_ms
+        )
 
 
 @dataclass
@@ -152,7 +155,8 @@ class RemoteModel(torch.nn.Module):
         try:
             x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
             digest = self._ensure_uploaded(x)
-            r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x))
+            headers = {"X-Faas-Gpu-Deadline-Ms": f"{self.config.slo_ms:g}"} if self.config.slo_ms else {}
+            r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
             y = decode(r.content)
             headers = {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
             headers["X-Faas-Gpu-Batch"] = str(x.shape[0])
@@ -188,6 +192,7 @@ def install() -> bool:
     if _installed:
         return True
     _original["load"], _original["jit_load"] = torch.load, torch.jit.load
+    _original["export_load"] = torch.export.load
 
     def load(f, *args, **kwargs):
         data = _read(f)
@@ -201,10 +206,28 @@ def install() -> bool:
         module = _original["jit_load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
         return RemoteModel(module, config, artifact=data)
 
-    torch.load, torch.jit.load = load, jit_load
+    def export_load(f, *args, **kwargs):
+        data = _read(f)
+        program = _original["export_load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
+        return _RemoteProgram(program, RemoteModel(program.module(), config, artifact=data))
+
+    torch.load, torch.jit.load, torch.export.load = load, jit_load, export_load
     _installed = True
     log.info("faas-gpu: models loaded with torch.load / torch.jit.load run through %s", config.scheduler_urls[0])
     return True
+
+
+class _RemoteProgram:
+    """What torch.export.load returns, whose `.module()` is the remote model."""
+
+    def __init__(self, program, remote: RemoteModel):
+        self._program, self._remote = program, remote
+
+    def module(self) -> RemoteModel:
+        return self._remote
+
+    def __getattr__(self, name):
+        return getattr(self._program, name)
 
 
 def _read(f) -> bytes | None:
@@ -221,4 +244,5 @@ def uninstall() -> None:
     global _installed
     if _installed:
         torch.load, torch.jit.load = _original["load"], _original["jit_load"]
+        torch.export.load = _original["export_load"]
         _installed = False

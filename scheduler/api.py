@@ -41,6 +41,7 @@ def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_t
                 "leader": election.is_leader.is_set(),
                 "leader_id": election.leader(),
                 "queued": scheduler.queued(),
+                "deadline_misses": scheduler.deadline_misses,
                 "units": [u.key for u in scheduler._units],
             }
         )
@@ -67,12 +68,12 @@ def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_t
             deadline_ms = request.headers.get("X-Faas-Gpu-Deadline-Ms")
             deadline = float(deadline_ms) / 1000 if deadline_ms else None
             job = scheduler.submit(digest, payload, deadline)
+        except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
+            return _text(str(exc), 507)
         except (WireError, ValueError) as exc:
             return _text(str(exc), 400)
         except LookupError as exc:
             return _text(str(exc), 404)
-        except PlacementError as exc:
-            return _text(str(exc), 507)
         if not job.done.wait(job_timeout_s):
             return _text(f"job {job.id}: no unit finished it within {job_timeout_s:.0f}s", 504)
         out = job.outcome

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import requests
 
 from faas_gpu.datastore import Datastore
-from faas_gpu.policies import Dispatch, Model, ModelCache, Request, Unit, make_scheduler
+from faas_gpu.policies import Dispatch, Model, ModelCache, PlacementError, Request, Unit, make_scheduler
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
@@ -29,6 +29,7 @@ DEFAULT_LOAD_S = 1.0
 DEFAULT_INFER_S = 0.05
 EWMA = 0.3
 MAX_ATTEMPTS = 5
+NO_UNITS_TIMEOUT_S = 10.0  # queued jobs fail with 503 when no GPU Manager has reported for this long
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Scheduler:
         o3_limit: int = 25,
         clock: Callable[[], float] = time.monotonic,
         max_parallel: int = 64,
+        no_units_timeout_s: float = NO_UNITS_TIMEOUT_S,
     ):
         self.ds, self.store, self.token = datastore, store, token
         self.policy_name, self.o3_limit, self.clock = policy, o3_limit, clock
@@ -87,6 +89,9 @@ class Scheduler:
         self._policy = None
         self._models: dict[str, Model] = {}
         self._stop = threading.Event()
+        self.deadline_misses = 0
+        self.no_units_timeout_s = no_units_timeout_s
+        self._no_units_since: float | None = None
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
         self._loop = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -112,9 +117,13 @@ class Scheduler:
                 log.warning("ignoring a malformed unit report at %s", kv.key)
         found.sort(key=lambda u: u.key)
         with self._lock:
-            if [u.key for u in found] == [u.key for u in self._units] or not found:
-                if not found and self._units:
-                    log.warning("no GPU units are reporting; jobs wait")
+            if not found:
+                self._no_units_since = self._no_units_since or self.clock()
+                if self.clock() - self._no_units_since > self.no_units_timeout_s:
+                    self._fail_waiting(f"no GPU unit has reported for {self.no_units_timeout_s:g}s")
+                return
+            self._no_units_since = None
+            if [u.key for u in found] == [u.key for u in self._units]:
                 return
             old_policy, old_units = self._policy, self._units
             self._units = found
@@ -124,8 +133,11 @@ class Scheduler:
                 {},
                 self.o3_limit,
             )
-            for model in self._models.values():
-                self._policy.add_model(model)
+            for model in list(self._models.values()):
+                try:
+                    self._policy.add_model(model)
+                except PlacementError:  # the units that could hold it are gone
+                    del self._models[model.name]
             if old_policy is not None:  # carry what was cached and queued into the new view
                 index = {u.key: i for i, u in enumerate(found)}
                 for i, u in enumerate(old_units):
@@ -135,10 +147,26 @@ class Scheduler:
                             new_unit.cache.load(name, self._models[name].size_mb)
                             self._policy.holders.setdefault(name, set()).add(new_unit.id)
             for job in sorted(self._jobs.values(), key=lambda j: j.arrival):
-                if job.queued:
+                if not job.queued:
+                    continue
+                if job.digest in self._models:
                     self._policy.submit(Request(job.id, job.digest, job.arrival), self.clock())
+                else:
+                    self._jobs.pop(job.id)
+                    job.finish(JobOutcome(507, b"model: no unit left can hold it\n"))
             log.info("scheduling over %d unit(s): %s", len(found), ", ".join(u.key for u in found))
             self._wake.notify_all()
+
+    def _fail_waiting(self, reason: str) -> None:
+        """With no unit to run on, queued jobs fail now (503) rather than at their caller's timeout."""
+        waiting = [j for j in self._jobs.values() if j.queued]
+        if not waiting:
+            return
+        log.warning("%s: failing %d queued job(s)", reason, len(waiting))
+        self._units, self._policy = [], None  # rebuilt when a manager reports again
+        for job in waiting:
+            self._jobs.pop(job.id, None)
+            job.finish(JobOutcome(503, f"{reason}; retry later\n".encode()))
 
     def _model(self, digest: str) -> Model:
         model = self._models.get(digest)
@@ -151,9 +179,9 @@ class Scheduler:
         return model
 
     def _learn(self, model: Model) -> None:
-        self._models[model.name] = model
         if self._policy is not None:
-            self._policy.add_model(model)
+            self._policy.add_model(model)  # raises PlacementError for a model no unit can hold
+        self._models[model.name] = model
 
     # -- jobs ----------------------------------------------------------------------------
     def submit(self, digest: str, payload: bytes, deadline_s: float | None = None) -> Job:
@@ -215,6 +243,9 @@ class Scheduler:
                 self._wake.notify_all()
                 return
             self._wake.notify_all()
+        if job.deadline is not None and self.clock() > job.deadline:
+            self.deadline_misses += 1
+            outcome.headers["X-Faas-Gpu-Deadline-Missed"] = "true"
         job.finish(outcome)
         with self._lock:
             self._jobs.pop(job.id, None)

@@ -47,7 +47,12 @@ class _Server(BaseApplication):
         ds = open_datastore(a.etcd, a.home / "state.db")
         token = ensure_token(a.home / "secrets")
         scheduler = Scheduler(
-            ds, ModelStore(a.home / "scheduler-models", a.max_model_bytes), token, policy=a.policy, o3_limit=a.o3_limit
+            ds,
+            ModelStore(a.home / "scheduler-models", a.max_model_bytes),
+            token,
+            policy=a.policy,
+            o3_limit=a.o3_limit,
+            no_units_timeout_s=a.no_units_timeout,
         )
         identity = f"{a.advertise or a.bind}:{a.port}/{socket.gethostname()}/{uuid.uuid4().hex[:6]}"
         election = LeaderElection(ds, identity, ttl_s=a.leader_ttl)
@@ -73,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lalb_o3")
     p.add_argument("--o3-limit", type=int, default=25)
     p.add_argument("--leader-ttl", type=int, default=3)
+    p.add_argument(
+        "--no-units-timeout", type=float, default=10.0, help="fail queued jobs (503) after this long with no unit"
+    )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--threads", type=int, default=64)
     args = p.parse_args(argv)

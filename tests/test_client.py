@@ -88,3 +88,15 @@ def test_without_a_scheduler_models_stay_local(monkeypatch, caplog):
     assert "run locally on the CPU" in caplog.text
     m = ResNetMini()
     assert client.remote(m) is m
+
+
+def test_export_load_gives_a_remote_program(remote_env, tmp_path):
+    torch.manual_seed(2)
+    local = ResNetMini().eval()
+    x = torch.randn(2, 3, 32, 32)
+    program = torch.export.export(local, (x,), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
+    torch.export.save(program, tmp_path / "model.pt2")
+    assert client.install()
+    remote_model = torch.export.load(str(tmp_path / "model.pt2")).module()
+    assert isinstance(remote_model, client.RemoteModel)
+    assert torch.allclose(remote_model(x), local(x), atol=1e-5)

@@ -189,3 +189,24 @@ def test_leader_killed_under_load_hands_over_and_answers_every_job(cluster):
         c.join(120)
     assert errors == [] and len(results) == 16
     assert _wait_units(follower.url, auth, 2)["leader"]
+
+
+def test_no_gpu_manager_means_503_after_a_bounded_wait(cluster):
+    start, auth = cluster
+    sched = start("scheduler", "--no-units-timeout", "1")
+    data, _ = _artifact(4)
+    digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
+    t0 = time.monotonic()
+    r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 3, 32, 32)), headers=auth, timeout=60)
+    assert r.status_code == 503 and "no GPU unit" in r.text and time.monotonic() - t0 < 30
+
+
+def test_model_larger_than_every_unit_is_507(cluster):
+    start, auth = cluster
+    start("gpu_manager", "--node", "n1", "--units", "1", "--unit-memory-mb", "0.5")
+    sched = start("scheduler")
+    _wait_units(sched.url, auth, 1)
+    data, _ = _artifact(5)
+    digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
+    r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 3, 32, 32)), headers=auth, timeout=60)
+    assert r.status_code == 507 and "MB exceeds every unit (0.5 MB)" in r.text

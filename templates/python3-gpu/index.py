@@ -92,7 +92,12 @@ def call_handler(path):
         response_data = handler.handle(event, context)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
         traceback.print_exc()
-        return (f"{type(exc).__name__}: {exc}\n", 500, [("Content-Type", "text/plain")])
+        status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)
+        return (
+            f"{type(exc).__name__}: {exc}\n",
+            status if isinstance(status, int) else 500,
+            [("Content-Type", "text/plain")],
+        )
     response = app.make_response(format_response(response_data))
     job = gpu_client.last_job.get() if gpu_client is not None else None
     if job:  # which unit ran the model, and whether it was a cache hit
