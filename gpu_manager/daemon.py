@@ -106,7 +106,15 @@ class _Server(BaseApplication):
         if not units:
             raise SystemExit("gpu-manager: the cuda back end found no GPU units (try --backend cpu)")
         store = ModelStore(home / "models", a.max_model_bytes)
-        self.manager = GPUManager(units, store, threads_per_worker=a.worker_threads)
+        factory = None
+        if a.backend == "sim":
+            from .sim_backend import Profile, SimWorker
+
+            if not a.sim_profile:
+                raise SystemExit("gpu-manager: --backend sim needs --sim-profile (an INFless profile file)")
+            profile = Profile.from_infless(a.sim_profile, a.sim_threads, a.sim_sm)
+            factory = lambda _artifact, _device: SimWorker(profile, a.sim_load_s)  # noqa: E731
+        self.manager = GPUManager(units, store, threads_per_worker=a.worker_threads, worker_factory=factory)
         token = ensure_token(home / "secrets")
         datastore = open_datastore(a.etcd, home / "state.db")
         url = f"http://{a.advertise or a.bind}:{a.port}"
@@ -129,7 +137,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--advertise", help="host the scheduler reaches this manager at (default: --bind)")
     p.add_argument("--node", default=socket.gethostname())
-    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["cpu", "cuda", "sim"], default="cpu")
+    p.add_argument(
+        "--sim-profile", type=Path, help="sim back end: an INFless profile file (model threads sm% batch ms)"
+    )
+    p.add_argument("--sim-threads", type=int, default=8, help="sim back end: the profile's CPU threads")
+    p.add_argument("--sim-sm", type=int, default=50, help="sim back end: the profile's GPU SM share (%%)")
+    p.add_argument("--sim-load-s", type=float, default=0.5, help="sim back end: model loading time")
     p.add_argument("--units", type=int, default=2, help="emulated units (cpu back end)")
     p.add_argument("--unit-memory-mb", type=float, default=2048, help="memory budget per emulated unit")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per model worker")

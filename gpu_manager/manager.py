@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from faas_gpu.policies import ModelCache, ModelTooLarge
@@ -54,13 +55,23 @@ class _UnitState:
 
 
 class GPUManager:
-    def __init__(self, units: list[UnitInfo], store: ModelStore, *, threads_per_worker: int = 1):
+    def __init__(
+        self,
+        units: list[UnitInfo],
+        store: ModelStore,
+        *,
+        threads_per_worker: int = 1,
+        worker_factory: Callable[[Artifact, str], Worker] | None = None,
+    ):
         if not units:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
         self.threads = threads_per_worker
         self.units = {u.id: _UnitState(u, ModelCache(u.memory_mb), threading.Lock()) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
+        # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
+        self.worker_factory = worker_factory or (lambda artifact, device: Worker(artifact, device, self.threads))
+        self._exec_s: dict[str, float] = {}  # per model, for the estimated finish time
 
     @staticmethod
     def _device(info: UnitInfo) -> str:
@@ -106,7 +117,9 @@ class GPUManager:
                 if attempt == 2:
                     raise
                 continue
-            return JobResult(out, state.info.id, hit, load_s, time.perf_counter() - t0)
+            execute_s = time.perf_counter() - t0
+            self._exec_s[artifact.digest] = 0.7 * self._exec_s.get(artifact.digest, execute_s) + 0.3 * execute_s
+            return JobResult(out, state.info.id, hit, load_s, execute_s)
         raise AssertionError("unreachable")
 
     def _load(self, state: _UnitState, artifact: Artifact) -> Worker:
@@ -119,7 +132,7 @@ class GPUManager:
             ) from None
         for victim in victims:
             self._drop((victim, state.info.id), state)
-        worker = Worker(artifact, self._device(state.info), self.threads)
+        worker = self.worker_factory(artifact, self._device(state.info))
         worker.start()
         state.cache.load(artifact.digest, size)
         self.workers[(artifact.digest, state.info.id)] = worker
@@ -143,10 +156,17 @@ class GPUManager:
                 "used_mb": s.cache.used_mb,
                 "state": "busy" if s.busy_since is not None else "idle",
                 "busy_for_s": (now - s.busy_since) if s.busy_since is not None else 0.0,
+                "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
             }
             for s in self.units.values()
         ]
+
+    def _finish_estimate(self, s: _UnitState, now: float) -> float:
+        """Seconds until the running job should end, from the model's recent execution times."""
+        if s.busy_since is None or s.running is None:
+            return 0.0
+        return max(0.0, self._exec_s.get(s.running, 0.0) - (now - s.busy_since))
 
     def close(self) -> None:
         for worker in self.workers.values():

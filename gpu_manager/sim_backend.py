@@ -1,0 +1,84 @@
+"""The `sim` back end: profiled timings only, for load tests of the whole path without a GPU.
+
+A sim worker runs no model: a batch of b takes the profiled latency for b (INFless's profile
+files: `<model> <cpuThreads> <gpuSM%> <batch> <latency_ms>`, one configuration chosen by threads
+and SM share; batches between profiled sizes take the next larger one's time), and answers a
+zero tensor of shape [b, out_features]. Loading takes `load_s`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .wire import decode, encode
+from .worker import LoadedInfo, ModelInputError
+
+INFEASIBLE_MS = 9000.0  # INFless marks saturated configurations with >= 9 s
+
+
+@dataclass(frozen=True)
+class Profile:
+    batches: list[int]
+    latency_s: list[float]
+
+    def latency(self, batch: int) -> float:
+        i = bisect.bisect_left(self.batches, batch)
+        if i == len(self.batches):
+            raise ModelInputError(f"batch {batch} is beyond the profile (largest {self.batches[-1]})")
+        return self.latency_s[i]
+
+    @classmethod
+    def from_infless(cls, path: Path, threads: int, sm_percent: int) -> Profile:
+        points = {}
+        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                t, sm, b, ms = int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4])
+            except (IndexError, ValueError):
+                raise ValueError(
+                    f"{Path(path).name} line {lineno}: expected '<model> <threads> <sm%> <batch> <ms>'"
+                ) from None
+            if t == threads and sm == sm_percent and ms < INFEASIBLE_MS:
+                points[b] = ms / 1000
+        if not points:
+            raise ValueError(f"{Path(path).name}: no feasible rows for {threads} threads at {sm_percent}% SM")
+        batches = sorted(points)
+        return cls(batches, [points[b] for b in batches])
+
+
+class SimWorker:
+    """Stands in for `Worker`: same interface, profiled time instead of a model."""
+
+    def __init__(self, profile: Profile, load_s: float = 0.5, out_features: int = 1000):
+        self.profile, self.load_s, self.out_features = profile, load_s, out_features
+        self._alive = False
+        self._lock = threading.Lock()
+        self.info: LoadedInfo | None = None
+
+    def start(self, timeout_s: float = 120) -> LoadedInfo:
+        time.sleep(self.load_s)
+        self._alive = True
+        self.info = LoadedInfo(0, self.load_s)
+        return self.info
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def run(self, payload: bytes, timeout_s: float = 60) -> bytes:
+        x = decode(payload)
+        batch = x.shape[0] if x.dim() else 1
+        with self._lock:  # one job at a time, as on a real unit
+            time.sleep(self.profile.latency(batch))
+        return encode(torch.zeros(batch, self.out_features))
+
+    def stop(self) -> None:
+        self._alive = False
