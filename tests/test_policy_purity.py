@@ -55,3 +55,10 @@ def test_the_simulator_drives_the_same_policy_objects():
     from faas_gpu.sim import engine
 
     assert engine.make_scheduler is policies.make_scheduler
+
+
+def test_the_scheduler_daemon_drives_them_too():
+    from scheduler import core
+
+    assert core.make_scheduler is policies.make_scheduler
+    assert core.ModelCache is policies.ModelCache
