@@ -6,9 +6,9 @@ the scheduler and the functions' GPU clients, not for the world.
 
 from __future__ import annotations
 
-import hmac
-
 from flask import Flask, Response, jsonify, request
+
+from faas_gpu.serving import require_bearer_token
 
 from .manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
 from .model_store import ArtifactError, ArtifactTooLarge
@@ -25,15 +25,7 @@ def _text(message: str, status: int) -> Response:
 def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 * 1024) -> Flask:
     app = Flask("faas-gpu-manager")
 
-    @app.before_request
-    def require_token():
-        if request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "")
-            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
-                resp = _text("invalid token", 401)
-                resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
-                return resp
-        return None
+    require_bearer_token(app, token)
 
     @app.get("/healthz")
     def healthz():

@@ -16,9 +16,8 @@ import socket
 import threading
 from pathlib import Path
 
-from gunicorn.app.base import BaseApplication
-
 from faas_gpu.datastore import open_datastore
+from faas_gpu.serving import OneWorkerServer
 
 log = logging.getLogger("gpu-manager")
 STATUS_PREFIX = "/faas-gpu/units/"
@@ -72,27 +71,13 @@ class StatusReporter:
         self._stop.set()
 
 
-class _Server(BaseApplication):
+class _Daemon:
+    """Built inside the gunicorn worker: the manager, its status reporter, and the API."""
+
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.manager = None
         self.reporter = None
-        super().__init__()
-
-    def load_config(self) -> None:
-        a = self.args
-        for key, value in {
-            "bind": [f"{a.bind}:{a.port}"],
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": a.threads,
-            "timeout": 300,
-            "keepalive": 75,
-            "accesslog": None,
-            "errorlog": "-",
-            "worker_exit": lambda _s, _w: self._close(),
-        }.items():
-            self.cfg.set(key, value)
 
     def load(self):
         from .api import create_app
@@ -123,7 +108,7 @@ class _Server(BaseApplication):
         log.info("gpu-manager %s serving %d %s unit(s) on %s", a.node, len(units), a.backend, url)
         return create_app(self.manager, token)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.reporter:
             self.reporter.stop()
         if self.manager:
@@ -161,5 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    _Server(parse_args(argv)).run()
+    args = parse_args(argv)
+    daemon = _Daemon(args)
+    OneWorkerServer(
+        [f"{args.bind}:{args.port}"], daemon.load, daemon.close, threads=args.threads, timeout_s=300, name="gpu-manager"
+    ).run()
     return 0

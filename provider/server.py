@@ -12,54 +12,37 @@ import signal
 import sys
 from pathlib import Path
 
-from gunicorn.app.base import BaseApplication
+from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig
 
 log = logging.getLogger("faas-gpu")
 
 
-class StackServer(BaseApplication):
-    def __init__(self, config: ProviderConfig):
-        self.config_ = config
-        self.stack = None
-        super().__init__()
+class _Daemon:
+    """Built inside the gunicorn worker: the provider, its runtime and both ports' apps."""
 
-    def load_config(self) -> None:
-        c = self.config_
-        settings = {
-            "bind": [f"{c.bind}:{c.gateway_port}", f"{c.bind}:{c.provider_port}"],
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": c.threads,
-            "keepalive": 75,
-            "timeout": 120,
-            "graceful_timeout": 40,
-            "accesslog": None,
-            "errorlog": "-",
-            "loglevel": "info",
-            "proc_name": "faas-gpu",
-            "worker_exit": self._worker_exit,
-        }
-        for key, value in settings.items():
-            self.cfg.set(key, value)
+    def __init__(self, config: ProviderConfig):
+        self.config = config
+        self.stack = None
 
     def load(self):
         from .app import Stack, build_provider
 
-        self.stack = Stack(build_provider(self.config_))
+        c = self.config
+        self.stack = Stack(build_provider(c))
         self.stack.start()
         log.info(
             "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, state %s",
-            self.config_.bind,
-            self.config_.gateway_port,
-            self.config_.bind,
-            self.config_.provider_port,
-            self.config_.home,
+            c.bind,
+            c.gateway_port,
+            c.bind,
+            c.provider_port,
+            c.home,
         )
         return self.stack
 
-    def _worker_exit(self, _server, _worker) -> None:
+    def close(self) -> None:
         if self.stack is not None:
             self.stack.close()
 
@@ -100,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = parse_args(argv)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    StackServer(cfg).run()
+    daemon = _Daemon(cfg)
+    binds = [f"{cfg.bind}:{cfg.gateway_port}", f"{cfg.bind}:{cfg.provider_port}"]
+    OneWorkerServer(binds, daemon.load, daemon.close, threads=cfg.threads, timeout_s=120).run()
     return 0
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hmac
-
 from flask import Flask, Response, jsonify, request
 
 from faas_gpu.policies import PlacementError
+from faas_gpu.serving import require_bearer_token
 from gpu_manager.api import TENSOR
 from gpu_manager.model_store import ArtifactError, ArtifactTooLarge
 from gpu_manager.wire import WireError, decode
@@ -22,13 +21,7 @@ def _text(message: str, status: int) -> Response:
 def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300) -> Flask:
     app = Flask("faas-gpu-scheduler")
 
-    @app.before_request
-    def require_token():
-        if request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "")
-            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
-                return _text("invalid token", 401)
-        return None
+    require_bearer_token(app, token)
 
     @app.get("/healthz")
     def healthz():

@@ -8,35 +8,20 @@ import socket
 import uuid
 from pathlib import Path
 
-from gunicorn.app.base import BaseApplication
-
 from faas_gpu.datastore import open_datastore
+from faas_gpu.serving import OneWorkerServer
 from gpu_manager.daemon import ensure_token
 from gpu_manager.model_store import ModelStore
 
 log = logging.getLogger("scheduler")
 
 
-class _Server(BaseApplication):
+class _Daemon:
+    """Built inside the gunicorn worker: the scheduler, its leader election, and the API."""
+
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.parts: tuple = ()
-        super().__init__()
-
-    def load_config(self) -> None:
-        a = self.args
-        for key, value in {
-            "bind": [f"{a.bind}:{a.port}"],
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": a.threads,
-            "timeout": 600,
-            "keepalive": 75,
-            "accesslog": None,
-            "errorlog": "-",
-            "worker_exit": lambda _s, _w: self._close(),
-        }.items():
-            self.cfg.set(key, value)
 
     def load(self):
         from .api import create_app
@@ -63,7 +48,7 @@ class _Server(BaseApplication):
         log.info("scheduler %s started (%s)", identity, "leader" if election.is_leader.is_set() else "follower")
         return create_app(scheduler, election, token)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         for part in self.parts[::-1]:
             (part.stop if hasattr(part, "stop") else part.close)()
 
@@ -94,5 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    _Server(parse_args(argv)).run()
+    args = parse_args(argv)
+    daemon = _Daemon(args)
+    OneWorkerServer(
+        [f"{args.bind}:{args.port}"], daemon.load, daemon.close, threads=args.threads, timeout_s=600, name="scheduler"
+    ).run()
     return 0

@@ -1,0 +1,65 @@
+"""What every faas-gpu daemon serves with: one gunicorn gthread worker, and a bearer-token guard.
+
+One worker, many threads: each daemon keeps live state (replicas, worker processes, queues) in
+that worker's memory, so the app is built in the worker (`load`) and closed when it exits.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response
+from flask import request as flask_request
+from gunicorn.app.base import BaseApplication
+
+
+class OneWorkerServer(BaseApplication):
+    def __init__(
+        self,
+        binds: list[str],
+        load: Callable[[], Any],
+        close: Callable[[], None],
+        *,
+        threads: int = 32,
+        timeout_s: int = 120,
+        name: str = "faas-gpu",
+    ):
+        self._binds, self._load, self._close = binds, load, close
+        self._threads, self._timeout, self._name = threads, timeout_s, name
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in {
+            "bind": self._binds,
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": self._threads,
+            "keepalive": 75,
+            "timeout": self._timeout,
+            "graceful_timeout": 40,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "info",
+            "proc_name": self._name,
+            "worker_exit": lambda _server, _worker: self._close(),
+        }.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        return self._load()
+
+
+def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:
+    """Internal APIs answer 401 without `Authorization: Bearer <token>` (compared in constant time)."""
+
+    @app.before_request
+    def _check_token():
+        if flask_request.path.startswith(prefix):
+            given = flask_request.headers.get("Authorization", "")
+            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
+                resp = Response("invalid token\n", status=401, mimetype="text/plain")
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
+                return resp
+        return None
