@@ -152,7 +152,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--provider-port", type=int, default=8081)
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)
-    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="GPU Manager back end")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="GPU Manager back end (auto: the GPUs NVML finds, else emulated units on the CPU)",
+    )
     p.add_argument("--gpu-units", type=int, default=2, help="emulated units of the cpu back end")
     p.add_argument("--unit-memory-mb", type=float, default=1024)
     p.add_argument("--no-gpu", action="store_true", help="no GPU Manager or scheduler: models run in the instances")

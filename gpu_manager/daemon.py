@@ -87,7 +87,11 @@ class _Daemon:
 
         a = self.args
         home = a.home
-        units = discover_units() if a.backend == "cuda" else cpu_units(a.units, a.unit_memory_mb)
+        units = discover_units() if a.backend in ("cuda", "auto") else []
+        if a.backend == "auto":  # GPUs when NVML finds some, else emulated units on the CPU
+            a.backend = "cuda" if units else "cpu"
+        if a.backend in ("cpu", "sim"):
+            units = cpu_units(a.units, a.unit_memory_mb)
         if not units:
             raise SystemExit("gpu-manager: the cuda back end found no GPU units (try --backend cpu)")
         store = ModelStore(home / "models", a.max_model_bytes)
@@ -122,7 +126,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--advertise", help="host the scheduler reaches this manager at (default: --bind)")
     p.add_argument("--node", default=socket.gethostname())
-    p.add_argument("--backend", choices=["cpu", "cuda", "sim"], default="cpu")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "cuda", "sim"],
+        default="auto",
+        help="auto: cuda when NVML finds GPUs, else cpu (emulated units)",
+    )
     p.add_argument(
         "--sim-profile", type=Path, help="sim back end: an INFless profile file (model threads sm% batch ms)"
     )
