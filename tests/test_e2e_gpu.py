@@ -19,6 +19,23 @@ from faas_gpu.paths import REPO_ROOT
 from tests.stack_process import StackProcess
 from tests.test_scheduler import Daemon
 
+RAW_HANDLER = """
+import json
+
+import torch
+
+from faas_gpu import remote
+
+from .model import ResNetMini
+
+model = remote(ResNetMini().eval())
+
+
+def handle(event, context):
+    channels = json.loads(event.body or b"{}").get("channels", 3)
+    return {"statusCode": 200, "body": {"shape": list(model(torch.zeros(1, channels, 32, 32)).shape)}}
+"""
+
 
 @pytest.fixture(scope="module")
 def gpu_stack(tmp_path_factory):
@@ -38,6 +55,11 @@ def gpu_stack(tmp_path_factory):
             }
         },
     }
+    raw = root / "raw"
+    raw.mkdir()
+    shutil.copy(REPO_ROOT / "functions" / "classify" / "model.py", raw / "model.py")
+    (raw / "handler.py").write_text(RAW_HANDLER)
+    stack_file["functions"]["raw"] = {"lang": "python3-gpu", "handler": "./raw", "image": "e2e/raw:latest"}
     (root / "stack.yml").write_text(yaml.safe_dump(stack_file))
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
@@ -53,6 +75,7 @@ def gpu_stack(tmp_path_factory):
             timeout=300,
         )
     stack.wait_ready("classify", timeout_s=120)
+    stack.wait_ready("raw", timeout_s=120)
     yield stack
     stack.stop()
     scheduler.kill()
@@ -85,3 +108,11 @@ def test_concurrent_requests_are_all_answered(gpu_stack):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: requests.post(url, json={"seed": i}, timeout=120), range(16)))
     assert all(a.status_code == 200 for a in answers) and time.monotonic() - t0 < 120
+
+
+def test_wrong_tensor_shape_through_a_function_is_400_with_the_models_message(gpu_stack):
+    ok = requests.post(f"{gpu_stack.url}/function/raw", json={"channels": 3}, timeout=120)
+    assert ok.status_code == 200 and ok.json() == {"shape": [1, 10]}
+    assert ok.headers["X-Faas-Gpu-Unit"].startswith("cpu-")
+    bad = requests.post(f"{gpu_stack.url}/function/raw", json={"channels": 5}, timeout=120)
+    assert bad.status_code == 400 and "model:" in bad.text
