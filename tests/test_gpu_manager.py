@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -69,15 +70,21 @@ def test_lru_eviction_stops_the_victims_worker(manager):
 
 
 def test_a_worker_killed_mid_job_is_replaced_and_the_job_retried(manager):
+    import threading
+
     mgr, digests = manager
-    x = encode(torch.randn(2, 3, 32, 32))
-    mgr.run(digests[0], "cpu-1", x)
+    mgr.run(digests[0], "cpu-1", encode(torch.randn(1, 3, 32, 32)))  # loaded
     worker = mgr.workers[(digests[0], "cpu-1")]
+    big = encode(torch.randn(512, 3, 32, 32))  # long enough to be killed in the middle
+    out = {}
+    job = threading.Thread(target=lambda: out.update(result=mgr.run(digests[0], "cpu-1", big)))
+    job.start()
+    time.sleep(0.15)
     os.kill(worker.proc.pid, signal.SIGKILL)
-    worker.proc.join(5)
-    result = mgr.run(digests[0], "cpu-1", x)
-    assert decode(result.payload).shape == (2, 10) and not result.hit
-    assert mgr.workers[(digests[0], "cpu-1")].alive
+    job.join(120)
+    result = out["result"]
+    assert decode(result.payload).shape == (512, 10) and not result.hit  # retried on a new worker
+    assert mgr.workers[(digests[0], "cpu-1")] is not worker and mgr.workers[(digests[0], "cpu-1")].alive
 
 
 def test_wrong_input_gets_the_models_message_and_the_worker_lives(manager):
