@@ -32,10 +32,10 @@ FORBIDDEN_MODULES = {
     "faas_gpu.async_queue",
     "simpy",
 }
-MODULES = sorted(Path(policies.__file__).parent.glob("*.py"))
+MODULES = sorted(Path(policies.__file__).parent.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(Path(policies.__file__).parent)))
 def test_policy_module_imports_nothing_impure(path):
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):

@@ -1,0 +1,38 @@
+"""INFless (ASPLOS '22): built-in non-uniform batching, greedy scaling and LSTH keep-alive.
+
+Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless` alike:
+- `capacity`: an instance's request-rate bounds [r_low, r_up] and batch timeout (Eq. 1);
+- `dispatch`: the three cases of §3.2 (rates per instance, scale up, release) and the
+  weighted splitter that sends requests in those proportions;
+- `schedule`: Algorithm 1, greedy non-uniform scaling by resource efficiency (Eq. 10);
+- `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP) and a fixed keep-alive.
+"""
+
+from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
+from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
+from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows
+from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
+
+__all__ = [
+    "ALPHA",
+    "Bounds",
+    "Candidate",
+    "DispatchDecision",
+    "FixedKeepAlive",
+    "HybridHistogram",
+    "InstanceLoad",
+    "KeepAlivePolicy",
+    "LongShortTermHistogram",
+    "Placement",
+    "ScheduleResult",
+    "Server",
+    "WeightedSplitter",
+    "Windows",
+    "batch_timeout_s",
+    "beta_from_flops",
+    "bounds",
+    "dispatch",
+    "efficiency",
+    "feasible",
+    "schedule",
+]

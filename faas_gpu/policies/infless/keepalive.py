@@ -1,0 +1,129 @@
+"""When to pre-warm an idle function and how long to keep it warm (INFless §3.5).
+
+Invocations are seen at minute granularity, as in the Azure study that introduced the hybrid
+histogram policy: the history is the sorted list of minutes in which the function was called,
+and an idle time is the distance between two such minutes. After an invocation at minute t a
+policy's `Windows` say: unload now and load again at t + prewarm (0: stay loaded), then keep
+the instance warm for `keepalive` more seconds.
+
+- `LongShortTermHistogram` (LSTH): idle times of the last 24 h and of the last 1 h; head (5th
+  percentile) and tail (99th) of each; pre-warm = g*L_head + (1-g)*S_head and keep-alive end =
+  g*L_tail + (1-g)*S_tail, g = 0.5.
+- `HybridHistogram` (HHP, Shahrad et al., ATC '20): one histogram of all idle times up to a
+  4 h range; when it is not representative (too few idle times, a flat histogram, or too many
+  idle times beyond the range) it falls back to the conservative default: stay warm for the
+  whole range.
+- `FixedKeepAlive`: OpenFaaS-style fixed window (300 s in the paper's baselines).
+Both histogram policies use HHP's 10% margins (pre-warm earlier, keep alive longer).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class Windows:
+    prewarm_s: float
+    keepalive_s: float
+
+
+class KeepAlivePolicy(Protocol):
+    name: str
+
+    def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows: ...
+
+
+def idle_times(active_minutes: Sequence[int], since_minute: int, until_minute: int) -> list[int]:
+    """Idle times (minutes) that ended within [since, until]; `active_minutes` is sorted."""
+    lo = bisect.bisect_left(active_minutes, since_minute)
+    hi = bisect.bisect_right(active_minutes, until_minute)
+    start = max(lo, 1)
+    return [active_minutes[i] - active_minutes[i - 1] for i in range(start, hi)]
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile: the histogram bin where the cumulative count reaches pct."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    rank = max(1, math.ceil(pct / 100.0 * len(sorted_values)))
+    return float(sorted_values[rank - 1])
+
+
+def _windows(head_min: float, tail_min: float, margin: float) -> Windows:
+    prewarm = math.floor(head_min * (1 - margin))
+    end = math.ceil(tail_min * (1 + margin))
+    return Windows(prewarm * MINUTE, max(1, end - prewarm) * MINUTE)
+
+
+@dataclass(frozen=True)
+class FixedKeepAlive:
+    keepalive_s: float = 300.0
+    name: str = "fixed"
+
+    def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
+        return Windows(0.0, self.keepalive_s)
+
+
+@dataclass(frozen=True)
+class HybridHistogram:
+    range_min: int = 240
+    head_pct: float = 5.0
+    tail_pct: float = 99.0
+    margin: float = 0.10
+    min_samples: int = 10
+    cv_threshold: float = 2.0
+    oob_threshold: float = 0.5
+    name: str = "hhp"
+
+    def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
+        its = idle_times(active_minutes, -(2**62), now_minute)
+        default = Windows(0.0, self.range_min * MINUTE)
+        if len(its) < self.min_samples:
+            return default
+        in_range = sorted(i for i in its if i <= self.range_min)
+        if len(in_range) < (1 - self.oob_threshold) * len(its) or not in_range:
+            return default  # mostly beyond the range: HHP hands over to a time-series model
+        counts: dict[int, int] = {}
+        for i in in_range:
+            counts[i] = counts.get(i, 0) + 1
+        bins = [counts.get(b, 0) for b in range(1, self.range_min + 1)]
+        mean = sum(bins) / len(bins)
+        cv = math.sqrt(sum((c - mean) ** 2 for c in bins) / len(bins)) / mean
+        if cv < self.cv_threshold:
+            return default  # a flat histogram predicts nothing
+        return _windows(percentile(in_range, self.head_pct), percentile(in_range, self.tail_pct), self.margin)
+
+
+@dataclass(frozen=True)
+class LongShortTermHistogram:
+    long_min: int = 24 * 60
+    short_min: int = 60
+    gamma: float = 0.5
+    head_pct: float = 5.0
+    tail_pct: float = 99.0
+    margin: float = 0.10
+    default_keepalive_s: float = 600.0
+    name: str = "lsth"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma: must be in [0, 1], got {self.gamma}")
+
+    def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
+        long_its = sorted(idle_times(active_minutes, now_minute - self.long_min, now_minute))
+        short_its = sorted(idle_times(active_minutes, now_minute - self.short_min, now_minute))
+        if not long_its and not short_its:
+            return Windows(0.0, self.default_keepalive_s)
+        long_its = long_its or short_its
+        short_its = short_its or long_its
+        g = self.gamma
+        head = g * percentile(long_its, self.head_pct) + (1 - g) * percentile(short_its, self.head_pct)
+        tail = g * percentile(long_its, self.tail_pct) + (1 - g) * percentile(short_its, self.tail_pct)
+        return _windows(head, tail, self.margin)
