@@ -155,8 +155,8 @@ def test_lsth_prewarms_before_a_periodic_arrival_and_keeps_alive_past_it():
 
 
 def test_lsth_weighs_the_short_window_against_the_long_one():
-    # a day of 30-minute gaps, then an hour of 2-minute gaps
-    minutes = _every(30, 23 * 60) + list(range(23 * 60, 24 * 60, 2))
+    # most of a day of 30-minute gaps, then two hours of 2-minute gaps
+    minutes = _every(30, 22 * 60) + list(range(22 * 60, 24 * 60, 2))
     lsth = LongShortTermHistogram(gamma=0.5).windows(minutes, minutes[-1])
     long_only = LongShortTermHistogram(gamma=1.0).windows(minutes, minutes[-1])
     short_only = LongShortTermHistogram(gamma=0.0).windows(minutes, minutes[-1])
