@@ -5,7 +5,8 @@
 a `RemoteModel`; calling it sends the batch to the scheduler, which places it on a unit. State
 dicts and tensors load as before. `faas_gpu.remote(module)` does the same for a module built in
 code. Without `FAAS_GPU_SCHEDULER_URL` nothing is swapped: the model runs in the instance on
-the CPU, and the log says so once. The handler's code is the same either way.
+the CPU (`remote()` then puts it behind the instance's batch queue when the instance's batch
+size is above 1), and the log says so once. The handler's code is the same either way.
 
 Concurrent calls in one instance are coalesced into one batch (`FAAS_GPU_MAX_BATCH`, and a
 timeout `FAAS_GPU_BATCH_TIMEOUT_MS`, by default a quarter of the SLO `FAAS_GPU_SLO_MS`).
@@ -33,6 +34,29 @@ last_job: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar
 RETRYABLE = (502, 503, 504)
 
 
+def _batch_timeout_s(env) -> float:
+    """FAAS_GPU_BATCH_TIMEOUT_MS, else a quarter of the SLO, else 5 ms."""
+    timeout_ms = env.get("FAAS_GPU_BATCH_TIMEOUT_MS")
+    slo_ms = float(env.get("FAAS_GPU_SLO_MS", "0") or 0)
+    return float(timeout_ms) / 1000 if timeout_ms else (slo_ms / 4000 if slo_ms else 0.005)
+
+
+@dataclass
+class LocalBatching:
+    """The instance's own batch size and timeout (set per instance by the INFless autoscaler)."""
+
+    max_batch: int
+    timeout_s: float
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> LocalBatching | None:
+        env = os.environ if env is None else env
+        max_batch = int(env.get("FAAS_GPU_MAX_BATCH", "1") or 1)
+        if max_batch <= 1:
+            return None
+        return cls(max_batch, _batch_timeout_s(env))
+
+
 @dataclass
 class ClientConfig:
     scheduler_urls: list[str]
@@ -41,6 +65,7 @@ class ClientConfig:
     batch_timeout_s: float = 0.005
     retries: int = 50
     slo_ms: float = 0.0
+    gpu_share: int = 0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -49,10 +74,14 @@ class ClientConfig:
         if not urls:
             return None
         slo_ms = float(env.get("FAAS_GPU_SLO_MS", "0") or 0)
-        timeout_ms = env.get("FAAS_GPU_BATCH_TIMEOUT_MS")
-        timeout_s = float(timeout_ms) / 1000 if timeout_ms else (slo_ms / 4000 if slo_ms else 0.005)
+        timeout_s = _batch_timeout_s(env)
         return cls(
-            urls, env.get("FAAS_GPU_TOKEN", ""), int(env.get("FAAS_GPU_MAX_BATCH", "8")), timeout_s, slo_ms=slo_ms
+            urls,
+            env.get("FAAS_GPU_TOKEN", ""),
+            int(env.get("FAAS_GPU_MAX_BATCH", "8")),
+            timeout_s,
+            slo_ms=slo_ms,
+            gpu_share=int(env.get("FAAS_GPU_GPU_SHARE", "0") or 0),
         )
 
 
@@ -63,6 +92,81 @@ class _Call:
     result: torch.Tensor | None = None
     error: BaseException | None = None
     headers: dict[str, str] = field(default_factory=dict)
+
+
+class BatchQueue:
+    """The instance's batch queue: concurrent calls wait until `max_batch` rows are queued or the
+    first has waited `timeout_s`, then run as one batch (INFless's built-in batching: the batch
+    size and the timeout t_slo - t_exec are the instance's own)."""
+
+    def __init__(self, run, max_batch: int, timeout_s: float, name: str = "batch-queue"):
+        self._run = run  # (x: Tensor) -> (y: Tensor, headers: dict)
+        self.max_batch = max(1, int(max_batch))
+        self.timeout_s = max(0.0, float(timeout_s))
+        self._pending: list[_Call] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        call = _Call(x)
+        with self._cv:
+            self._pending.append(call)
+            self._cv.notify()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        last_job.set(call.headers)
+        return call.result
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                deadline = time.monotonic() + self.timeout_s
+                while sum(c.x.shape[0] for c in self._pending) < self.max_batch:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                batch, rows = [], 0
+                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.max_batch):
+                    call = self._pending.pop(0)
+                    batch.append(call)
+                    rows += call.x.shape[0]
+            self._flush(batch)
+
+    def _flush(self, batch: list[_Call]) -> None:
+        try:
+            x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
+            y, headers = self._run(x)
+            headers = {**headers, "X-Faas-Gpu-Batch": str(x.shape[0])}
+            start = 0
+            for c in batch:
+                n = c.x.shape[0]
+                c.result, c.headers = y[start : start + n], headers
+                start += n
+        except BaseException as exc:  # every caller of the batch gets the error
+            for c in batch:
+                c.error = exc
+        for c in batch:
+            c.done.set()
+
+
+class LocalBatchedModel(torch.nn.Module):
+    """A model run in this instance on the CPU, through the instance's batch queue."""
+
+    def __init__(self, local: torch.nn.Module, max_batch: int, timeout_s: float):
+        super().__init__()
+        self.local = local
+        self._queue = BatchQueue(self._run, max_batch, timeout_s, name="local-batch")
+
+    def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, str]]:
+        with torch.inference_mode():
+            return self.local(x), {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._queue(x)
 
 
 class RemoteError(RuntimeError):
@@ -81,10 +185,7 @@ class RemoteModel(torch.nn.Module):
         self._artifact = artifact
         self._digest: str | None = None
         self._http = requests.Session()
-        self._pending: list[_Call] = []
-        self._cv = threading.Condition()
-        self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
-        self._flusher.start()
+        self._queue = BatchQueue(self._run, config.max_batch, config.batch_timeout_s, name="remote-batch")
 
     # -- artifact ------------------------------------------------------------------------
     def _ensure_uploaded(self, example: torch.Tensor) -> str:
@@ -123,53 +224,15 @@ class RemoteModel(torch.nn.Module):
 
     # -- calls ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        call = _Call(x)
-        with self._cv:
-            self._pending.append(call)
-            self._cv.notify()
-        call.done.wait()
-        if call.error is not None:
-            raise call.error
-        last_job.set(call.headers)
-        return call.result
+        return self._queue(x)
 
-    def _flush_loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._pending:
-                    self._cv.wait()
-                deadline = time.monotonic() + self.config.batch_timeout_s
-                while sum(c.x.shape[0] for c in self._pending) < self.config.max_batch:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                batch, rows = [], 0
-                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.config.max_batch):
-                    call = self._pending.pop(0)
-                    batch.append(call)
-                    rows += call.x.shape[0]
-            self._run(batch)
-
-    def _run(self, batch: list[_Call]) -> None:
-        try:
-            x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
-            digest = self._ensure_uploaded(x)
-            headers = {"X-Faas-Gpu-Deadline-Ms": f"{self.config.slo_ms:g}"} if self.config.slo_ms else {}
-            r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
-            y = decode(r.content)
-            headers = {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
-            headers["X-Faas-Gpu-Batch"] = str(x.shape[0])
-            start = 0
-            for c in batch:
-                n = c.x.shape[0]
-                c.result, c.headers = y[start : start + n], headers
-                start += n
-        except BaseException as exc:  # every caller of the batch gets the error
-            for c in batch:
-                c.error = exc
-        for c in batch:
-            c.done.set()
+    def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, str]]:
+        digest = self._ensure_uploaded(x)
+        headers = {"X-Faas-Gpu-Deadline-Ms": f"{self.config.slo_ms:g}"} if self.config.slo_ms else {}
+        if self.config.gpu_share:
+            headers["X-Faas-Gpu-Share"] = str(self.config.gpu_share)
+        r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
+        return decode(r.content), {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
 
 
 def _config() -> ClientConfig | None:
@@ -177,9 +240,13 @@ def _config() -> ClientConfig | None:
 
 
 def remote(module: torch.nn.Module) -> torch.nn.Module:
-    """The module, made remote when a scheduler is configured (else returned as it is)."""
+    """The module, made remote when a scheduler is configured; else run here, through the
+    instance's batch queue when the instance has a batch size above 1."""
     config = _config()
-    return RemoteModel(module.eval(), config) if config else module
+    if config:
+        return RemoteModel(module.eval(), config)
+    local = LocalBatching.from_env()
+    return LocalBatchedModel(module.eval(), local.max_batch, local.timeout_s) if local else module
 
 
 def install() -> bool:

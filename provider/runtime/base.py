@@ -36,5 +36,13 @@ class Runtime(ABC):
     def usage(self, namespace: str, name: str) -> dict | None:
         return None
 
+    def ready_instances(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        """(instance id, base URL) of the ready replicas, for a dispatcher that weighs instances."""
+        return [(url, url) for url in self.endpoints(namespace, name)]
+
+    def set_plan(self, namespace: str, name: str, plan: list | None) -> None:
+        """Run exactly these instances (per-instance settings), or back to identical replicas."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run per-instance plans")
+
     @abstractmethod
     def close(self) -> None: ...

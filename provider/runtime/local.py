@@ -56,6 +56,18 @@ class LaunchSpec:
     digest: str
 
 
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One instance of a function that an autoscaler sized on its own (INFless's non-uniform
+    instances): a stable id, and the env that gives it its batch size, threads and share."""
+
+    id: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def digest(self, spec_digest: str) -> str:
+        return hashlib.sha256(json.dumps([spec_digest, self.env], sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclass
 class Replica:
     id: str
@@ -63,6 +75,7 @@ class Replica:
     proc: subprocess.Popen
     run_dir: Path
     digest: str
+    slot: str | None = None
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     stopping: bool = False
@@ -79,6 +92,8 @@ class _Function:
     replicas: list[Replica] = field(default_factory=list)
     failures: int = 0
     next_start: float = 0.0
+    plan: list[InstanceSpec] | None = None
+    """When set, the replicas are exactly these instances (and record.replicas is ignored)."""
 
 
 class LocalRuntime(Runtime):
@@ -97,6 +112,7 @@ class LocalRuntime(Runtime):
         self.logs = logs
         self.run_root = home / "run"
         self._fns: dict[tuple[str, str], _Function] = {}
+        self._plans: dict[tuple[str, str], list[InstanceSpec]] = {}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
@@ -173,15 +189,36 @@ class LocalRuntime(Runtime):
         with self._lock:
             fn = self._fns.get(record.key)
             if fn is None:
-                self._fns[record.key] = _Function(record, spec)
+                self._fns[record.key] = _Function(record, spec, plan=self._plans.get(record.key))
             else:
                 fn.record, fn.spec = record, spec
                 if any(r.digest != spec.digest for r in fn.replicas):
                     fn.failures, fn.next_start = 0, 0.0
             self._changed.notify_all()
 
+    def set_plan(self, namespace: str, name: str, plan: list[InstanceSpec] | None) -> None:
+        """Run exactly these instances (None: back to record.replicas identical replicas)."""
+        with self._lock:
+            key = (namespace, name)
+            if plan is None:
+                self._plans.pop(key, None)
+            else:
+                self._plans[key] = list(plan)
+            fn = self._fns.get(key)
+            if fn is not None:
+                fn.plan = None if plan is None else list(plan)
+            self._changed.notify_all()
+
+    def ready_instances(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        """(instance id, base URL) of the ready replicas; the id is the plan's for planned ones."""
+        fn = self._fns.get((namespace, name))
+        if fn is None:
+            return []
+        return [(r.slot or r.id, r.url) for r in fn.replicas if r.ready and not r.stopping]
+
     def remove(self, namespace: str, name: str) -> None:
         with self._lock:
+            self._plans.pop((namespace, name), None)
             fn = self._fns.pop((namespace, name), None)
         if fn:
             self._stop_all(fn.replicas, fn.spec.stop_timeout_s)
@@ -259,22 +296,10 @@ class LocalRuntime(Runtime):
                         fn.failures += 1
                         fn.next_start = now + min(MAX_BACKOFF_S, 0.5 * 2 ** (fn.failures - 1))
                         shutil.rmtree(r.run_dir, ignore_errors=True)
-                # replace replicas of an old spec, then match the count
-                stale = [r for r in fn.replicas if r.digest != fn.spec.digest]
-                current = [r for r in fn.replicas if r.digest == fn.spec.digest]
-                want = fn.record.replicas
-                if stale and (all(r.ready for r in current) or not current) and len(current) >= min(want, 1):
-                    to_stop += stale
-                extra = len(current) - want
-                if extra > 0:
-                    to_stop += sorted(current, key=lambda r: (r.ready, r.started))[:extra]
-                for r in to_stop:
-                    r.stopping = True
-                    if r in fn.replicas:
-                        fn.replicas.remove(r)
-                if len(current) < want and now >= fn.next_start:
-                    for _ in range(want - len(current)):
-                        fn.replicas.append(self._start(fn))
+                if fn.plan is not None:
+                    to_stop += self._reconcile_plan(fn, now)
+                else:
+                    to_stop += self._reconcile_count(fn, now)
                 if to_stop:
                     self._changed.notify_all()
             if to_stop:
@@ -286,6 +311,51 @@ class LocalRuntime(Runtime):
                         fn.failures = 0
                         self._changed.notify_all()
 
+    def _reconcile_count(self, fn: _Function, now: float) -> list[Replica]:
+        """Replace replicas of an old spec (new ones first), then match record.replicas."""
+        to_stop: list[Replica] = []
+        stale = [r for r in fn.replicas if r.digest != fn.spec.digest]
+        current = [r for r in fn.replicas if r.digest == fn.spec.digest]
+        want = fn.record.replicas
+        if stale and (all(r.ready for r in current) or not current) and len(current) >= min(want, 1):
+            to_stop += stale
+        extra = len(current) - want
+        if extra > 0:
+            to_stop += sorted(current, key=lambda r: (r.ready, r.started))[:extra]
+        self._detach(fn, to_stop)
+        if len(current) < want and now >= fn.next_start:
+            for _ in range(want - len(current)):
+                fn.replicas.append(self._start(fn))
+        return to_stop
+
+    def _reconcile_plan(self, fn: _Function, now: float) -> list[Replica]:
+        """One replica per planned instance; a changed instance is replaced once its successor serves."""
+        assert fn.plan is not None
+        want = {inst.id: inst for inst in fn.plan}
+        digests = {inst.id: inst.digest(fn.spec.digest) for inst in fn.plan}
+        by_slot: dict[str, list[Replica]] = {}
+        to_stop = [r for r in fn.replicas if r.slot not in want]
+        for r in fn.replicas:
+            if r.slot in want:
+                by_slot.setdefault(r.slot, []).append(r)
+        for slot, inst in want.items():
+            mine = by_slot.get(slot, [])
+            current = [r for r in mine if r.digest == digests[slot]]
+            old = [r for r in mine if r.digest != digests[slot]]
+            if old and (not current or current[0].ready):
+                to_stop += old
+            if not current and now >= fn.next_start:
+                fn.replicas.append(self._start(fn, inst, digests[slot]))
+        self._detach(fn, to_stop)
+        return to_stop
+
+    @staticmethod
+    def _detach(fn: _Function, to_stop: list[Replica]) -> None:
+        for r in to_stop:
+            r.stopping = True
+            if r in fn.replicas:
+                fn.replicas.remove(r)
+
     def _probe(self, r: Replica, _http_mode: bool) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=0.5)
         try:
@@ -296,9 +366,9 @@ class LocalRuntime(Runtime):
         finally:
             conn.close()
 
-    def _start(self, fn: _Function) -> Replica:
+    def _start(self, fn: _Function, inst: InstanceSpec | None = None, digest: str | None = None) -> Replica:
         record, spec = fn.record, fn.spec
-        rid = f"{record.name}-{uuid.uuid4().hex[:8]}"
+        rid = f"{inst.id if inst else record.name}-{uuid.uuid4().hex[:8]}"
         run_dir = self.run_root / record.namespace / rid
         tmp = run_dir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -310,6 +380,8 @@ class LocalRuntime(Runtime):
             os.chmod(dest, 0o600)
         port = free_port()
         env = dict(spec.env)
+        if inst is not None:
+            env.update(inst.env)
         env.update(
             port=str(port),
             TMPDIR=str(tmp),
@@ -331,7 +403,7 @@ class LocalRuntime(Runtime):
         )
         (run_dir / "pid").write_text(str(proc.pid))
         (run_dir / "port").write_text(str(port))  # lets benchmarks reach the watchdog directly
-        replica = Replica(rid, port, proc, run_dir, spec.digest)
+        replica = Replica(rid, port, proc, run_dir, digest or spec.digest, slot=inst.id if inst else None)
         threading.Thread(target=self._pump, args=(record.namespace, record.name, rid, proc), daemon=True).start()
         return replica
 

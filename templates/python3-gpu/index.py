@@ -23,6 +23,18 @@ else:
 
 from function import handler  # noqa: E402 — after the loaders are swapped
 
+
+def _apply_instance_resources():
+    """The CPU share the autoscaler gave this instance wins over what the handler set at import."""
+    threads = os.getenv("FAAS_GPU_CPU_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+_apply_instance_resources()
+
 app = Flask(__name__)
 
 
@@ -112,6 +124,7 @@ if __name__ == "__main__":
         app,
         host=upstream.hostname or "127.0.0.1",
         port=upstream.port or 5000,
-        threads=int(os.getenv("handler_threads", "8")),
+        # a batch of B needs B requests in flight at once
+        threads=int(os.getenv("handler_threads", str(max(8, 2 * int(os.getenv("FAAS_GPU_MAX_BATCH", "1") or 1))))),
         ident="python3-gpu",
     )
