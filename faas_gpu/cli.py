@@ -359,7 +359,33 @@ def cmd_describe(args: argparse.Namespace) -> int:
         rows.append(("CPU", f"{usage['cpu']:.0f} Mi"))
     for k, v in rows:
         print(f"{k + ':':<20} {v}")
+    ns_only = {"namespace": args.namespace} if args.namespace else {}
+    resp = client.request("GET", f"/system/function/{args.name}/instances", params=ns_only)
+    if resp.status_code == 200:
+        _print_instances(_json(resp, "describe instances"))
     return 0
+
+
+def _print_instances(d: dict) -> None:
+    """The autoscaler's decisions for a managed function: one row per (non-uniform) instance."""
+    if not d.get("managed"):
+        return
+    ka = d.get("keepAlive") or {}
+    effort = ", best effort" if d.get("bestEffort") else ""
+    print(f"{'Model:':<20} {d.get('model')} (SLO {d.get('sloMs'):g} ms{effort})")
+    span = f"[{d.get('rMin', 0):g}, {d.get('rMax', 0):g}]"
+    print(f"{'Load:':<20} {d.get('rps', 0):.1f} rps; instances take {span} ({d.get('case')})")
+    print(
+        f"{'Keep-alive:':<20} {ka.get('policy')} (pre-warm {ka.get('prewarmS', 0):g} s, "
+        f"keep-alive {ka.get('keepAliveS', 0):g} s{', scale to zero' if ka.get('scaleZero') else ''})"
+    )
+    head = ("INSTANCE", "B", "CPU", "GPU%", "EXEC ms", "R_LOW", "R_UP", "RATE")
+    print("{:<28} {:>3} {:>4} {:>5} {:>8} {:>6} {:>6} {:>7}  READY".format(*head))
+    for i in d.get("instances") or []:
+        print(
+            f"{i['id']:<28} {i['batch']:>3} {i['cpu']:>4g} {i['gpuShare']:>5g} {i['tExecMs']:>8.2f} "
+            f"{i['rLow']:>6g} {i['rUp']:>6g} {i['rate']:>7.1f}  {'yes' if i.get('ready') else 'no'}"
+        )
 
 
 # -- invoke / logs -----------------------------------------------------------------------

@@ -49,6 +49,13 @@ class ProviderConfig:
     """How long an invocation waits for a starting replica (scale from zero)."""
     async_workers: int = 4
     threads: int = 32
+    cpus: float = field(default_factory=lambda: float(os.cpu_count() or 1))
+    """CPU cores the autoscaler may give to instances of managed functions on this node."""
+    gpus: int = 0
+    """GPUs whose SM shares the autoscaler may give (0: CPU configurations only)."""
+    autoscale_period_s: float = 1.0
+    infless_profiles: Path | None = None
+    """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ProviderConfig:
@@ -58,6 +65,10 @@ class ProviderConfig:
             cfg.etcd_url = env["FAAS_GPU_ETCD"]
         if "FAAS_GPU_REDIS" in env and cfg.redis_url is None:
             cfg.redis_url = env["FAAS_GPU_REDIS"]
+        if "FAAS_GPU_CPUS" in env:
+            cfg.cpus = float(env["FAAS_GPU_CPUS"])
+        if "FAAS_GPU_INFLESS_PROFILES" in env and cfg.infless_profiles is None:
+            cfg.infless_profiles = Path(env["FAAS_GPU_INFLESS_PROFILES"])
         if "FAAS_GPU_MAX_BODY_BYTES" in env:
             cfg.max_body_bytes = int(env["FAAS_GPU_MAX_BODY_BYTES"])
         if "upstream_timeout" in env:

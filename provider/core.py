@@ -14,6 +14,7 @@ from faas_gpu.async_queue import AsyncQueue
 from faas_gpu.datastore import Datastore
 
 from .auth import Credentials
+from .autoscaler import Autoscaler
 from .config import ProviderConfig
 from .invoke import Invoker
 from .logs import LogStore
@@ -39,6 +40,7 @@ class Provider:
     runtime: Runtime
     invoker: Invoker
     queue: AsyncQueue
+    autoscaler: Autoscaler | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -70,9 +72,13 @@ class Provider:
                 self.runtime.check(record)
             except LaunchError as exc:
                 raise ValidationError(str(exc)) from None
+            if self.autoscaler is not None:
+                self.autoscaler.validate(record)
             self.store.put(record)
+        if self.autoscaler is not None:
+            self.autoscaler.prepare(record)
         self.runtime.apply(record)
-        return record
+        return self.store.get(ns, dep.service) or record
 
     def delete(self, body: object, namespace_query: str | None) -> None:
         if not isinstance(body, dict):
@@ -85,6 +91,8 @@ class Provider:
             if not self.store.delete(ns, name):
                 raise NotFoundError(f"function {name}.{ns} not found")
         self.invoker.forget((ns, name))
+        if self.autoscaler is not None:
+            self.autoscaler.forget((ns, name))
         self.runtime.remove(ns, name)
 
     def scale(self, path_name: str, body: object, namespace_query: str | None) -> FunctionRecord:
@@ -106,10 +114,15 @@ class Provider:
             lo, hi = record.deployment.scale_bounds()
             record.replicas = min(max(replicas, lo), hi)
             self.store.put(record)
+        if self.autoscaler is not None and self.autoscaler.manages(record.key):
+            self.autoscaler.scale_to(record.key, replicas)  # per-instance configs; it updates replicas
+            return self.store.get(ns, name) or record
         self.runtime.apply(record)
         return record
 
     def scale_from_zero(self, key: tuple[str, str]) -> None:
+        if self.autoscaler is not None and self.autoscaler.scale_from_zero(key):
+            return
         with self._lock:
             record = self.store.get(*key)
             if record is None or record.replicas > 0:
@@ -139,11 +152,32 @@ class Provider:
             usage=self.runtime.usage(*key) if usage else None,
         )
 
+    def instances(self, record: FunctionRecord) -> dict:
+        """The autoscaler's view of a managed function, or the plain replicas of another."""
+        described = self.autoscaler.describe(record.key) if self.autoscaler is not None else None
+        ready = dict(self.runtime.ready_instances(*record.key))
+        if described is None:
+            ids = self.runtime.instances(*record.key)
+            return {
+                "name": record.name,
+                "namespace": record.namespace,
+                "managed": False,
+                "instances": [{"id": i} for i in ids],
+            }
+        for inst in described["instances"]:
+            inst["ready"] = inst["id"] in ready
+        return {"managed": True, **described}
+
     def restore(self) -> int:
         """Start what the datastore says should run (after a provider restart)."""
         started = 0
         for record in self.store.list():
             try:
+                if self.autoscaler is not None:
+                    try:
+                        self.autoscaler.prepare(record)
+                    except ValidationError as exc:
+                        log.error("%s.%s runs without its autoscaler: %s", record.name, record.namespace, exc)
                 self.runtime.apply(record)
                 started += 1
             except LaunchError as exc:
@@ -158,6 +192,8 @@ class Provider:
         }
 
     def close(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.close()
         self.runtime.close()
         self.queue.close()
         self.datastore.close()

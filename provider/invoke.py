@@ -66,6 +66,7 @@ class Invoker:
         self._known: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self.counts: dict[tuple[str, str], int] = {}
+        self.dispatcher = None  # the autoscaler: weighs a managed function's instances
 
     def resolve(self, raw_name: str) -> tuple[str, str]:
         name, ns = split_namespace(raw_name, None)
@@ -89,6 +90,9 @@ class Invoker:
         self._rr.pop(key, None)
 
     def pick(self, key: tuple[str, str]) -> str | None:
+        d = self.dispatcher
+        if d is not None and d.manages(key):
+            return d.pick(key, self.runtime.ready_instances(*key))
         endpoints = self.runtime.endpoints(*key)
         if not endpoints:
             return None
@@ -101,6 +105,8 @@ class Invoker:
         """A ready replica; a function scaled to zero or still starting is waited for."""
         if not self._exists(key):
             raise NotFound(key)
+        if self.dispatcher is not None:
+            self.dispatcher.arrived(key)
         url = self.pick(key)
         if url is None:
             scale_up(key)

@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
     p.add_argument("--threads", type=int, default=32)
+    p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
+    p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
     a = p.parse_args(argv)
     overrides = {
         "bind": a.bind,
@@ -68,7 +71,11 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "redis_url": a.redis,
         "scheduler_url": a.scheduler,
         "threads": a.threads,
+        "gpus": a.gpus,
+        "autoscale_period_s": a.autoscale_period,
     }
+    if a.cpus:
+        overrides["cpus"] = a.cpus
     if a.home:
         overrides["home"] = a.home.resolve()
     if a.namespace:

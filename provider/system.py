@@ -97,6 +97,12 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
         usage = request.args.get("usage", "").lower() in ("1", "true")
         return jsonify(provider.status(record, usage=usage))
 
+    @bp.get("/system/function/<name>/instances")
+    def function_instances(name: str):
+        """faas-gpu's addition: each instance's batch, CPU, GPU share, r_low / r_up and rate."""
+        record = provider.get(name, ns_query())
+        return jsonify(provider.instances(record))
+
     @bp.post("/system/scale-function/<name>")
     def scale(name: str):
         provider.scale(name, _json_body(), ns_query())

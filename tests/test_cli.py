@@ -295,11 +295,12 @@ def test_list_and_describe(project, stub, capsys):
     assert [(c["method"], c["path"], c["query"]) for c in stub.calls] == [
         ("GET", "/system/function/echo", {"usage": "1"}),
         ("GET", "/system/functions", {}),
+        ("GET", "/system/function/echo/instances", {}),
     ]
     out = capsys.readouterr().out
     assert "Status:              Ready" in out and "com.faas-gpu.slo-ms: 100" in out
     assert run("describe", "echo", "-n", "team") == 0
-    assert stub.calls[-2]["query"] == {"usage": "1", "namespace": "team"}
+    assert stub.calls[-3]["query"] == {"usage": "1", "namespace": "team"}
     assert run("describe", "missing") == 1
     assert "No such function: missing" in capsys.readouterr().err
 

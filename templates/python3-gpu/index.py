@@ -12,11 +12,12 @@ from urllib.parse import urlsplit
 from flask import Flask, jsonify, request
 from waitress import serve
 
-gpu_client = None
-if os.getenv("FAAS_GPU_SCHEDULER_URL"):
-    # the GPU client: torch.load / torch.jit.load return models that run on GPU units
+try:  # the GPU client ships with faas-gpu's stack; a plain image runs its models as they are
     from faas_gpu import client as gpu_client
-
+except ImportError:
+    gpu_client = None
+if gpu_client is not None and os.getenv("FAAS_GPU_SCHEDULER_URL"):
+    # torch.load / torch.jit.load now return models that run on GPU units
     gpu_client.install()
 else:
     print("faas-gpu: no scheduler configured; models run locally on the CPU", flush=True)
@@ -112,9 +113,10 @@ def call_handler(path):
         )
     response = app.make_response(format_response(response_data))
     job = gpu_client.last_job.get() if gpu_client is not None else None
-    if job:  # which unit ran the model, and whether it was a cache hit
-        response.headers["X-Faas-Gpu-Unit"] = job.get("X-Faas-Gpu-Unit", "")
-        response.headers["X-Faas-Gpu-Cache"] = job.get("X-Faas-Gpu-Cache", "")
+    if job:  # which unit ran the model, whether it was a cache hit, and the batch it ran in
+        for key in ("X-Faas-Gpu-Unit", "X-Faas-Gpu-Cache", "X-Faas-Gpu-Batch"):
+            if key in job:
+                response.headers[key] = job[key]
     return response
 
 
