@@ -3,63 +3,11 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
-import pynvml
 import pytest
 
 from gpu_manager.discovery import cpu_units, discover_units
-
-GIB = 1024**3
-
-
-class FakeNVML:
-    """The pynvml functions discovery calls, over a described machine; errors are pynvml's own."""
-
-    NVMLError = pynvml.NVMLError
-    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
-    NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
-
-    def __init__(self, gpus, driver=True):
-        self.gpus, self.driver, self.calls = gpus, driver, []
-
-    def nvmlInit(self):  # noqa: N802
-        if not self.driver:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-        self.calls.append("init")
-
-    def nvmlShutdown(self):  # noqa: N802
-        self.calls.append("shutdown")
-
-    def nvmlDeviceGetCount(self):  # noqa: N802
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
-        return self.gpus[i]
-
-    def nvmlDeviceGetUUID(self, h):  # noqa: N802
-        return h["uuid"]
-
-    def nvmlDeviceGetName(self, h):  # noqa: N802
-        return h["name"].encode()  # older bindings return bytes
-
-    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
-        return SimpleNamespace(total=h["mem"], free=h["mem"], used=0)
-
-    def nvmlDeviceGetMigMode(self, h):  # noqa: N802
-        if "mig" not in h:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        mode = self.NVML_DEVICE_MIG_ENABLE if h["mig"] is not None else self.NVML_DEVICE_MIG_DISABLE
-        return (mode, mode)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):  # noqa: N802
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):  # noqa: N802
-        slots = h["mig"]
-        if i >= len(slots) or slots[i] is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return slots[i]
+from tests.fake_nvml import GIB, FakeNVML
 
 
 def test_whole_gpus_and_mig_slices_become_units():
