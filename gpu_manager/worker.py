@@ -9,6 +9,7 @@ takes down only its worker.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -56,7 +57,8 @@ def _load(path: str, fmt: str, device: str):
     return model
 
 
-def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int) -> None:
+def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int, env: dict[str, str]) -> None:
+    os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
     from .wire import decode, encode
@@ -88,8 +90,9 @@ def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int) -> 
 
 
 class Worker:
-    def __init__(self, artifact: Artifact, device: str = "cpu", threads: int = 1):
+    def __init__(self, artifact: Artifact, device: str = "cpu", threads: int = 1, env: dict[str, str] | None = None):
         self.artifact, self.device, self.threads = artifact, device, threads
+        self.env = dict(env or {})  # set in the worker process before CUDA starts
         self.proc: mp.Process | None = None
         self.conn: Connection | None = None
         self.info: LoadedInfo | None = None
@@ -98,7 +101,7 @@ class Worker:
         parent, child = _CTX.Pipe()
         self.proc = _CTX.Process(
             target=_serve,
-            args=(child, str(self.artifact.path), self.artifact.format, self.device, self.threads),
+            args=(child, str(self.artifact.path), self.artifact.format, self.device, self.threads, self.env),
             daemon=True,
         )
         self.proc.start()
