@@ -1,4 +1,5 @@
-"""The GPU Manager's HTTP API: upload a model artifact, run a job (binary tensors), read status.
+"""The GPU Manager's HTTP API: upload a model artifact, run a job (binary tensors), read status,
+list the GPUs and change a GPU's MIG geometry.
 
 Every /v1/ route needs `Authorization: Bearer <token>` (the node's token file); the API is for
 the scheduler and the functions' GPU clients, not for the world.
@@ -10,8 +11,10 @@ from flask import Flask, Response, jsonify, request
 
 from faas_gpu.serving import require_bearer_token
 
-from .manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
+from . import mig
+from .manager import GPUManager, ModelDoesNotFit, UnitDraining, UnknownModel, UnknownUnit
 from .model_store import ArtifactError, ArtifactTooLarge
+from .mps import MPSError
 from .wire import WireError, decode
 from .worker import ModelInputError, ModelLoadError, WorkerDied
 
@@ -68,6 +71,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(str(exc), 400)
         except WorkerDied as exc:
             return _text(f"unit {unit}: {exc}", 503)
+        except (UnitDraining, MPSError) as exc:
+            return _text(str(exc), 503)
         resp = Response(result.payload, mimetype=TENSOR)
         resp.headers.update(
             {
@@ -78,5 +83,32 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             }
         )
         return resp
+
+    @app.get("/v1/gpus")
+    def gpus():
+        return jsonify(manager.gpus())
+
+    @app.post("/v1/gpus/<int:index>/geometry")
+    def geometry(index: int):
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or not isinstance(body.get("profiles"), list):
+            return _text('body: a JSON object {"profiles": ["3g.20gb", ...]} is required', 400)
+        profiles = body["profiles"]
+        if not all(isinstance(p, str) for p in profiles):
+            return _text("profiles: a list of MIG profile names", 400)
+        drain_timeout_s = body.get("drain_timeout_s", 30)
+        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, int | float) or drain_timeout_s < 0:
+            return _text("drain_timeout_s: a number of seconds >= 0", 400)
+        try:
+            result = manager.reconfigure(index, profiles, float(drain_timeout_s))
+        except mig.InvalidGeometry as exc:
+            return jsonify(exc.to_json()), 400
+        except mig.UnknownGPU as exc:
+            return _text(str(exc), 404)
+        except (mig.MigModeOff, mig.UnitsBusy) as exc:
+            return _text(str(exc), 409)
+        except mig.MigError as exc:
+            return _text(str(exc), 500)
+        return jsonify(result)
 
     return app

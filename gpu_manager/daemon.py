@@ -2,7 +2,8 @@
 
 It discovers its units (NVML for `cuda`, emulated ones for `cpu`), serves the job API, and
 every second reports each unit's status into the datastore under a lease, so a dead manager's
-units vanish from the scheduler's view by themselves.
+units vanish from the scheduler's view by themselves. On `cuda` it also changes MIG geometries
+(`POST /v1/gpus/<index>/geometry`) and, with `--mps`, runs an MPS control daemon per unit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from faas_gpu.datastore import open_datastore
 from faas_gpu.serving import OneWorkerServer
+
+from .mps import thread_percentage
 
 log = logging.getLogger("gpu-manager")
 STATUS_PREFIX = "/faas-gpu/units/"
@@ -35,29 +38,44 @@ def ensure_token(secrets_dir: Path) -> str:
 
 
 class StatusReporter:
-    """Puts each unit's status under /faas-gpu/units/<node>/<unit>, attached to a lease."""
+    """Puts each unit's status under /faas-gpu/units/<node>/<unit>, attached to a lease.
+
+    A draining unit (its GPU is being reconfigured) and a unit that is gone are taken out at
+    once, so the scheduler stops placing jobs on them.
+    """
 
     def __init__(self, manager, datastore, node: str, url: str, every_s: float = 1.0, ttl_s: int = 5):
         self.manager, self.ds, self.node, self.url = manager, datastore, node, url
         self.every_s, self.ttl_s = every_s, ttl_s
         self._stop = threading.Event()
         self._lease = None
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()  # the status thread and a reconfiguration both report
         self._thread = threading.Thread(target=self._run, name="status", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def report(self) -> None:
-        if self._lease is None:
-            self._lease = self.ds.lease(self.ttl_s)
-        else:
-            try:
-                self._lease.refresh()
-            except ValueError:  # expired while the datastore was away: take a new one
+        with self._lock:
+            if self._lease is None:
                 self._lease = self.ds.lease(self.ttl_s)
-        for unit in self.manager.status():
-            body = {**unit, "node": self.node, "url": self.url}
-            self.ds.put(f"{STATUS_PREFIX}{self.node}/{unit['unit']}", json.dumps(body), lease=self._lease)
+            else:
+                try:
+                    self._lease.refresh()
+                except ValueError:  # expired while the datastore was away: take a new one
+                    self._lease = self.ds.lease(self.ttl_s)
+            keys = set()
+            for unit in self.manager.status():
+                if unit["state"] == "draining":
+                    continue
+                key = f"{STATUS_PREFIX}{self.node}/{unit['unit']}"
+                body = {**unit, "node": self.node, "url": self.url}
+                self.ds.put(key, json.dumps(body), lease=self._lease)
+                keys.add(key)
+            for key in self._reported - keys:
+                self.ds.delete(key)
+            self._reported = keys
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -65,7 +83,8 @@ class StatusReporter:
                 self.report()
             except Exception as exc:  # the datastore restarting must not stop the manager
                 log.warning("status report failed: %s", exc)
-                self._lease = None
+                with self._lock:
+                    self._lease = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -81,19 +100,25 @@ class _Daemon:
 
     def load(self):
         from .api import create_app
-        from .discovery import cpu_units, discover_units
+        from .discovery import cpu_units, discover_units, gpu_count
         from .manager import GPUManager
         from .model_store import ModelStore
+        from .mps import MPSControl, MPSError
 
         a = self.args
         home = a.home
         units = discover_units() if a.backend in ("cuda", "auto") else []
+        gpus = gpu_count() if a.backend in ("cuda", "auto") else 0
         if a.backend == "auto":  # GPUs when NVML finds some, else emulated units on the CPU
-            a.backend = "cuda" if units else "cpu"
+            a.backend = "cuda" if gpus else "cpu"
         if a.backend in ("cpu", "sim"):
             units = cpu_units(a.units, a.unit_memory_mb)
-        if not units:
+        if not gpus and not units:
             raise SystemExit("gpu-manager: the cuda back end found no GPU units (try --backend cpu)")
+        if a.mps and a.backend != "cuda":
+            raise SystemExit(f"gpu-manager: --mps needs the cuda back end, not {a.backend}")
+        if not units:  # MIG on with no instances yet: sliced through POST /v1/gpus/<index>/geometry
+            log.warning("gpu-manager: %d GPU(s) but no unit yet (MIG on, no GPU instance)", gpus)
         store = ModelStore(home / "models", a.max_model_bytes)
         factory = None
         if a.backend == "sim":
@@ -103,11 +128,29 @@ class _Daemon:
                 raise SystemExit("gpu-manager: --backend sim needs --sim-profile (an INFless profile file)")
             profile = Profile.from_infless(a.sim_profile, a.sim_threads, a.sim_sm)
             factory = lambda _artifact, _device: SimWorker(profile, a.sim_load_s)  # noqa: E731
-        self.manager = GPUManager(units, store, threads_per_worker=a.worker_threads, worker_factory=factory)
+        nvml = None
+        if a.backend == "cuda":
+            import pynvml as nvml
+        mps = MPSControl(home / "mps") if a.mps else None
+        self.manager = GPUManager(
+            units,
+            store,
+            threads_per_worker=a.worker_threads,
+            worker_factory=factory,
+            nvml=nvml,
+            mps=mps,
+            mps_thread_percentage=a.mps_thread_percentage,
+        )
+        try:
+            self.manager.start_mps()
+        except MPSError as exc:
+            self.manager.close()
+            raise SystemExit(f"gpu-manager: {exc}") from None
         token = ensure_token(home / "secrets")
         datastore = open_datastore(a.etcd, home / "state.db")
         url = f"http://{a.advertise or a.bind}:{a.port}"
         self.reporter = StatusReporter(self.manager, datastore, a.node, url)
+        self.manager.on_units_changed.append(self.reporter.report)
         self.reporter.start()
         log.info("gpu-manager %s serving %d %s unit(s) on %s", a.node, len(units), a.backend, url)
         return create_app(self.manager, token)
@@ -133,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="auto: cuda when NVML finds GPUs, else cpu (emulated units)",
     )
     p.add_argument(
-        "--sim-profile", type=Path, help="sim back end: an INFless profile file (model threads sm% batch ms)"
+        "--sim-profile", type=Path, help="sim back end: an INFless profile file (model threads sm%% batch ms)"
     )
     p.add_argument("--sim-threads", type=int, default=8, help="sim back end: the profile's CPU threads")
     p.add_argument("--sim-sm", type=int, default=50, help="sim back end: the profile's GPU SM share (%%)")
@@ -141,6 +184,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--units", type=int, default=2, help="emulated units (cpu back end)")
     p.add_argument("--unit-memory-mb", type=float, default=2048, help="memory budget per emulated unit")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per model worker")
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="cuda back end: an MPS control daemon per unit (pipes under --home/mps); workers share units via MPS",
+    )
+    p.add_argument(
+        "--mps-thread-percentage",
+        type=thread_percentage,
+        default=None,
+        help="with --mps: each model worker's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (1-100; default: unlimited)",
+    )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
     p.add_argument("--threads", type=int, default=16)

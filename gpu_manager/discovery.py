@@ -69,6 +69,20 @@ def discover_units(nvml: ModuleType | Any | None = None) -> list[UnitInfo]:
         nvml.nvmlShutdown()
 
 
+def gpu_count(nvml: ModuleType | Any | None = None) -> int:
+    """How many NVIDIA GPUs NVML sees (0 without a driver), units or not (MIG on, no instance yet)."""
+    if nvml is None:
+        import pynvml as nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    finally:
+        nvml.nvmlShutdown()
+
+
 def cpu_units(count: int, memory_mb: float) -> list[UnitInfo]:
     """Emulated units for the `cpu` back end: real torch on the CPU within a memory budget."""
     if count < 1 or memory_mb <= 0:

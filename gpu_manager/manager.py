@@ -5,6 +5,12 @@ a unit; a model not cached on the unit is loaded first, evicting the unit's leas
 models (the same `ModelCache` policy object the scheduler and the simulator use) and stopping
 their workers, which frees their memory. A worker that dies mid-job is replaced and the job is
 retried once; the manager itself never goes down with it.
+
+With GPU control (the `cuda` back end: `nvml` given), a GPU's MIG geometry can be changed
+(`reconfigure`, PROTEAN §4.4): its units are drained — taken out of placement, their running
+jobs waited for, their workers and MPS daemons stopped — the geometry is applied through NVML
+(`mig.apply_geometry`) and the GPU's units are discovered anew. With MPS on, each cuda unit has
+its own MPS control daemon and its workers join it (`mps.MPSControl`).
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from faas_gpu.policies import ModelCache, ModelTooLarge
 
-from .discovery import UnitInfo
+from . import mig
+from .discovery import UnitInfo, discover_units
 from .model_store import Artifact, ModelStore
+from .mps import MPSControl, thread_percentage
 from .worker import Worker, WorkerDied
 
 log = logging.getLogger(__name__)
@@ -34,6 +43,10 @@ class UnknownUnit(LookupError):
 
 class ModelDoesNotFit(ValueError):
     """A model larger than the unit (answered 507 with the sizes)."""
+
+
+class UnitDraining(RuntimeError):
+    """The unit is being drained for a reconfiguration, or is gone (answered 503: place it again)."""
 
 
 @dataclass
@@ -52,6 +65,8 @@ class _UnitState:
     lock: threading.Lock
     busy_since: float | None = None
     running: str | None = None
+    draining: bool = False  # no new jobs: a reconfiguration is waiting for this unit
+    retired: bool = False  # the unit no longer exists (its GPU was sliced anew)
 
 
 class GPUManager:
@@ -61,21 +76,63 @@ class GPUManager:
         store: ModelStore,
         *,
         threads_per_worker: int = 1,
-        worker_factory: Callable[[Artifact, str], Worker] | None = None,
+        worker_factory: Callable[..., Worker] | None = None,
+        nvml: Any | None = None,
+        mps: MPSControl | None = None,
+        mps_thread_percentage: int | None = None,
     ):
-        if not units:
+        """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
+        mps: MPS control daemons for the cuda units (None: no MPS).
+        worker_factory(artifact, device) builds a worker; for cuda units it is also given
+        env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process."""
+        if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
         self.threads = threads_per_worker
-        self.units = {u.id: _UnitState(u, ModelCache(u.memory_mb), threading.Lock()) for u in units}
+        self.units = {u.id: self._state(u) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
         # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
-        self.worker_factory = worker_factory or (lambda artifact, device: Worker(artifact, device, self.threads))
+        self.worker_factory = worker_factory or (
+            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env)
+        )
         self._exec_s: dict[str, float] = {}  # per model, for the estimated finish time
+        self.nvml, self.mps = nvml, mps
+        self.mps_thread_percentage = None if mps_thread_percentage is None else thread_percentage(mps_thread_percentage)
+        self._model_pct: dict[str, int] = {}  # per model (digest): its MPS active thread percentage
+        self._reconfiguring = threading.Lock()
+        self.on_units_changed: list[Callable[[], None]] = []  # e.g. the status reporter, at once
+
+    @staticmethod
+    def _state(info: UnitInfo) -> _UnitState:
+        return _UnitState(info, ModelCache(info.memory_mb), threading.Lock())
 
     @staticmethod
     def _device(info: UnitInfo) -> str:
-        return "cpu" if info.kind == "cpu" else f"cuda:{info.index}"
+        # a cuda worker sees only its unit (CUDA_VISIBLE_DEVICES = the GPU's or MIG device's UUID)
+        return "cpu" if info.kind == "cpu" else "cuda:0"
+
+    def worker_env(self, info: UnitInfo, digest: str) -> dict[str, str]:
+        """The environment of a model's worker on a unit: its device, and its MPS daemon and share."""
+        if info.kind == "cpu":
+            return {}
+        if self.mps is None:
+            return {"CUDA_VISIBLE_DEVICES": info.id}
+        pct = self._model_pct.get(digest, self.mps_thread_percentage)
+        return self.mps.ensure(info.id).client_env(pct)
+
+    def set_active_thread_percentage(self, digest: str, pct: int | None) -> None:
+        """A model's MPS share of its unit's SMs (None: the default); its next worker gets it."""
+        if pct is None:
+            self._model_pct.pop(digest, None)
+        else:
+            self._model_pct[digest] = thread_percentage(pct)
+
+    def start_mps(self) -> None:
+        """Start the MPS daemon of every cuda unit now (else each starts with its first worker)."""
+        if self.mps is not None:
+            for s in list(self.units.values()):
+                if s.info.kind != "cpu":
+                    self.mps.ensure(s.info.id)
 
     @staticmethod
     def model_mb(artifact: Artifact) -> float:
@@ -89,12 +146,21 @@ class GPUManager:
         artifact = self.store.get(digest)
         if artifact is None:
             raise UnknownModel(f"model: {digest[:12]}… has not been uploaded to this node")
+        self._check_open(state)
         with state.lock:
+            self._check_open(state)  # drained or retired while this job waited for the unit
             state.busy_since, state.running = time.monotonic(), digest
             try:
                 return self._run_locked(state, artifact, payload, timeout_s)
             finally:
                 state.busy_since, state.running = None, None
+
+    @staticmethod
+    def _check_open(state: _UnitState) -> None:
+        if state.retired:
+            raise UnitDraining(f"unit {state.info.id}: gone (its GPU was reconfigured)")
+        if state.draining:
+            raise UnitDraining(f"unit {state.info.id}: draining for a reconfiguration")
 
     def _run_locked(self, state: _UnitState, artifact: Artifact, payload: bytes, timeout_s: float) -> JobResult:
         key = (artifact.digest, state.info.id)
@@ -132,7 +198,9 @@ class GPUManager:
             ) from None
         for victim in victims:
             self._drop((victim, state.info.id), state)
-        worker = self.worker_factory(artifact, self._device(state.info))
+        env = self.worker_env(state.info, artifact.digest)
+        device = self._device(state.info)
+        worker = self.worker_factory(artifact, device, env=env) if env else self.worker_factory(artifact, device)
         worker.start()
         state.cache.load(artifact.digest, size)
         self.workers[(artifact.digest, state.info.id)] = worker
@@ -152,9 +220,11 @@ class GPUManager:
             {
                 "unit": s.info.id,
                 "kind": s.info.kind,
+                "name": s.info.name,
+                "gpu": s.info.index,
                 "memory_mb": s.info.memory_mb,
                 "used_mb": s.cache.used_mb,
-                "state": "busy" if s.busy_since is not None else "idle",
+                "state": "draining" if s.draining else "busy" if s.busy_since is not None else "idle",
                 "busy_for_s": (now - s.busy_since) if s.busy_since is not None else 0.0,
                 "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
@@ -168,7 +238,117 @@ class GPUManager:
             return 0.0
         return max(0.0, self._exec_s.get(s.running, 0.0) - (now - s.busy_since))
 
+    # -- GPU control: geometry ------------------------------------------------------------------
+    def gpus(self) -> list[dict]:
+        """Each GPU: MIG mode, geometry, instances, supported profiles, and this manager's units on it."""
+        if self.nvml is None:
+            return []
+        out = mig.describe_gpus(self.nvml)
+        for gpu in out:
+            gpu["units"] = [
+                s.info.id for s in self.units.values() if s.info.kind != "cpu" and s.info.index == gpu["index"]
+            ]
+            gpu["mps"] = self.mps is not None
+        return out
+
+    def reconfigure(self, index: int, profiles: list[str], drain_timeout_s: float = 30.0) -> dict:
+        """Slice GPU `index` into `profiles` (MIG profile names): {"gpu", "geometry", "units"} after.
+
+        Refuses before touching anything: an invalid geometry (mig.InvalidGeometry), MIG mode off
+        (mig.MigModeOff), no such GPU (mig.UnknownGPU). Then drains the GPU's units: no new jobs,
+        running ones waited for up to `drain_timeout_s` (else mig.UnitsBusy, and the units serve
+        again), workers and MPS daemons stopped; applies the geometry; discovers the GPU's units.
+        """
+        if self.nvml is None:
+            raise mig.UnknownGPU(f"gpu {index}: this manager has no GPU control (its back end has no GPUs)")
+        with self._reconfiguring:
+            plan = mig.check_geometry(self.nvml, index, profiles)
+            states = [s for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index]
+            if not plan.changes:
+                return self._gpu_status(index, [i.profile for i in sorted(plan.keep, key=lambda i: i.start)])
+            held = self._drain(index, states, drain_timeout_s)
+            try:
+                for s in states:
+                    self._stop_unit(s)
+                error: Exception | None = None
+                geometry: list[str] = []
+                try:
+                    geometry = mig.apply_geometry(
+                        self.nvml, index, profiles, busy=lambda: [s.info.id for s in states if s.busy_since is not None]
+                    )
+                except mig.MigError as exc:  # the GPU may be half-way: what exists now is what we serve
+                    error = exc
+                try:
+                    found = [u for u in discover_units(self.nvml) if u.index == index and u.kind != "cpu"]
+                except Exception as exc:  # NVML gone mid-way: keep the old units, drained no more
+                    for s in states:
+                        s.draining = False
+                    raise mig.MigError(f"gpu {index}: rediscovering its units failed: {exc}") from exc
+                self._replace_units(states, found)
+                if error is not None:
+                    raise error
+            finally:
+                for s in held:
+                    s.lock.release()
+                self._changed()
+            log.info("gpu %d: geometry %s, units %s", index, geometry, [u.id for u in found])
+            return self._gpu_status(index, geometry)
+
+    def _gpu_status(self, index: int, geometry: list[str]) -> dict:
+        ids = {s.info.id for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index}
+        return {"gpu": index, "geometry": geometry, "units": [u for u in self.status() if u["unit"] in ids]}
+
+    def _drain(self, index: int, states: list[_UnitState], timeout_s: float) -> list[_UnitState]:
+        """No new jobs on these units; hold each one's lock once its running job ended."""
+        for s in states:
+            s.draining = True
+        self._changed()  # out of the datastore: the scheduler stops placing on them
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        held: list[_UnitState] = []
+        for s in states:
+            if s.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                held.append(s)
+                continue
+            busy = [x.info.id for x in states if x.busy_since is not None] or [s.info.id]
+            for h in held:
+                h.lock.release()
+            for x in states:
+                x.draining = False
+            self._changed()
+            raise mig.UnitsBusy(index, busy)
+        return held
+
+    def _stop_unit(self, state: _UnitState) -> None:
+        for key in [k for k in self.workers if k[1] == state.info.id]:
+            self._drop(key, state)
+        if self.mps is not None:
+            self.mps.stop(state.info.id)
+
+    def _replace_units(self, old: list[_UnitState], found: list[UnitInfo]) -> None:
+        """The GPU's units as NVML now has them: a kept unit serves again, a gone one is retired."""
+        by_id = {u.id: u for u in found}
+        units = dict(self.units)  # a new dict: readers iterating the old one are not disturbed
+        for s in old:
+            if by_id.get(s.info.id) == s.info:
+                s.draining = False
+                continue
+            s.retired = True
+            units.pop(s.info.id, None)
+        for u in found:
+            if u.id not in units:
+                units[u.id] = self._state(u)
+        self.units = units
+
+    def _changed(self) -> None:
+        for listener in self.on_units_changed:
+            try:
+                listener()
+            except Exception as exc:  # a datastore hiccup must not fail the reconfiguration
+                log.warning("units-changed listener failed: %s", exc)
+
     def close(self) -> None:
         for worker in self.workers.values():
             worker.stop()
         self.workers.clear()
+        if self.mps is not None:
+            self.mps.stop_all()
