@@ -1,6 +1,15 @@
 """The GPU Manager's HTTP API: upload a model artifact, run a job (binary tensors), read status,
 list the GPUs and change a GPU's MIG geometry.
 
+- `GET /v1/gpus`: [{index, uuid, name, memory_mb, mig_mode ("enabled" | "disabled" |
+  "unsupported"), geometry: ["4g.20gb", "3g.20gb"], instances: [{id, profile, placement:
+  {start, size}, compute_instances}], profiles: [{name, id, nvml_profile, slices, memory_mb,
+  max_count, multiprocessors, placements}], units: [unit ids], mps: bool}]
+- `POST /v1/gpus/<index>/geometry` {"profiles": ["4g.20gb", "2g.10gb", "1g.5gb"],
+  "drain_timeout_s": 30}: 200 {gpu, geometry, units: [unit status]}; 400 {error,
+  valid_profiles: {name: max count}, valid_geometries: [[...]]} for a geometry the GPU cannot
+  take; 409 when MIG mode is off or the units did not drain in time; 404 for no such GPU.
+
 Every /v1/ route needs `Authorization: Bearer <token>` (the node's token file); the API is for
 the scheduler and the functions' GPU clients, not for the world.
 """

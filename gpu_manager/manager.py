@@ -319,7 +319,7 @@ class GPUManager:
         return held
 
     def _stop_unit(self, state: _UnitState) -> None:
-        for key in [k for k in self.workers if k[1] == state.info.id]:
+        for key in [k for k in list(self.workers) if k[1] == state.info.id]:  # list(): jobs elsewhere add workers
             self._drop(key, state)
         if self.mps is not None:
             self.mps.stop(state.info.id)
