@@ -31,6 +31,8 @@ log = logging.getLogger("faas_gpu.client")
 _installed = False
 _original = {}
 last_job: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("faas_gpu_last_job", default=None)
+current_app: contextvars.ContextVar[str | None] = contextvars.ContextVar("faas_gpu_current_app", default=None)
+"""The application (HarmonyBatch's request class) of the request being handled: its batch timeout."""
 RETRYABLE = (502, 503, 504)
 
 
@@ -41,12 +43,23 @@ def _batch_timeout_s(env) -> float:
     return float(timeout_ms) / 1000 if timeout_ms else (slo_ms / 4000 if slo_ms else 0.005)
 
 
+def app_timeouts(env) -> dict[str, float]:
+    """FAAS_GPU_APP_TIMEOUTS_MS, "app=ms,app=ms": each application's batch timeout in this instance."""
+    out: dict[str, float] = {}
+    for item in (env.get("FAAS_GPU_APP_TIMEOUTS_MS") or "").split(","):
+        name, _, ms = item.partition("=")
+        if name.strip() and ms.strip():
+            out[name.strip()] = float(ms) / 1000
+    return out
+
+
 @dataclass
 class LocalBatching:
     """The instance's own batch size and timeout (set per instance by the INFless autoscaler)."""
 
     max_batch: int
     timeout_s: float
+    timeouts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> LocalBatching | None:
@@ -54,7 +67,7 @@ class LocalBatching:
         max_batch = int(env.get("FAAS_GPU_MAX_BATCH", "1") or 1)
         if max_batch <= 1:
             return None
-        return cls(max_batch, _batch_timeout_s(env))
+        return cls(max_batch, _batch_timeout_s(env), app_timeouts(env))
 
 
 @dataclass
@@ -66,6 +79,7 @@ class ClientConfig:
     retries: int = 50
     slo_ms: float = 0.0
     gpu_share: int = 0
+    app_timeouts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -82,12 +96,14 @@ class ClientConfig:
             timeout_s,
             slo_ms=slo_ms,
             gpu_share=int(env.get("FAAS_GPU_GPU_SHARE", "0") or 0),
+            app_timeouts=app_timeouts(env),
         )
 
 
 @dataclass
 class _Call:
     x: torch.Tensor
+    deadline: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -95,20 +111,30 @@ class _Call:
 
 
 class BatchQueue:
-    """The instance's batch queue: concurrent calls wait until `max_batch` rows are queued or the
-    first has waited `timeout_s`, then run as one batch (INFless's built-in batching: the batch
-    size and the timeout t_slo - t_exec are the instance's own)."""
+    """The instance's batch queue: concurrent calls wait until `max_batch` rows are queued or one
+    of them has waited its timeout, then run as one batch. INFless's built-in batching gives the
+    instance one timeout (t_slo - t_exec); HarmonyBatch's groups give each application its own
+    (`timeouts`, by `current_app`), so a tight-SLO app does not wait as long as a loose one."""
 
-    def __init__(self, run, max_batch: int, timeout_s: float, name: str = "batch-queue"):
+    def __init__(
+        self,
+        run,
+        max_batch: int,
+        timeout_s: float,
+        name: str = "batch-queue",
+        timeouts: dict[str, float] | None = None,
+    ):
         self._run = run  # (x: Tensor) -> (y: Tensor, headers: dict)
         self.max_batch = max(1, int(max_batch))
         self.timeout_s = max(0.0, float(timeout_s))
+        self.timeouts = {k: max(0.0, float(v)) for k, v in (timeouts or {}).items()}
         self._pending: list[_Call] = []
         self._cv = threading.Condition()
         threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        call = _Call(x)
+        timeout = self.timeouts.get(current_app.get() or "", self.timeout_s)
+        call = _Call(x, time.monotonic() + timeout)
         with self._cv:
             self._pending.append(call)
             self._cv.notify()
@@ -123,9 +149,8 @@ class BatchQueue:
             with self._cv:
                 while not self._pending:
                     self._cv.wait()
-                deadline = time.monotonic() + self.timeout_s
                 while sum(c.x.shape[0] for c in self._pending) < self.max_batch:
-                    left = deadline - time.monotonic()
+                    left = min(c.deadline for c in self._pending) - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)
@@ -156,10 +181,10 @@ class BatchQueue:
 class LocalBatchedModel(torch.nn.Module):
     """A model run in this instance on the CPU, through the instance's batch queue."""
 
-    def __init__(self, local: torch.nn.Module, max_batch: int, timeout_s: float):
+    def __init__(self, local: torch.nn.Module, max_batch: int, timeout_s: float, timeouts=None):
         super().__init__()
         self.local = local
-        self._queue = BatchQueue(self._run, max_batch, timeout_s, name="local-batch")
+        self._queue = BatchQueue(self._run, max_batch, timeout_s, name="local-batch", timeouts=timeouts)
 
     def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, str]]:
         with torch.inference_mode():
@@ -185,7 +210,9 @@ class RemoteModel(torch.nn.Module):
         self._artifact = artifact
         self._digest: str | None = None
         self._http = requests.Session()
-        self._queue = BatchQueue(self._run, config.max_batch, config.batch_timeout_s, name="remote-batch")
+        self._queue = BatchQueue(
+            self._run, config.max_batch, config.batch_timeout_s, name="remote-batch", timeouts=config.app_timeouts
+        )
 
     # -- artifact ------------------------------------------------------------------------
     def _ensure_uploaded(self, example: torch.Tensor) -> str:
@@ -246,7 +273,7 @@ def remote(module: torch.nn.Module) -> torch.nn.Module:
     if config:
         return RemoteModel(module.eval(), config)
     local = LocalBatching.from_env()
-    return LocalBatchedModel(module.eval(), local.max_batch, local.timeout_s) if local else module
+    return LocalBatchedModel(module.eval(), local.max_batch, local.timeout_s, local.timeouts) if local else module
 
 
 def install() -> bool:

@@ -100,3 +100,41 @@ def test_export_load_gives_a_remote_program(remote_env, tmp_path):
     remote_model = torch.export.load(str(tmp_path / "model.pt2")).module()
     assert isinstance(remote_model, client.RemoteModel)
     assert torch.allclose(remote_model(x), local(x), atol=1e-5)
+
+
+def test_the_batch_queue_flushes_at_the_tightest_apps_timeout():
+    """HarmonyBatch's per-app timeouts: a tight-SLO app's call does not wait for a loose one's."""
+    from faas_gpu.client import BatchQueue, current_app
+
+    batches: list[int] = []
+
+    def run(x):
+        batches.append(x.shape[0])
+        return x * 2, {}
+
+    q = BatchQueue(run, max_batch=8, timeout_s=30.0, timeouts={"loose": 30.0, "tight": 0.0})
+    results: dict[str, torch.Tensor] = {}
+
+    def call(app: str, value: float) -> None:
+        current_app.set(app)
+        results[app] = q(torch.full((1, 2), value))
+
+    loose = threading.Thread(target=call, args=("loose", 1.0))
+    loose.start()
+    while not q._pending:  # the loose call is queued first
+        pass
+    tight = threading.Thread(target=call, args=("tight", 3.0))
+    tight.start()
+    tight.join(timeout=20)
+    loose.join(timeout=20)
+    assert not tight.is_alive() and not loose.is_alive()  # a 30 s timeout would still hold them
+    assert batches == [2]
+    assert results["tight"].tolist() == [[6.0, 6.0]] and results["loose"].tolist() == [[2.0, 2.0]]
+
+
+def test_app_timeouts_come_from_the_instance_env():
+    from faas_gpu.client import LocalBatching
+
+    b = LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "4", "FAAS_GPU_APP_TIMEOUTS_MS": "a=250, b=40.5"})
+    assert b.max_batch == 4 and b.timeouts == {"a": 0.25, "b": 0.0405}
+    assert LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "1"}) is None

@@ -101,6 +101,7 @@ def call_handler(path):
     context = Context()
     if gpu_client is not None:
         gpu_client.last_job.set(None)
+        gpu_client.current_app.set(request.headers.get("X-Faas-Gpu-App"))
     try:
         response_data = handler.handle(event, context)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
