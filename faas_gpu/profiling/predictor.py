@@ -1,0 +1,138 @@
+"""INFless's latency predictor (§3.3): t_exec = f(batch, CPU, GPU share) for the scaling policies.
+
+Sources, in order, for one configuration:
+1. the model's operator graph with every operator profiled there, combined (graph.OpGraph.combine)
+   and raised by `offset` (10% in the paper, "to reduce the risk of SLO violations from
+   prediction errors");
+2. the model measured end to end at that configuration (store.model_profiles), as measured;
+3. INFless's own profile files (`<model>-profile-results.txt`) when a folder of them is given;
+else MissingProfile. A GPU share of 0 means the CPU; a share > 0 means cuda at that % of SMs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from .store import ProfileStore
+
+INFEASIBLE_MS = 9000.0  # INFless writes >= 9 s for configurations that saturate
+INFLESS_SUFFIX = "-profile-results.txt"
+
+InflessProfiles = dict[str, dict[tuple[int, int, int], float]]
+
+
+class MissingProfile(LookupError):
+    """No source knows this model (or this configuration of it); the message says how to profile it."""
+
+    def __init__(self, model: str, where: str = ""):
+        self.model = model
+        q = shlex.quote(model)
+        super().__init__(
+            f"no profile for model {model!r}{where}: run `faas-gpu profile --model MODULE:FACTORY "
+            f"--input-shape SHAPE --name {q}` (or `faas-gpu profile -f stack.yml` for a function whose "
+            f"annotations com.faas-gpu.model-source and com.faas-gpu.input-shape name it)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def load_infless_profiles(directory: Path | str) -> InflessProfiles:
+    """INFless's profile files: model -> {(cpu threads, GPU SM %, batch): ms}; infeasible rows left out.
+
+    Rows read `<model> <cpuThreads> <gpuSM%> <batch> <latency_ms>`; an SM share of 0 is the CPU alone.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such folder of INFless profiles (<model>{INFLESS_SUFFIX})")
+    out: InflessProfiles = {}
+    for path in sorted(directory.glob(f"*{INFLESS_SUFFIX}")):
+        model = path.name.removesuffix(INFLESS_SUFFIX)
+        rows = out.setdefault(model, {})
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                if len(parts) != 5 or parts[0] != model:
+                    raise ValueError
+                cpu, sm, batch, ms = int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4])
+                if cpu < 1 or batch < 1 or not 0 <= sm <= 100 or not ms >= 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"{path.name} line {lineno}: expected '{model} <cpuThreads> <gpuSM%> <batch> <latency_ms>', "
+                    f"got {line.strip()!r}"
+                ) from None
+            if ms < INFEASIBLE_MS:
+                rows[(cpu, sm, batch)] = ms
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    ms: float
+    source: str  # "operators" | "measured" | "infless"
+
+
+class LatencyPredictor:
+    def __init__(self, store: ProfileStore, offset: float = 0.10, infless_dir: Path | None = None):
+        if not offset >= 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self.store = store
+        self.offset = offset
+        self.infless = load_infless_profiles(infless_dir) if infless_dir is not None else {}
+
+    @staticmethod
+    def _device(gpu_share: int) -> str:
+        return "cuda" if gpu_share > 0 else "cpu"
+
+    def estimate(self, model: str, batch: int, cpu: int, gpu_share: int = 0) -> Estimate | None:
+        """The first source that knows this configuration, or None."""
+        if batch < 1 or cpu < 1 or not 0 <= gpu_share <= 100:
+            raise ValueError(f"need batch >= 1, cpu >= 1 and 0 <= gpu_share <= 100, got {batch}, {cpu}, {gpu_share}")
+        device = self._device(gpu_share)
+        graph = self.store.graph(model)
+        if graph is not None:
+            ops = self.store.ops_at(graph.signatures, batch, cpu, device, gpu_share)
+            if ops.keys() == graph.signatures:
+                return Estimate(graph.combine(ops) * (1 + self.offset), "operators")
+        measured = self.store.model_ms(model, batch, cpu, device, gpu_share)
+        if measured is not None:
+            return Estimate(measured, "measured")
+        ms = self.infless.get(model, {}).get((cpu, gpu_share, batch))
+        return Estimate(ms, "infless") if ms is not None else None
+
+    def predict_ms(self, model: str, batch: int, cpu: int, gpu_share: int = 0) -> float:
+        est = self.estimate(model, batch, cpu, gpu_share)
+        if est is None:
+            where = f" at batch {batch}, {cpu} CPU threads, " + (f"{gpu_share}% GPU" if gpu_share else "no GPU")
+            raise MissingProfile(model, where if self.has(model) else "")
+        return est.ms
+
+    def estimates(self, model: str, gpu: bool = False) -> dict[tuple[int, int, int], Estimate]:
+        """(batch, cpu, gpu share) -> Estimate for every configuration some source knows."""
+        out: dict[tuple[int, int, int], Estimate] = {}
+        for (cpu, sm, batch), ms in self.infless.get(model, {}).items():
+            out[(batch, cpu, sm)] = Estimate(ms, "infless")
+        for (batch, cpu, _device, share), ms in self.store.model_profiles(model).items():
+            out[(batch, cpu, share)] = Estimate(ms, "measured")
+        graph = self.store.graph(model)
+        if graph is not None:
+            sigs = graph.signatures
+            for (batch, cpu, _device, share), ops in self.store.op_configs(sigs).items():
+                if ops.keys() == sigs:
+                    out[(batch, cpu, share)] = Estimate(graph.combine(ops) * (1 + self.offset), "operators")
+        return {k: v for k, v in out.items() if gpu or k[2] == 0}
+
+    def configs(self, model: str, gpu: bool = False) -> list[tuple[int, int, int, float]]:
+        """Every profiled (batch, cpu threads, gpu share %, predicted ms); CPU-only ones unless `gpu`."""
+        rows = sorted((b, c, g, e.ms) for (b, c, g), e in self.estimates(model, gpu).items())
+        if not rows:
+            raise MissingProfile(model)
+        return rows
+
+    def has(self, model: str) -> bool:
+        return bool(self.estimates(model, gpu=True))
