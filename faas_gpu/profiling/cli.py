@@ -1,0 +1,276 @@
+"""`faas-gpu profile`: profile a model's operators (and the whole model) into the profile store.
+
+    faas-gpu profile --model MODULE:FACTORY --input-shape 3,32,32 --name resnet-mini
+    faas-gpu profile -f stack.yml [FUNCTION ...]
+
+MODULE is a dotted module or a path/to/file.py; FACTORY() returns the torch.nn.Module. With a
+stack file, every function (or those named) whose annotations have com.faas-gpu.model-source
+("file.py:Factory", relative to the function's handler folder) and com.faas-gpu.input-shape is
+profiled under the name in com.faas-gpu.model (default: the function's name), the name the
+provider's autoscaler looks up. Bad input is one line naming the flag or annotation, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from faas_gpu.stack import StackError, find_stack_file, load_stack
+
+from .graph import TraceError
+from .operators import DEFAULT_BATCHES, DTYPES, default_threads, profile_model
+from .report import error_report
+from .store import ProfileStore, profiles_db
+
+MODEL_ANNOTATION = "com.faas-gpu.model"
+SOURCE_ANNOTATION = "com.faas-gpu.model-source"
+SHAPE_ANNOTATION = "com.faas-gpu.input-shape"
+DTYPE_ANNOTATION = "com.faas-gpu.input-dtype"
+
+
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit status 2."""
+
+
+class ProfilingFailed(RuntimeError):
+    """The model ran out of something while being measured: one line, exit status 1."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to profile, and how to name its flags or annotations in errors."""
+
+    name: str
+    source: str
+    base: Path | None  # folder a file source is relative to
+    shape: tuple[int, ...]
+    dtype: str
+    source_key: str  # "--model" or "functions.f.annotations.com.faas-gpu.model-source"
+    shape_key: str
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "profile",
+        help="profile a model's operators for INFless's latency predictor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("functions", nargs="*", metavar="FUNCTION", help="with -f: only these functions")
+    p.add_argument("-f", "--yaml", metavar="STACK", help="stack file (default ./stack.yaml or ./stack.yml)")
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="a dotted module or path/to/file.py, and its factory")
+    p.add_argument("--input-shape", metavar="C,H,W", help="one input without the batch dimension, e.g. 3,32,32")
+    p.add_argument("--input-dtype", default="float32", choices=DTYPES, help="int64 for token ids (default float32)")
+    p.add_argument("--name", help="the model's name, as com.faas-gpu.model annotations give it")
+    p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="default %(default)s")
+    p.add_argument("--threads", help=f"CPU threads (default {','.join(map(str, default_threads()))})")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs per configuration, median kept (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    p.add_argument("--remeasure", action="store_true", help="time operators already in the store again")
+    p.add_argument("--store", type=Path, help=f"profile database (default {profiles_db()})")
+    p.set_defaults(func=run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="faas-gpu")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)]))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        batches = _ints(args.batches, "--batches")
+        threads = _ints(args.threads, "--threads") if args.threads else default_threads()
+        if args.repeat < 1:
+            raise UsageError(f"--repeat: must be >= 1, got {args.repeat}")
+        if args.warmup < 0:
+            raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
+        loaded = [(job, load_model(job.source, job.base, job.source_key)) for job in _jobs(args)]
+        store = ProfileStore(args.store or profiles_db())
+        for job, module in loaded:
+            _profile(store, job, module, batches, threads, args)
+    except (UsageError, StackError) as exc:
+        print(f"faas-gpu profile: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error, ProfilingFailed) as exc:
+        print(f"faas-gpu profile: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _profile(
+    store: ProfileStore, job: Job, module: Any, batches: list[int], threads: list[int], args: argparse.Namespace
+) -> None:
+    shape = ",".join(map(str, job.shape))
+    try:
+        res = profile_model(
+            store,
+            job.name,
+            module,
+            job.shape,
+            batches=batches,
+            threads=threads,
+            repeat=args.repeat,
+            warmup=args.warmup,
+            dtype=job.dtype,
+            remeasure=args.remeasure,
+            progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True),
+        )
+    except TraceError as exc:
+        raise UsageError(f"{job.source_key} {job.source!r} with {job.shape_key} {shape}: {exc}") from None
+    except RuntimeError as exc:  # e.g. out of memory at a large batch: the grid, not the input, is at fault
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ProfilingFailed(f"profiling {job.name} failed: {type(exc).__name__}: {first}") from None
+    print(
+        f"{job.name}: {len(res.graph.nodes)} operators, {len(res.graph.signatures)} signatures; operators timed "
+        f"at {res.measured_op_configs} configurations, taken from the store at {res.reused_op_configs}"
+    )
+    print("predicted (operators combined, before the predictor's 10% offset) vs measured end to end:")
+    print(error_report(store, job.name).table())
+    print(f"stored in {store.path}")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise UsageError(f"{flag}: expected comma-separated integers >= 1 like 1,2,4, got {text!r}")
+    return out
+
+
+def parse_shape(text: str | None, key: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in (text or "").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise UsageError(f"{key}: expected one input's shape without the batch, like 3,32,32 or 256, got {text!r}")
+    return shape
+
+
+def _jobs(args: argparse.Namespace) -> list[Job]:
+    if args.model is not None:
+        if args.yaml or args.functions:
+            raise UsageError("--model profiles one model: leave out -f and FUNCTION names")
+        if not args.input_shape:
+            raise UsageError("--input-shape is required with --model (one input without the batch, e.g. 3,32,32)")
+        if not args.name:
+            raise UsageError("--name is required with --model (the name com.faas-gpu.model annotations use)")
+        shape = parse_shape(args.input_shape, "--input-shape")
+        return [Job(args.name, args.model, None, shape, args.input_dtype, "--model", "--input-shape")]
+    path = find_stack_file(args.yaml)
+    if path is None:
+        raise UsageError("give --model MODULE:FACTORY with --input-shape and --name, or -f stack.yml")
+    stack = load_stack(path)
+    names = args.functions or None
+    specs = [s for n in names for s in stack.select(n)] if names else stack.select()
+    jobs = []
+    for fn in specs:
+        ann = fn.annotations
+        where = f"{path.name}: functions.{fn.name}.annotations"
+        if SOURCE_ANNOTATION not in ann:
+            if names:
+                raise UsageError(f'{where}: {SOURCE_ANNOTATION} is required to profile {fn.name} ("model.py:Factory")')
+            print(f"skipping {fn.name}: no {SOURCE_ANNOTATION} annotation", file=sys.stderr)
+            continue
+        if SHAPE_ANNOTATION not in ann:
+            raise UsageError(f'{where}.{SHAPE_ANNOTATION}: is required with {SOURCE_ANNOTATION} (e.g. "3,32,32")')
+        dtype = ann.get(DTYPE_ANNOTATION, "float32")
+        if dtype not in DTYPES:
+            raise UsageError(f"{where}.{DTYPE_ANNOTATION}: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if not fn.handler:
+            raise UsageError(f"{path.name}: functions.{fn.name}.handler: is required to find {SOURCE_ANNOTATION}")
+        jobs.append(
+            Job(
+                ann.get(MODEL_ANNOTATION) or fn.name,
+                ann[SOURCE_ANNOTATION],
+                (fn.stack_dir / fn.handler).resolve(),
+                parse_shape(ann[SHAPE_ANNOTATION], f"{where}.{SHAPE_ANNOTATION}"),
+                dtype,
+                f"{where}.{SOURCE_ANNOTATION}",
+                f"{where}.{SHAPE_ANNOTATION}",
+            )
+        )
+    if not jobs:
+        raise UsageError(f'{path.name}: no function has the annotation {SOURCE_ANNOTATION} ("model.py:Factory")')
+    return jobs
+
+
+# -- loading the model ---------------------------------------------------------------------------
+@contextmanager
+def _on_path(folder: Path) -> Iterator[None]:
+    """`folder` first on sys.path while the user's module imports, so its sibling imports resolve."""
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if entry in sys.path:
+            sys.path.remove(entry)
+
+
+def _import(source: str, base: Path | None, key: str) -> Any:
+    if source.endswith(".py") or "/" in source:
+        path = (base / source) if base else Path(source)
+        if not path.is_file():
+            raise UsageError(f"{key}: no such file {path}")
+        path = path.resolve()
+        name = f"_faas_gpu_profiled_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"{key}: cannot load {path} as a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        with _on_path(path.parent):
+            spec.loader.exec_module(mod)
+        return mod
+    if base is not None:
+        with _on_path(base):
+            return importlib.import_module(source)
+    with _on_path(Path.cwd()):  # as `python -m` would find it
+        return importlib.import_module(source)
+
+
+def load_model(spec: str, base: Path | None = None, key: str = "--model") -> Any:
+    """FACTORY() of `MODULE:FACTORY`; UsageError naming `key` for anything that is not an nn.Module."""
+    from torch import nn
+
+    module_part, sep, factory = spec.rpartition(":")
+    if not sep or not module_part or not factory.isidentifier():
+        raise UsageError(
+            f"{key}: expected MODULE:FACTORY (a dotted module or path/to/file.py, and a function returning "
+            f"a torch.nn.Module), got {spec!r}"
+        )
+    try:
+        mod = _import(module_part, base, key)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's module: any failure is a bad --model
+        raise UsageError(f"{key}: cannot import {module_part}: {type(exc).__name__}: {exc}") from None
+    make: Callable[[], Any] | None = getattr(mod, factory, None)
+    if make is None:
+        raise UsageError(f"{key}: {module_part} has no {factory!r}")
+    if not callable(make):
+        raise UsageError(f"{key}: {module_part}.{factory} is not callable")
+    try:
+        model = make()
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"{key}: {spec}() failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{key}: {spec}() returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+if __name__ == "__main__":
+    sys.exit(main())
