@@ -6,6 +6,10 @@ the median. Operators with one signature (a layer used twice on the same shapes)
 The CPU threads of a configuration are torch's intra-op threads (`torch.set_num_threads`),
 which stand in for the instance's CPU cores. The whole model is timed end to end, the same way,
 in the same grid: the measured fallback of the predictor and the reference of the error report.
+Medians keep a profile clear of transient interference, but medians do not add: under sustained
+contention (more runnable threads than cores) the sum of operator medians falls below the
+model's median, by 15-20% for ResNetMini at batch 8-32 at a load of 9 on 2 cores. Profile on
+an idle node, as INFless does on cgroup-pinned cores.
 
 Operators already in the store at a configuration are not measured again (unless `remeasure`):
 a model built from profiled operators gets its prediction without running its operators.
