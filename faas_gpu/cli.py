@@ -278,6 +278,7 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
             build_image(spec, stack_dir=stack.stack_dir)
+    _profile_missing(path, stack)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():
         if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s):
@@ -285,6 +286,27 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
                 f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
             )
     return names
+
+
+def _profile_missing(path: Path, stack) -> None:
+    """Profile the models the autoscaler will predict that have no profile yet (once per state folder)."""
+    from faas_gpu.profiling.cli import MODEL_ANNOTATION, SOURCE_ANNOTATION
+    from faas_gpu.profiling.cli import main as profile_main
+    from faas_gpu.profiling.predictor import LatencyPredictor
+    from faas_gpu.profiling.store import ProfileStore, profiles_db
+
+    with ProfileStore(profiles_db()) as store:
+        predictor = LatencyPredictor(store)
+        missing = [
+            spec.name
+            for spec in stack.functions.values()
+            if SOURCE_ANNOTATION in (spec.annotations or {})
+            and not predictor.has((spec.annotations or {}).get(MODEL_ANNOTATION) or spec.name)
+        ]
+    for name in missing:
+        print(f"Profiling {name}'s model for the autoscaler (once)", flush=True)
+        if profile_main(["-f", str(path), name, "--repeat", "5"]) != 0:
+            raise CliError(f"profiling {name} failed; run `faas-gpu profile -f {path} {name}` to see why")
 
 
 # -- list / describe ---------------------------------------------------------------------
@@ -741,6 +763,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, _, help_text) in DELEGATED.items():
         p = sub.add_parser(name, help=help_text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    from faas_gpu.profiling.cli import add_parser as add_profile_parser
+
+    add_profile_parser(sub)
 
     p = sub.add_parser("build", help="shrink-wrap functions and build them into the local image store")
     _common(p)

@@ -10,12 +10,17 @@ from flask import Flask
 
 from faas_gpu.async_queue import open_queue
 from faas_gpu.datastore import open_datastore
+from faas_gpu.history import open_history
 from faas_gpu.imagestore import ImageStore
+from faas_gpu.profiling.predictor import LatencyPredictor
+from faas_gpu.profiling.store import ProfileStore
 
 from .auth import ensure_credentials
+from .autoscaler import Autoscaler
 from .config import ProviderConfig
 from .core import Provider
 from .gateway import AsyncWorker, InvocationApp
+from .harmony import HarmonyPools
 from .invoke import Invoker
 from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
@@ -51,7 +56,27 @@ def build_provider(config: ProviderConfig) -> Provider:
         pool_size=config.threads,
     )
     queue = open_queue(config.redis_url, home / "queue.db")
-    return Provider(config, credentials, datastore, store, secrets, logs, runtime, invoker, queue)
+    predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)
+    autoscaler = Autoscaler(
+        runtime,
+        datastore,
+        open_history(config.redis_url, home / "history.db"),
+        predictor,
+        set_replicas=store.set_replicas,
+        cpus=config.cpus,
+        gpus=config.gpus,
+        node=socket.gethostname(),
+        period_s=config.autoscale_period_s,
+        harmony=HarmonyPools(
+            runtime,
+            config.harmony_coefficients or home / "harmony-models.json",
+            set_replicas=store.set_replicas,
+            gpu_path=bool(config.scheduler_url),
+            plan_period_s=config.harmony_plan_period_s,
+        ),
+    )
+    invoker.dispatcher = autoscaler
+    return Provider(config, credentials, datastore, store, secrets, logs, runtime, invoker, queue, autoscaler)
 
 
 def _flask(provider: Provider, *, gateway: bool) -> Flask:
@@ -89,6 +114,8 @@ class Stack:
         restored = self.provider.restore()
         if restored:
             log.info("restored %d functions from the datastore", restored)
+        if self.provider.autoscaler is not None:
+            self.provider.autoscaler.start()
         self.worker.start()
 
     def close(self) -> None:

@@ -44,6 +44,7 @@ from faas_gpu.policies.infless import (
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 
 from .config import parse_duration
+from .harmony import HarmonyPools
 from .runtime.local import InstanceSpec
 from .types import FunctionRecord, ValidationError
 
@@ -202,6 +203,7 @@ class Autoscaler:
         window_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        harmony: HarmonyPools | None = None,
     ):
         self.runtime = runtime
         self.ds = datastore
@@ -211,6 +213,7 @@ class Autoscaler:
         self.cpus, self.gpus, self.node = cpus, gpus, node
         self.period_s, self.window_s = period_s, window_s
         self.clock, self.wall = clock, wall
+        self.harmony = harmony  # functions that declare applications (HarmonyBatch groups)
         self._fns: dict[tuple[str, str], _State] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -226,6 +229,9 @@ class Autoscaler:
 
     def validate(self, record: FunctionRecord) -> FunctionPolicy | None:
         """Refuse a model without a profile, or an SLO below the model's best predicted latency."""
+        if self.harmony is not None and self.harmony.declares(record):
+            self.harmony.validate(record)
+            return None
         policy = FunctionPolicy.of(record)
         if policy is None:
             return None
@@ -248,9 +254,16 @@ class Autoscaler:
 
     def prepare(self, record: FunctionRecord) -> None:
         """Before the runtime applies a deploy: managed functions get their instance plan first."""
-        policy = self.validate(record)
         key = record.key
+        if self.harmony is not None and self.harmony.declares(record):
+            with self._lock:
+                self._fns.pop(key, None)
+                self.harmony.prepare(record, self.clock())
+            return
+        policy = self.validate(record)
         with self._lock:
+            if self.harmony is not None:
+                self.harmony.forget(key)
             old = self._fns.get(key)
             if policy is None:
                 if old is not None:
@@ -270,14 +283,20 @@ class Autoscaler:
     def forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._fns.pop(key, None)
+            if self.harmony is not None:
+                self.harmony.forget(key)
         self.ds.delete(PLANS_PREFIX + f"{key[0]}/{key[1]}")
         self.history.forget(f"{key[0]}/{key[1]}")
 
     def manages(self, key: tuple[str, str]) -> bool:
-        return key in self._fns
+        return key in self._fns or (self.harmony is not None and self.harmony.manages(key))
 
     # -- the hot path -----------------------------------------------------------------------
-    def arrived(self, key: tuple[str, str]) -> None:
+    def arrived(self, key: tuple[str, str], headers: dict[str, str] | None = None) -> None:
+        """Count an arrival (HarmonyPools: per app; BadApp when its app header names none)."""
+        if self.harmony is not None and self.harmony.manages(key):
+            self.harmony.arrived(key, headers)
+            return
         state = self._fns.get(key)
         if state is None:
             return
@@ -286,7 +305,11 @@ class Autoscaler:
             state.last_arrival = self.wall()
         self.history.record(f"{key[0]}/{key[1]}", state.last_arrival)
 
-    def pick(self, key: tuple[str, str], ready: list[tuple[str, str]]) -> str | None:
+    def pick(
+        self, key: tuple[str, str], ready: list[tuple[str, str]], headers: dict[str, str] | None = None
+    ) -> str | None:
+        if self.harmony is not None and self.harmony.manages(key):
+            return self.harmony.pick(key, ready, headers)
         state = self._fns.get(key)
         if state is None or not ready:
             return None
@@ -311,6 +334,8 @@ class Autoscaler:
             self._publish(state)
 
     def scale_from_zero(self, key: tuple[str, str]) -> bool:
+        if self.harmony is not None and self.harmony.manages(key):
+            return True  # a plan always has a pool per group
         with self._lock:
             state = self._fns.get(key)
             if state is None:
@@ -342,6 +367,8 @@ class Autoscaler:
         with self._lock:
             for state in list(self._fns.values()):
                 self._decide(state, now)
+            if self.harmony is not None:
+                self.harmony.tick(now)
 
     def _measure(self, state: _State, now: float) -> float:
         with state.lock:
@@ -466,6 +493,8 @@ class Autoscaler:
             return []
 
     def describe(self, key: tuple[str, str]) -> dict | None:
+        if self.harmony is not None and self.harmony.manages(key):
+            return self.harmony.describe(key)
         state = self._fns.get(key)
         if state is None:
             return None
@@ -473,6 +502,7 @@ class Autoscaler:
         return {
             "name": key[1],
             "namespace": key[0],
+            "policy": "infless",
             "model": p.model,
             "sloMs": p.slo_s * 1000,
             "bestEffort": p.best_effort,

@@ -54,6 +54,9 @@ class ProviderConfig:
     gpus: int = 0
     """GPUs whose SM shares the autoscaler may give (0: CPU configurations only)."""
     autoscale_period_s: float = 1.0
+    harmony_coefficients: Path | None = None
+    """HarmonyBatch latency/cost coefficients (model.json format); default <home>/harmony-models.json."""
+    harmony_plan_period_s: float = 10.0
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
 
@@ -67,6 +70,8 @@ class ProviderConfig:
             cfg.redis_url = env["FAAS_GPU_REDIS"]
         if "FAAS_GPU_CPUS" in env:
             cfg.cpus = float(env["FAAS_GPU_CPUS"])
+        if "FAAS_GPU_HARMONY_COEFFICIENTS" in env and cfg.harmony_coefficients is None:
+            cfg.harmony_coefficients = Path(env["FAAS_GPU_HARMONY_COEFFICIENTS"])
         if "FAAS_GPU_INFLESS_PROFILES" in env and cfg.infless_profiles is None:
             cfg.infless_profiles = Path(env["FAAS_GPU_INFLESS_PROFILES"])
         if "FAAS_GPU_MAX_BODY_BYTES" in env:

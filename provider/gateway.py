@@ -18,6 +18,7 @@ import requests
 import urllib3
 
 from .core import Provider
+from .harmony import BadApp
 from .invoke import NotFound, Result
 from .metrics import GatewayMetrics
 
@@ -137,7 +138,7 @@ class InvocationApp:
         self.metrics.started(label)
         t0 = time.perf_counter()
         try:
-            url = self.invoker.endpoint(key, self.provider.scale_from_zero)
+            url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
             if url is None:
                 result = _error(503, f"No endpoints available for: {raw_name}.")
             else:
@@ -145,6 +146,8 @@ class InvocationApp:
                 self.invoker.count(key)
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
+        except BadApp as exc:  # a request class the function does not have (X-Faas-Gpu-App)
+            result = _error(400, str(exc))
         except urllib3.exceptions.TimeoutError:
             result = _error(504, f"Timeout reaching service for: {raw_name}.")
         except urllib3.exceptions.HTTPError:

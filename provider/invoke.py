@@ -89,10 +89,10 @@ class Invoker:
         self._known.pop(key, None)
         self._rr.pop(key, None)
 
-    def pick(self, key: tuple[str, str]) -> str | None:
+    def pick(self, key: tuple[str, str], headers: dict[str, str] | None = None) -> str | None:
         d = self.dispatcher
         if d is not None and d.manages(key):
-            return d.pick(key, self.runtime.ready_instances(*key))
+            return d.pick(key, self.runtime.ready_instances(*key), headers)
         endpoints = self.runtime.endpoints(*key)
         if not endpoints:
             return None
@@ -101,17 +101,20 @@ class Invoker:
             counter = self._rr.setdefault(key, itertools.count())
         return endpoints[next(counter) % len(endpoints)]
 
-    def endpoint(self, key: tuple[str, str], scale_up) -> str | None:
-        """A ready replica; a function scaled to zero or still starting is waited for."""
+    def endpoint(self, key: tuple[str, str], scale_up, headers: dict[str, str] | None = None) -> str | None:
+        """A ready replica; a function scaled to zero or still starting is waited for.
+
+        The dispatcher may add to `headers` (the request's application) and raises BadApp for
+        a request class it cannot place (the caller answers 400)."""
         if not self._exists(key):
             raise NotFound(key)
         if self.dispatcher is not None:
-            self.dispatcher.arrived(key)
-        url = self.pick(key)
+            self.dispatcher.arrived(key, headers)
+        url = self.pick(key, headers)
         if url is None:
             scale_up(key)
             if self.runtime.wait_ready(*key, self.ready_timeout_s):
-                url = self.pick(key)
+                url = self.pick(key, headers)
         return url
 
     def count(self, key: tuple[str, str]) -> None:

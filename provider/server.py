@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
+    p.add_argument("--harmony-coefficients", type=Path, help="HarmonyBatch coefficients (model.json format)")
+    p.add_argument("--harmony-plan-period", type=float, default=10.0, help="seconds between HarmonyBatch plans")
     a = p.parse_args(argv)
     overrides = {
         "bind": a.bind,
@@ -73,7 +75,10 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "threads": a.threads,
         "gpus": a.gpus,
         "autoscale_period_s": a.autoscale_period,
+        "harmony_plan_period_s": a.harmony_plan_period,
     }
+    if a.harmony_coefficients:
+        overrides["harmony_coefficients"] = a.harmony_coefficients.resolve()
     if a.cpus:
         overrides["cpus"] = a.cpus
     if a.home:

@@ -1,0 +1,304 @@
+"""HarmonyBatch in the provider: a function's applications grouped onto CPU or GPU instance pools.
+
+An application is a request class of a function: the function declares its apps and their SLOs
+(`com.faas-gpu.apps: "search=500,feed=800,reports=1000"`), requests name theirs by header
+(`X-Faas-Gpu-App`, or `X-Faas-Gpu-Slo-Ms`: the app with the loosest SLO that still meets it),
+and the latency/cost coefficients of the function's model come from a `model.json`-format file
+(`com.faas-gpu.harmony-model` names the entry). Every `plan_period_s` the planner runs on the
+rates observed per app and its plan is applied: one pool per group, each instance with the
+group's batch size and per-app batch timeouts. A CPU group runs the model in its instances with
+the group's vCPU as threads (no GPU Manager call); a GPU group's instances call the GPU Manager
+through the scheduler. The gateway routes each request to a pool that holds its app.
+
+It is one of the autoscaler's policies (`Autoscaler` hands it the functions that declare apps),
+so one loop decides for every function.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faas_gpu.policies.harmony import (
+    ALIBABA_FC_CNY,
+    STRATEGIES,
+    App,
+    InfeasibleSLOError,
+    ModelCoefficients,
+    Options,
+    Plan,
+    load_models,
+    plan,
+)
+from faas_gpu.policies.infless import WeightedSplitter
+
+from .runtime.local import InstanceSpec
+from .types import FunctionRecord, ValidationError
+
+APPS = "com.faas-gpu.apps"
+MODEL = "com.faas-gpu.harmony-model"
+STRATEGY = "com.faas-gpu.harmony-strategy"
+APP_HEADER = "X-Faas-Gpu-App"
+SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
+_APP_NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+MIN_RATE = 0.05  # an app with no traffic yet is planned as a trickle, not left out
+
+
+class BadApp(ValueError):
+    """A request whose app header names no app of the function (the gateway answers 400)."""
+
+
+def parse_apps(raw: str) -> dict[str, float]:
+    """`name=slo_ms,...` -> {name: slo seconds}."""
+    apps: dict[str, float] = {}
+    for item in raw.split(","):
+        name, sep, ms = item.strip().partition("=")
+        name = name.strip()
+        if not sep or not _APP_NAME.match(name):
+            raise ValidationError(f"annotations: {APPS} must be name=slo_ms pairs separated by commas, got {raw!r}")
+        try:
+            slo_ms = float(ms)
+        except ValueError:
+            raise ValidationError(f"annotations: {APPS}: SLO of app {name!r} must be in ms, got {ms!r}") from None
+        if not math.isfinite(slo_ms) or slo_ms <= 0:
+            raise ValidationError(f"annotations: {APPS}: SLO of app {name!r} must be positive, got {ms!r}")
+        if name in apps:
+            raise ValidationError(f"annotations: {APPS}: app {name!r} is declared twice")
+        apps[name] = slo_ms / 1000
+    return apps
+
+
+@dataclass
+class _Pool:
+    id: str
+    group: dict
+    apps: dict[str, float]  # app -> share of the app's rate this pool takes
+
+
+@dataclass
+class _State:
+    record: FunctionRecord
+    model: ModelCoefficients
+    strategy: str
+    slos: dict[str, float]
+    arrivals: dict[str, int] = field(default_factory=dict)
+    samples: deque = field(default_factory=lambda: deque(maxlen=256))
+    rates: dict[str, float] = field(default_factory=dict)
+    plan: Plan | None = None
+    pools: list[_Pool] = field(default_factory=list)
+    planned_at: float = -math.inf
+    splitters: dict[str, WeightedSplitter] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HarmonyPools:
+    def __init__(
+        self,
+        runtime,
+        coefficients: Path | None,
+        *,
+        set_replicas,
+        gpu_path: bool,
+        plan_period_s: float = 10.0,
+        window_s: float = 30.0,
+        options: Options | None = None,
+    ):
+        self.runtime = runtime
+        self.coefficients = coefficients
+        self.set_replicas = set_replicas
+        self.gpu_path = gpu_path
+        self.plan_period_s, self.window_s = plan_period_s, window_s
+        # the authors' equivalent timeout and Alibaba FC prices: the configuration Table I reproduces
+        self.options = options or Options.reference()
+        self.prices = ALIBABA_FC_CNY
+        self._fns: dict[tuple[str, str], _State] = {}
+
+    @staticmethod
+    def declares(record: FunctionRecord) -> bool:
+        return APPS in (record.deployment.annotations or {})
+
+    def _model(self, name: str) -> ModelCoefficients:
+        if self.coefficients is None or not Path(self.coefficients).exists():
+            raise ValidationError(
+                f"annotations: {MODEL}: no HarmonyBatch coefficients file on this provider (start it with "
+                "--harmony-coefficients model.json, in the format of HarmonyBatch's model.json)"
+            )
+        try:
+            models = load_models(self.coefficients)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValidationError(f"annotations: {MODEL}: cannot read {self.coefficients}: {exc}") from None
+        if name not in models:
+            raise ValidationError(
+                f"annotations: {MODEL}: model {name!r} is not in {self.coefficients} (has: {', '.join(sorted(models))})"
+            )
+        return models[name]
+
+    def validate(self, record: FunctionRecord) -> _State:
+        ann = record.deployment.annotations or {}
+        slos = parse_apps(ann[APPS])
+        if MODEL not in ann:
+            raise ValidationError(f"annotations: {MODEL} is required with {APPS} (the model's coefficients)")
+        strategy = ann.get(STRATEGY, "harmony")
+        if strategy not in STRATEGIES:
+            raise ValidationError(f"annotations: {STRATEGY} must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        state = _State(record, self._model(ann[MODEL]), strategy, slos)
+        self._plan(state)  # an SLO no configuration meets is refused now, with the best latency
+        return state
+
+    def _plan(self, state: _State) -> Plan:
+        apps = [App(n, slo, max(MIN_RATE, state.rates.get(n, 0.0))) for n, slo in state.slos.items()]
+        try:
+            return plan(apps, state.model, self.prices, state.strategy, options=self.options)
+        except InfeasibleSLOError as exc:
+            raise ValidationError(
+                f"annotations: {APPS}: app {exc.app!r} has an SLO of {exc.slo_s * 1000:g} ms, but the best "
+                f"latency model {state.model.name!r} can reach is {exc.best_latency_s * 1000:.0f} ms"
+            ) from None
+
+    # -- life cycle ------------------------------------------------------------------------
+    def prepare(self, record: FunctionRecord, now: float) -> None:
+        state = self.validate(record)
+        old = self._fns.get(record.key)
+        if old is not None and old.slos == state.slos and old.model == state.model:
+            state.arrivals, state.samples, state.rates = old.arrivals, old.samples, old.rates
+        self._fns[record.key] = state
+        self._apply(state, self._plan(state), now)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._fns.pop(key, None)
+
+    def manages(self, key: tuple[str, str]) -> bool:
+        return key in self._fns
+
+    # -- the hot path ----------------------------------------------------------------------
+    def app_of(self, state: _State, headers: dict[str, str] | None) -> str:
+        headers = headers or {}
+        name = headers.get(APP_HEADER)
+        if name is not None:
+            if name not in state.slos:
+                raise BadApp(f"{APP_HEADER}: {name!r} is not an app of this function ({', '.join(state.slos)})")
+            return name
+        raw = headers.get(SLO_HEADER)
+        if raw is not None:
+            try:
+                slo = float(raw) / 1000
+            except ValueError:
+                raise BadApp(f"{SLO_HEADER}: must be a number of milliseconds, got {raw!r}") from None
+            fits = [n for n, s in state.slos.items() if s <= slo]
+            if not fits:
+                raise BadApp(f"{SLO_HEADER}: no app of this function has an SLO within {raw} ms")
+            return max(fits, key=lambda n: state.slos[n])
+        return next(iter(state.slos))  # the first declared app is the default
+
+    def arrived(self, key: tuple[str, str], headers: dict[str, str] | None) -> str | None:
+        state = self._fns.get(key)
+        if state is None:
+            return None
+        app = self.app_of(state, headers)
+        with state.lock:
+            state.arrivals[app] = state.arrivals.get(app, 0) + 1
+        if headers is not None:
+            headers[APP_HEADER] = app  # the instance's batch queue times the call by its app
+        return app
+
+    def pick(self, key: tuple[str, str], ready: list[tuple[str, str]], headers: dict[str, str] | None) -> str | None:
+        state = self._fns.get(key)
+        if state is None or not ready:
+            return None
+        app = self.app_of(state, headers)
+        urls = dict(ready)
+        with state.lock:
+            splitter = state.splitters.get(app)
+            candidates = [p.id for p in state.pools if app in p.apps and p.id in urls]
+            if splitter is None or not candidates:
+                return None
+            return urls.get(splitter.pick(candidates))
+
+    # -- planning --------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for state in list(self._fns.values()):
+            with state.lock:
+                state.samples.append((now, dict(state.arrivals)))
+            while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
+                state.samples.popleft()
+            (t0, a0), (t1, a1) = state.samples[0], state.samples[-1]
+            if t1 > t0:
+                state.rates = {n: (a1.get(n, 0) - a0.get(n, 0)) / (t1 - t0) for n in state.slos}
+            if now - state.planned_at >= self.plan_period_s:
+                try:
+                    self._apply(state, self._plan(state), now)
+                except ValidationError:
+                    pass  # keep the current plan; the deploy-time check already vouched for one
+
+    def _apply(self, state: _State, new: Plan, now: float) -> None:
+        state.planned_at = now
+        pools: list[_Pool] = []
+        for g in new.groups:
+            d = g.to_dict()
+            names = [a.name for a in g.apps]
+            pid = f"{state.record.name}-{g.kind}-" + "-".join(sorted(set(names)))
+            shares: dict[str, float] = {}
+            for a in g.apps:  # MBS+ may split one app over several groups
+                shares[a.name] = shares.get(a.name, 0.0) + a.rate
+            while any(p.id == pid for p in pools):
+                pid += "x"
+            pools.append(_Pool(pid[:60], d, shares))
+        with state.lock:
+            state.plan, state.pools = new, pools
+            for app in state.slos:
+                s = state.splitters.setdefault(app, WeightedSplitter())
+                s.set_weights({p.id: p.apps[app] for p in pools if app in p.apps})
+        key = state.record.key
+        self.runtime.set_plan(*key, [InstanceSpec(p.id, self._env(p)) for p in pools])
+        self.set_replicas(key[0], key[1], len(pools))
+
+    def _env(self, pool: _Pool) -> dict[str, str]:
+        g = pool.group
+        names = [a["name"] for a in g["apps"]]
+        timeouts = ",".join(f"{n}={t * 1000:.3f}" for n, t in zip(names, g["timeouts_s"], strict=True))
+        env = {"FAAS_GPU_MAX_BATCH": str(g["batch"]), "FAAS_GPU_APP_TIMEOUTS_MS": timeouts}
+        if g["instance"] == "cpu":
+            env["FAAS_GPU_CPU_THREADS"] = str(max(1, math.ceil(g["vcpu"])))
+            env["FAAS_GPU_SCHEDULER_URL"] = ""  # a CPU group runs its model in the instance
+        else:
+            env["FAAS_GPU_GPU_MEMORY_GB"] = str(g["gpu_memory_gb"])
+        return env
+
+    def describe(self, key: tuple[str, str]) -> dict | None:
+        state = self._fns.get(key)
+        if state is None:
+            return None
+        p = state.plan
+        return {
+            "name": key[1],
+            "namespace": key[0],
+            "policy": "harmonybatch",
+            "strategy": state.strategy,
+            "model": state.model.name,
+            "apps": [
+                {"name": n, "sloMs": s * 1000, "rate": round(state.rates.get(n, 0.0), 3)} for n, s in state.slos.items()
+            ],
+            "predictedCostPerRequest": p.cost_per_request if p else None,
+            "predictedCostPerSecond": p.cost_per_second if p else None,
+            "plan": p.to_dict() if p else None,
+            "instances": [
+                {
+                    "id": pool.id,
+                    "kind": pool.group["instance"],
+                    "gpuPath": pool.group["instance"] == "gpu" and self.gpu_path,
+                    "apps": sorted(pool.apps),
+                    "batch": pool.group["batch"],
+                    "vcpu": pool.group["vcpu"],
+                    "gpuMemoryGb": pool.group["gpu_memory_gb"],
+                    "timeoutsMs": {
+                        a["name"]: round(t * 1000, 3)
+                        for a, t in zip(pool.group["apps"], pool.group["timeouts_s"], strict=True)
+                    },
+                }
+                for pool in state.pools
+            ],
+        }
