@@ -392,6 +392,9 @@ def _print_instances(d: dict) -> None:
     """The autoscaler's decisions for a managed function: one row per (non-uniform) instance."""
     if not d.get("managed"):
         return
+    if d.get("policy") == "harmonybatch":
+        _print_groups(d)
+        return
     ka = d.get("keepAlive") or {}
     effort = ", best effort" if d.get("bestEffort") else ""
     print(f"{'Model:':<20} {d.get('model')} (SLO {d.get('sloMs'):g} ms{effort})")
@@ -408,6 +411,19 @@ def _print_instances(d: dict) -> None:
             f"{i['id']:<28} {i['batch']:>3} {i['cpu']:>4g} {i['gpuShare']:>5g} {i['tExecMs']:>8.2f} "
             f"{i['rLow']:>6g} {i['rUp']:>6g} {i['rate']:>7.1f}  {'yes' if i.get('ready') else 'no'}"
         )
+
+
+def _print_groups(d: dict) -> None:
+    """HarmonyBatch's plan: the apps, and one pool per group with its batch and per-app timeouts."""
+    apps = ", ".join(f"{a['name']} ({a['sloMs']:g} ms, {a['rate']:.1f} rps)" for a in d.get("apps") or [])
+    print(f"{'Plan:':<20} harmonybatch ({d.get('strategy')}), model {d.get('model')}; apps {apps}")
+    cost = d.get("predictedCostPerRequest")
+    if cost is not None:
+        print(f"{'Predicted cost:':<20} {cost:.4g} per request, {d.get('predictedCostPerSecond') or 0:.4g} per second")
+    for g in d.get("instances") or []:
+        size = f"{g['vcpu']:g} vCPU" if g["kind"] == "cpu" else f"{g['gpuMemoryGb']} GB GPU"
+        timeouts = ", ".join(f"{k} {v:g} ms" for k, v in sorted(g["timeoutsMs"].items()))
+        print(f"  {g['id']:<36} {g['kind']:<4} {size:<12} batch {g['batch']:<3} {'+'.join(g['apps'])}; {timeouts}")
 
 
 # -- invoke / logs -----------------------------------------------------------------------

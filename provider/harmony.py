@@ -95,6 +95,23 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _shape(p: Plan) -> dict[tuple[str, tuple[str, ...]], int]:
+    return {(g.kind, tuple(sorted({a.name for a in g.apps}))): g.batch for g in p.groups}
+
+
+def _differs(old: Plan | None, new: Plan) -> bool:
+    """Worth restarting pools for: other groups, or a batch size off by a quarter or more.
+
+    Rates wobble from one period to the next; each applied change replaces instances, so small
+    changes of batch size (and the timeouts that go with them) wait for a real shift of load."""
+    if old is None:
+        return True
+    a, b = _shape(old), _shape(new)
+    if a.keys() != b.keys():
+        return True
+    return any(abs(b[k] - a[k]) >= max(1, 0.25 * a[k]) for k in a)
+
+
 class HarmonyPools:
     def __init__(
         self,
@@ -214,9 +231,10 @@ class HarmonyPools:
         with state.lock:
             splitter = state.splitters.get(app)
             candidates = [p.id for p in state.pools if app in p.apps and p.id in urls]
-            if splitter is None or not candidates:
-                return None
-            return urls.get(splitter.pick(candidates))
+            if splitter is not None and candidates:
+                return urls.get(splitter.pick(candidates))
+        # the app's pool is still starting (a new plan): any instance runs the same model meanwhile
+        return ready[hash(app) % len(ready)][1]
 
     # -- planning --------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -229,10 +247,13 @@ class HarmonyPools:
             if t1 > t0:
                 state.rates = {n: (a1.get(n, 0) - a0.get(n, 0)) / (t1 - t0) for n in state.slos}
             if now - state.planned_at >= self.plan_period_s:
+                state.planned_at = now
                 try:
-                    self._apply(state, self._plan(state), now)
+                    new = self._plan(state)
                 except ValidationError:
-                    pass  # keep the current plan; the deploy-time check already vouched for one
+                    continue  # keep the current plan; the deploy-time check already vouched for one
+                if _differs(state.plan, new):
+                    self._apply(state, new, now)
 
     def _apply(self, state: _State, new: Plan, now: float) -> None:
         state.planned_at = now

@@ -334,7 +334,10 @@ class LocalRuntime(Runtime):
         want = {inst.id: inst for inst in fn.plan}
         digests = {inst.id: inst.digest(fn.spec.digest) for inst in fn.plan}
         by_slot: dict[str, list[Replica]] = {}
-        to_stop = [r for r in fn.replicas if r.slot not in want]
+        leaving = [r for r in fn.replicas if r.slot not in want]
+        serving = {r.slot for r in fn.replicas if r.ready and r.slot in want and r.digest == digests[r.slot]}
+        # instances dropped from the plan serve until every planned one does (no gap in a re-plan)
+        to_stop = leaving if serving >= set(want) or not any(r.ready for r in leaving) else []
         for r in fn.replicas:
             if r.slot in want:
                 by_slot.setdefault(r.slot, []).append(r)

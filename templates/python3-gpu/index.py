@@ -129,5 +129,7 @@ if __name__ == "__main__":
         port=upstream.port or 5000,
         # a batch of B needs B requests in flight at once
         threads=int(os.getenv("handler_threads", str(max(8, 2 * int(os.getenv("FAAS_GPU_MAX_BATCH", "1") or 1))))),
+        # requests wait in the batch queue while the model loads: do not stop accepting them
+        connection_limit=int(os.getenv("max_connections", "1000")),
         ident="python3-gpu",
     )
