@@ -435,6 +435,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # socketserver's 5 refuses bursts; Go's listener (of-watchdog) takes SOMAXCONN
 
     def handle_error(self, request, client_address) -> None:
         """A client that hangs up mid-request is no error worth a traceback in the function's log."""
