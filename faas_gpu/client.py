@@ -33,6 +33,11 @@ _original = {}
 last_job: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("faas_gpu_last_job", default=None)
 current_app: contextvars.ContextVar[str | None] = contextvars.ContextVar("faas_gpu_current_app", default=None)
 """The application (HarmonyBatch's request class) of the request being handled: its batch timeout."""
+request_class: contextvars.ContextVar[tuple[str | None, float | None]] = contextvars.ContextVar(
+    "faas_gpu_request_class", default=(None, None)
+)
+"""PROTEAN's class of the request being handled (X-Faas-Gpu-Class, X-Faas-Gpu-Slo-Ms): strict work
+overtakes best-effort work in the scheduler's queue."""
 RETRYABLE = (502, 503, 504)
 
 
@@ -80,6 +85,8 @@ class ClientConfig:
     slo_ms: float = 0.0
     gpu_share: int = 0
     app_timeouts: dict[str, float] = field(default_factory=dict)
+    default_class: str | None = None
+    max_inflight: int = 32
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -97,6 +104,8 @@ class ClientConfig:
             slo_ms=slo_ms,
             gpu_share=int(env.get("FAAS_GPU_GPU_SHARE", "0") or 0),
             app_timeouts=app_timeouts(env),
+            default_class=env.get("FAAS_GPU_CLASS") or None,
+            max_inflight=int(env.get("FAAS_GPU_MAX_INFLIGHT", "32") or 32),
         )
 
 
@@ -104,6 +113,8 @@ class ClientConfig:
 class _Call:
     x: torch.Tensor
     deadline: float = 0.0
+    cls: str | None = None
+    slo_ms: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -123,8 +134,13 @@ class BatchQueue:
         timeout_s: float,
         name: str = "batch-queue",
         timeouts: dict[str, float] | None = None,
+        max_inflight: int = 1,
     ):
-        self._run = run  # (x: Tensor) -> (y: Tensor, headers: dict)
+        self._run = run  # (x: Tensor, (class, slo_ms)) -> (y: Tensor, headers: dict)
+        # batches sent on at once: 1 for a model run here; more for a remote one, whose queueing
+        # (and class order) is the scheduler's
+        self._slots = threading.Semaphore(max(1, max_inflight))
+        self._parallel = max_inflight > 1
         self.max_batch = max(1, int(max_batch))
         self.timeout_s = max(0.0, float(timeout_s))
         self.timeouts = {k: max(0.0, float(v)) for k, v in (timeouts or {}).items()}
@@ -134,7 +150,7 @@ class BatchQueue:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         timeout = self.timeouts.get(current_app.get() or "", self.timeout_s)
-        call = _Call(x, time.monotonic() + timeout)
+        call = _Call(x, time.monotonic() + timeout, *request_class.get())
         with self._cv:
             self._pending.append(call)
             self._cv.notify()
@@ -159,12 +175,16 @@ class BatchQueue:
                     call = self._pending.pop(0)
                     batch.append(call)
                     rows += call.x.shape[0]
-            self._flush(batch)
+            self._slots.acquire()
+            if self._parallel:
+                threading.Thread(target=self._flush, args=(batch,), daemon=True).start()
+            else:
+                self._flush(batch)
 
     def _flush(self, batch: list[_Call]) -> None:
         try:
             x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
-            y, headers = self._run(x)
+            y, headers = self._run(x, _batch_class(batch))
             headers = {**headers, "X-Faas-Gpu-Batch": str(x.shape[0])}
             start = 0
             for c in batch:
@@ -174,8 +194,20 @@ class BatchQueue:
         except BaseException as exc:  # every caller of the batch gets the error
             for c in batch:
                 c.error = exc
+        finally:
+            self._slots.release()
         for c in batch:
             c.done.set()
+
+
+def _batch_class(batch: list[_Call]) -> tuple[str | None, float | None]:
+    """A batch is strict when any of its calls is, with the tightest of their SLOs."""
+    slos = [c.slo_ms for c in batch if c.cls != "best-effort" and c.slo_ms is not None]
+    if any(c.cls == "strict" for c in batch) or slos:
+        return "strict", min(slos) if slos else None
+    if batch and all(c.cls == "best-effort" for c in batch):
+        return "best-effort", None
+    return None, None
 
 
 class LocalBatchedModel(torch.nn.Module):
@@ -186,7 +218,7 @@ class LocalBatchedModel(torch.nn.Module):
         self.local = local
         self._queue = BatchQueue(self._run, max_batch, timeout_s, name="local-batch", timeouts=timeouts)
 
-    def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, str]]:
+    def _run(self, x: torch.Tensor, _cls=None) -> tuple[torch.Tensor, dict[str, str]]:
         with torch.inference_mode():
             return self.local(x), {}
 
@@ -211,7 +243,12 @@ class RemoteModel(torch.nn.Module):
         self._digest: str | None = None
         self._http = requests.Session()
         self._queue = BatchQueue(
-            self._run, config.max_batch, config.batch_timeout_s, name="remote-batch", timeouts=config.app_timeouts
+            self._run,
+            config.max_batch,
+            config.batch_timeout_s,
+            name="remote-batch",
+            timeouts=config.app_timeouts,
+            max_inflight=config.max_inflight,
         )
 
     # -- artifact ------------------------------------------------------------------------
@@ -253,9 +290,16 @@ class RemoteModel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._queue(x)
 
-    def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, str]]:
+    def _run(self, x: torch.Tensor, cls: tuple[str | None, float | None] = (None, None)) -> tuple[torch.Tensor, dict]:
         digest = self._ensure_uploaded(x)
-        headers = {"X-Faas-Gpu-Deadline-Ms": f"{self.config.slo_ms:g}"} if self.config.slo_ms else {}
+        kind, slo_ms = cls
+        kind = kind or self.config.default_class
+        slo_ms = slo_ms or self.config.slo_ms
+        headers = {}
+        if kind == "best-effort":
+            headers["X-Faas-Gpu-Class"] = "best-effort"
+        elif slo_ms:
+            headers.update({"X-Faas-Gpu-Class": "strict", "X-Faas-Gpu-Deadline-Ms": f"{slo_ms:g}"})
         if self.config.gpu_share:
             headers["X-Faas-Gpu-Share"] = str(self.config.gpu_share)
         r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)

@@ -159,6 +159,9 @@ class LocalRuntime(Runtime):
                     parse_duration(env_vars[timeout_key], f"envVars.{timeout_key}")
                 except ValueError as exc:
                     raise LaunchError(str(exc)) from None
+        klass = (dep.annotations or {}).get("com.faas-gpu.class")
+        if klass is not None and klass not in ("strict", "best-effort"):
+            raise LaunchError(f"annotations: com.faas-gpu.class must be strict or best-effort, got {klass!r}")
         for secret in dep.secrets or ():
             if not self.secrets.exists(record.namespace, secret):
                 raise LaunchError(f"secrets: secret {secret!r} not found in namespace {record.namespace}")
@@ -455,6 +458,7 @@ GPU_ANNOTATIONS = {
     "com.faas-gpu.slo-ms": "FAAS_GPU_SLO_MS",
     "com.faas-gpu.max-batch": "FAAS_GPU_MAX_BATCH",
     "com.faas-gpu.batch-timeout-ms": "FAAS_GPU_BATCH_TIMEOUT_MS",
+    "com.faas-gpu.class": "FAAS_GPU_CLASS",
 }
 
 

@@ -53,6 +53,16 @@ class Context:
         self.hostname = os.getenv("HOSTNAME", "localhost")
 
 
+def _request_class(headers):
+    """(class, SLO ms) from X-Faas-Gpu-Class / X-Faas-Gpu-Slo-Ms (the gateway answers 400 to bad ones)."""
+    cls = (headers.get("X-Faas-Gpu-Class") or "").strip().lower() or None
+    try:
+        slo = float(headers.get("X-Faas-Gpu-Slo-Ms") or 0) or None
+    except ValueError:
+        slo = None
+    return (cls if cls in ("strict", "best-effort") else None), slo
+
+
 def format_status_code(res):
     return res.get("statusCode", 200) if isinstance(res, dict) else 200
 
@@ -102,6 +112,7 @@ def call_handler(path):
     if gpu_client is not None:
         gpu_client.last_job.set(None)
         gpu_client.current_app.set(request.headers.get("X-Faas-Gpu-App"))
+        gpu_client.request_class.set(_request_class(request.headers))
     try:
         response_data = handler.handle(event, context)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
