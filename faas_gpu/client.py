@@ -242,6 +242,7 @@ class RemoteModel(torch.nn.Module):
         self._artifact = artifact
         self._digest: str | None = None
         self._http = requests.Session()
+        self._upload_lock = threading.Lock()
         self._queue = BatchQueue(
             self._run,
             config.max_batch,
@@ -253,6 +254,12 @@ class RemoteModel(torch.nn.Module):
 
     # -- artifact ------------------------------------------------------------------------
     def _ensure_uploaded(self, example: torch.Tensor) -> str:
+        if self._digest:
+            return self._digest
+        with self._upload_lock:  # batches run in parallel; torch.export must run once, alone
+            return self._upload(example)
+
+    def _upload(self, example: torch.Tensor) -> str:
         if self._digest:
             return self._digest
         if self._artifact is None:
