@@ -1,0 +1,175 @@
+"""Request classes and the reordering queue (PROTEAN §4.1).
+
+Every request is *strict* (it has a deadline: arrival + SLO) or *best-effort* (no deadline).
+Strict requests are served first, earliest deadline first, so that a surge that finds too few
+containers delays best-effort work rather than SLOs. Best-effort work is never starved for
+ever: one that has waited longer than `be_max_wait_s` is served next, before any strict one.
+
+`ClassQueue` is a plain data structure (two heaps, O(log n) push and pop) that takes the time
+as an argument; the live scheduler and the simulator use the same one.
+
+Clients choose a class per request with two headers (DESIGN: our additions are `X-Faas-Gpu-*`):
+`X-Faas-Gpu-Class: strict | best-effort` and `X-Faas-Gpu-Slo-Ms: <positive number>`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+CLASS_HEADER = "X-Faas-Gpu-Class"
+SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
+
+
+class RequestClass(StrEnum):
+    STRICT = "strict"
+    BEST_EFFORT = "best-effort"
+
+
+def parse_class(value: str | None) -> RequestClass | None:
+    """`X-Faas-Gpu-Class` → the class; None when the header is absent or empty (the function's default applies)."""
+    if value is None or not value.strip():
+        return None
+    v = value.strip().lower()
+    for c in RequestClass:
+        if v == c.value:
+            return c
+    raise ValueError(f"{CLASS_HEADER}: expected 'strict' or 'best-effort', got {value.strip()[:40]!r}")
+
+
+def parse_slo_ms(value: str | None) -> float | None:
+    """`X-Faas-Gpu-Slo-Ms` → milliseconds (> 0, finite); None when absent or empty."""
+    if value is None or not value.strip():
+        return None
+    problem = f"{SLO_HEADER}: expected a positive number of milliseconds, got {value.strip()[:40]!r}"
+    try:
+        ms = float(value.strip())
+    except ValueError:
+        raise ValueError(problem) from None
+    if not math.isfinite(ms) or ms <= 0:
+        raise ValueError(problem)
+    return ms
+
+
+@dataclass(frozen=True)
+class RequestClassChoice:
+    request_class: RequestClass
+    slo_ms: float | None  # None for best-effort
+
+    def deadline(self, arrival_s: float) -> float | None:
+        return None if self.slo_ms is None else arrival_s + self.slo_ms / 1000.0
+
+
+def classify(
+    headers: Mapping[str, str],
+    default_class: RequestClass = RequestClass.STRICT,
+    default_slo_ms: float | None = None,
+) -> RequestClassChoice:
+    """A request's class and SLO from its headers (case-insensitive names) and the function's defaults.
+
+    A strict request needs an SLO (header or default); a best-effort one ignores any SLO given.
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    cls = parse_class(lower.get(CLASS_HEADER.lower())) or default_class
+    slo = parse_slo_ms(lower.get(SLO_HEADER.lower()))
+    if cls is RequestClass.BEST_EFFORT:
+        return RequestClassChoice(cls, None)
+    slo = slo if slo is not None else default_slo_ms
+    if slo is None:
+        raise ValueError(
+            f"{SLO_HEADER}: a strict request needs an SLO (the header, or the function's com.faas-gpu.slo-ms)"
+        )
+    return RequestClassChoice(cls, slo)
+
+
+@dataclass(frozen=True)
+class Queued(Generic[T]):
+    item: T
+    arrival: float
+    deadline: float | None  # None: best-effort
+
+    @property
+    def strict(self) -> bool:
+        return self.deadline is not None
+
+
+class ClassQueue(Generic[T]):
+    """Strict first (earliest deadline first), best-effort FIFO behind them, with a bound on BE waiting.
+
+    `pop(now)` serves the oldest best-effort entry if it has waited more than `be_max_wait_s`,
+    else the strict entry with the earliest deadline, else the oldest best-effort entry.
+    Ties keep insertion order. push and pop are O(log n).
+    """
+
+    def __init__(self, be_max_wait_s: float = 1.0):
+        if not be_max_wait_s > 0:
+            raise ValueError(f"be_max_wait_s: must be > 0, got {be_max_wait_s}")
+        self.be_max_wait_s = be_max_wait_s
+        self._strict: list[tuple[float, int, Queued[T]]] = []
+        self._be: list[tuple[float, int, Queued[T]]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._strict) + len(self._be)
+
+    def __bool__(self) -> bool:
+        return bool(self._strict or self._be)
+
+    @property
+    def strict_count(self) -> int:
+        return len(self._strict)
+
+    @property
+    def best_effort_count(self) -> int:
+        return len(self._be)
+
+    def push(self, item: T, now: float, deadline: float | None = None) -> None:
+        """Enqueue `item` arrived at `now`; `deadline` None makes it best-effort."""
+        entry = Queued(item, now, deadline)
+        if deadline is None:
+            heapq.heappush(self._be, (now, next(self._seq), entry))
+        else:
+            heapq.heappush(self._strict, (deadline, next(self._seq), entry))
+
+    def push_entry(self, entry: Queued[T]) -> None:
+        """Put back an entry taken with `pop_entry`, keeping its arrival and deadline."""
+        heap, key = (self._be, entry.arrival) if entry.deadline is None else (self._strict, entry.deadline)
+        heapq.heappush(heap, (key, next(self._seq), entry))
+
+    def _next_heap(self, now: float) -> list[tuple[float, int, Queued[T]]]:
+        if self._be and (not self._strict or now - self._be[0][2].arrival > self.be_max_wait_s):
+            return self._be
+        if self._strict:
+            return self._strict
+        raise IndexError("pop from an empty ClassQueue")
+
+    def peek_entry(self, now: float) -> Queued[T]:
+        return self._next_heap(now)[0][2]
+
+    def pop_entry(self, now: float) -> Queued[T]:
+        return heapq.heappop(self._next_heap(now))[2]
+
+    def pop(self, now: float) -> T:
+        return self.pop_entry(now).item
+
+    def peek(self, now: float) -> T:
+        return self.peek_entry(now).item
+
+    def entries(self) -> Iterator[Queued[T]]:
+        """Every entry, in no particular order (the queue is left as it is)."""
+        for _, _, e in self._strict:
+            yield e
+        for _, _, e in self._be:
+            yield e
+
+    def drain(self, now: float) -> Iterator[Queued[T]]:
+        """Every entry in serving order at `now` (the queue is emptied)."""
+        while self:
+            yield self.pop_entry(now)
