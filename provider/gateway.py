@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from faas_gpu.policies.protean.classes import parse_class, parse_slo_ms
+
 from .core import Provider
 from .harmony import BadApp
 from .invoke import NotFound, Result
@@ -134,6 +136,11 @@ class InvocationApp:
             key = self.invoker.resolve(raw_name)
         except ValueError:
             return _error(404, f"No endpoints available for: {raw_name}.")
+        try:  # PROTEAN's request class: checked here, honoured by the scheduler's queue
+            parse_class(headers.get("X-Faas-Gpu-Class"))
+            parse_slo_ms(headers.get("X-Faas-Gpu-Slo-Ms"))
+        except ValueError as exc:
+            return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
         self.metrics.started(label)
         t0 = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Flask, Response, jsonify, request
 
 from faas_gpu.policies import PlacementError
+from faas_gpu.policies.protean.classes import RequestClass, parse_class
 from faas_gpu.serving import require_bearer_token
 from gpu_manager.api import TENSOR
 from gpu_manager.model_store import ArtifactError, ArtifactTooLarge
@@ -60,7 +61,8 @@ def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_t
             decode(payload)
             deadline_ms = request.headers.get("X-Faas-Gpu-Deadline-Ms")
             deadline = float(deadline_ms) / 1000 if deadline_ms else None
-            job = scheduler.submit(digest, payload, deadline)
+            klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
+            job = scheduler.submit(digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT)
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)
         except (WireError, ValueError) as exc:

@@ -5,6 +5,11 @@ only feeds them live state (units the GPU Managers report into the datastore, mo
 here, the clock) and applies their `Dispatch` decisions by calling the managers' job API. A job
 whose manager fails is put back in the queue and placed again, so a manager that dies does not
 lose accepted work.
+
+Jobs first wait in PROTEAN's class queue (`ClassQueue`): strict jobs, earliest deadline first,
+before best-effort ones, which are never held longer than `be_max_wait_s`. The placement policy
+sees only as many queued jobs as there are units (its look-ahead for locality), so under
+overload strict work overtakes best-effort work instead of queueing behind it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import requests
 
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies import Dispatch, Model, ModelCache, PlacementError, Request, Unit, make_scheduler
+from faas_gpu.policies.protean.classes import ClassQueue
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
@@ -30,6 +36,8 @@ DEFAULT_INFER_S = 0.05
 EWMA = 0.3
 MAX_ATTEMPTS = 5
 NO_UNITS_TIMEOUT_S = 10.0  # queued jobs fail with 503 when no GPU Manager has reported for this long
+BE_MAX_WAIT_S = 5.0  # a best-effort job waits at most this long behind strict ones
+NO_SLO_S = 3600.0  # a strict job without an SLO sorts after those with one
 
 
 @dataclass
@@ -49,7 +57,9 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     outcome: JobOutcome | None = None
     attempts: int = 0
-    queued: bool = True  # in the policy's queues (global or local), not running
+    queued: bool = True  # waiting (class queue or the policy's queues), not running
+    best_effort: bool = False
+    admitted: bool = False  # handed to the placement policy
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome
@@ -77,6 +87,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         max_parallel: int = 64,
         no_units_timeout_s: float = NO_UNITS_TIMEOUT_S,
+        be_max_wait_s: float = BE_MAX_WAIT_S,
     ):
         self.ds, self.store, self.token = datastore, store, token
         self.policy_name, self.o3_limit, self.clock = policy, o3_limit, clock
@@ -92,6 +103,8 @@ class Scheduler:
         self.deadline_misses = 0
         self.no_units_timeout_s = no_units_timeout_s
         self._no_units_since: float | None = None
+        self.be_max_wait_s = be_max_wait_s
+        self._admission: ClassQueue[Job] = ClassQueue(be_max_wait_s)
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
         self._loop = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -147,7 +160,7 @@ class Scheduler:
                             new_unit.cache.load(name, self._models[name].size_mb)
                             self._policy.holders.setdefault(name, set()).add(new_unit.id)
             for job in sorted(self._jobs.values(), key=lambda j: j.arrival):
-                if not job.queued:
+                if not job.queued or not job.admitted:
                     continue
                 if job.digest in self._models:
                     self._policy.submit(Request(job.id, job.digest, job.arrival), self.clock())
@@ -164,6 +177,7 @@ class Scheduler:
             return
         log.warning("%s: failing %d queued job(s)", reason, len(waiting))
         self._units, self._policy = [], None  # rebuilt when a manager reports again
+        self._admission = ClassQueue(self.be_max_wait_s)
         for job in waiting:
             self._jobs.pop(job.id, None)
             job.finish(JobOutcome(503, f"{reason}; retry later\n".encode()))
@@ -184,21 +198,33 @@ class Scheduler:
         self._models[model.name] = model
 
     # -- jobs ----------------------------------------------------------------------------
-    def submit(self, digest: str, payload: bytes, deadline_s: float | None = None) -> Job:
+    def submit(self, digest: str, payload: bytes, deadline_s: float | None = None, best_effort: bool = False) -> Job:
         with self._lock:
             self._model(digest)
             now = self.clock()
-            job = Job(self._next_id, digest, payload, now, now + deadline_s if deadline_s else None)
+            deadline = None if best_effort or not deadline_s else now + deadline_s
+            job = Job(self._next_id, digest, payload, now, deadline, best_effort=best_effort)
             self._next_id += 1
             self._jobs[job.id] = job
-            if self._policy is not None:
-                self._policy.submit(Request(job.id, digest, now), now)
+            self._admission.push(job, now, None if best_effort else (deadline or now + NO_SLO_S))
+            self._admit(now)
             self._wake.notify_all()
         return job
 
+    def _admit(self, now: float) -> None:
+        """Hand the most urgent waiting jobs to the placement policy, one per unit at most."""
+        if self._policy is None:
+            return
+        room = max(1, len(self._units)) - self._policy.queued()
+        while room > 0 and self._admission:
+            job = self._admission.pop(now)
+            job.admitted = True
+            self._policy.submit(Request(job.id, job.digest, job.arrival), now)
+            room -= 1
+
     def queued(self) -> int:
         with self._lock:
-            return self._policy.queued() if self._policy else len(self._jobs)
+            return (self._policy.queued() if self._policy else 0) + len(self._admission)
 
     def _run(self) -> None:
         last_refresh = 0.0
@@ -210,6 +236,7 @@ class Scheduler:
                     log.warning("cannot read unit reports: %s", exc)
                 last_refresh = time.monotonic()
             with self._wake:
+                self._admit(self.clock())
                 decisions = self._policy.schedule(self.clock()) if self._policy else []
                 for d in decisions:
                     self._jobs[d.request.id].queued = False

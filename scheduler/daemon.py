@@ -38,6 +38,7 @@ class _Daemon:
             policy=a.policy,
             o3_limit=a.o3_limit,
             no_units_timeout_s=a.no_units_timeout,
+            be_max_wait_s=a.be_max_wait,
         )
         identity = f"{a.advertise or a.bind}:{a.port}/{socket.gethostname()}/{uuid.uuid4().hex[:6]}"
         election = LeaderElection(ds, identity, ttl_s=a.leader_ttl)
@@ -65,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--leader-ttl", type=int, default=3)
     p.add_argument(
         "--no-units-timeout", type=float, default=10.0, help="fail queued jobs (503) after this long with no unit"
+    )
+    p.add_argument(
+        "--be-max-wait", type=float, default=5.0, help="longest a best-effort job waits behind strict ones (s)"
     )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--threads", type=int, default=64)
