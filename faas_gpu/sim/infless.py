@@ -38,7 +38,7 @@ import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from faas_gpu.policies.infless import (
     Candidate,
@@ -51,7 +51,7 @@ from faas_gpu.policies.infless import (
     dispatch,
     schedule,
 )
-from faas_gpu.policies.infless.keepalive import MINUTE, idle_times
+from faas_gpu.policies.infless.keepalive import MINUTE
 
 from .infless_data import ProfileRow, candidates
 
@@ -664,22 +664,6 @@ def replay_keepalive(counts: Sequence[int], policy: KeepAlivePolicy) -> KeepAliv
             cold += 1
         waste += max(0.0, min(b, nxt) - max(a, t + 1))
     return KeepAliveStats(int(sum(counts)), len(minutes), cold, waste)
-
-
-@dataclass(frozen=True)
-class SampleGuardedLSTH:
-    """A sensitivity variant, not the paper's text: LSTH whose 1-hour histogram is trusted only with
-    at least `min_samples` idle times (HHP's representativeness rule), else the long-term one
-    stands in for it. It delegates to `LongShortTermHistogram` for the windows themselves."""
-
-    base: LongShortTermHistogram = field(default_factory=LongShortTermHistogram)
-    min_samples: int = 10
-    name: str = "lsth-guarded"
-
-    def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
-        short = idle_times(active_minutes, now_minute - self.base.short_min, now_minute)
-        policy = self.base if len(short) >= self.min_samples else replace(self.base, short_min=self.base.long_min)
-        return policy.windows(active_minutes, now_minute)
 
 
 # -- scheduling cost (Fig. 17) ----------------------------------------------------------------------

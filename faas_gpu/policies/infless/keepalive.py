@@ -9,10 +9,14 @@ the instance warm for `keepalive` more seconds.
 - `LongShortTermHistogram` (LSTH): idle times of the last 24 h and of the last 1 h; head (5th
   percentile) and tail (99th) of each; pre-warm = g*L_head + (1-g)*S_head and keep-alive end =
   g*L_tail + (1-g)*S_tail, g = 0.5.
+  A histogram with fewer than `min_samples` idle times is not trusted (HHP's own rule): the
+  other window stands in for it (`min_samples=0` is §3.5 to the letter, which lets one or two
+  idle times of a quiet hour set the pre-warm window and costs cold starts on sparse traces).
 - `HybridHistogram` (HHP, Shahrad et al., ATC '20): one histogram of all idle times up to a
   4 h range; when it is not representative (too few idle times, a flat histogram, or too many
   idle times beyond the range) it falls back to the conservative default: stay warm for the
-  whole range.
+  whole range. `window_min=240` is HHP as INFless describes its baseline ("tracks the idle times
+  of a configurable duration (e.g., 4 hours)"): only the idle times of the last 4 hours.
 - `FixedKeepAlive`: OpenFaaS-style fixed window (300 s in the paper's baselines).
 Both histogram policies use HHP's 10% margins (pre-warm earlier, keep alive longer).
 """
@@ -80,10 +84,12 @@ class HybridHistogram:
     min_samples: int = 10
     cv_threshold: float = 2.0
     oob_threshold: float = 0.5
+    window_min: int | None = None
     name: str = "hhp"
 
     def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
-        its = idle_times(active_minutes, -(2**62), now_minute)
+        since = -(2**62) if self.window_min is None else now_minute - self.window_min
+        its = idle_times(active_minutes, since, now_minute)
         default = Windows(0.0, self.range_min * MINUTE)
         if len(its) < self.min_samples:
             return default
@@ -110,6 +116,7 @@ class LongShortTermHistogram:
     tail_pct: float = 99.0
     margin: float = 0.10
     default_keepalive_s: float = 600.0
+    min_samples: int = 10
     name: str = "lsth"
 
     def __post_init__(self) -> None:
@@ -119,10 +126,12 @@ class LongShortTermHistogram:
     def windows(self, active_minutes: Sequence[int], now_minute: int) -> Windows:
         long_its = sorted(idle_times(active_minutes, now_minute - self.long_min, now_minute))
         short_its = sorted(idle_times(active_minutes, now_minute - self.short_min, now_minute))
-        if not long_its and not short_its:
+        if len(short_its) < self.min_samples:
+            short_its = long_its  # a quiet hour's few idle times say little
+        if len(long_its) < self.min_samples and len(short_its) >= self.min_samples:
+            long_its = short_its
+        if not long_its or not short_its:
             return Windows(0.0, self.default_keepalive_s)
-        long_its = long_its or short_its
-        short_its = short_its or long_its
         g = self.gamma
         head = g * percentile(long_its, self.head_pct) + (1 - g) * percentile(short_its, self.head_pct)
         tail = g * percentile(long_its, self.tail_pct) + (1 - g) * percentile(short_its, self.tail_pct)
