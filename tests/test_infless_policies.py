@@ -173,3 +173,19 @@ def test_fixed_keepalive_is_fixed():
     assert FixedKeepAlive(300).windows(_every(10, 100), 100).keepalive_s == 300
     with pytest.raises(ValueError, match="gamma"):
         LongShortTermHistogram(gamma=2)
+
+
+def test_lsth_does_not_trust_a_quiet_hours_one_idle_time():
+    # a day of calls every 2 minutes, a 69-minute gap, then the burst goes on
+    minutes = list(range(0, 22 * 60, 2)) + [22 * 60 + 69]
+    literal = LongShortTermHistogram(min_samples=0).windows(minutes, minutes[-1])
+    guarded = LongShortTermHistogram().windows(minutes, minutes[-1])
+    assert literal.prewarm_s >= 30 * 60  # §3.5 to the letter: unload now, the burst's next minute is cold
+    assert guarded.prewarm_s <= 60  # the day's histogram stands in for the hour's single idle time
+
+
+def test_hhp_can_track_only_the_last_hours_as_infless_describes_it():
+    minutes = list(range(0, 20 * 60, 10)) + list(range(20 * 60, 24 * 60, 3))
+    # the tail: 10-minute gaps over all history, 3-minute ones over the last 4 h
+    assert HybridHistogram().windows(minutes, minutes[-1]).keepalive_s == 9 * 60
+    assert HybridHistogram(window_min=240).windows(minutes, minutes[-1]).keepalive_s == 2 * 60
