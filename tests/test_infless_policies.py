@@ -185,7 +185,7 @@ def test_lsth_does_not_trust_a_quiet_hours_one_idle_time():
 
 
 def test_hhp_can_track_only_the_last_hours_as_infless_describes_it():
-    minutes = list(range(0, 20 * 60, 10)) + list(range(20 * 60, 24 * 60, 3))
+    minutes = list(range(0, 19 * 60, 10)) + list(range(19 * 60, 24 * 60, 3))
     # the tail: 10-minute gaps over all history, 3-minute ones over the last 4 h
     assert HybridHistogram().windows(minutes, minutes[-1]).keepalive_s == 9 * 60
     assert HybridHistogram(window_min=240).windows(minutes, minutes[-1]).keepalive_s == 2 * 60
