@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from faas_gpu.infless_profiles import INFEASIBLE_MS, load_profile
+
 from .wire import decode, encode
 from .worker import LoadedInfo, ModelInputError
-
-INFEASIBLE_MS = 9000.0  # INFless marks saturated configurations with >= 9 s
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,8 @@ class Profile:
 
     @classmethod
     def from_infless(cls, path: Path, threads: int, sm_percent: int) -> Profile:
-        points = {}
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-            parts = line.split()
-            if not parts:
-                continue
-            try:
-                t, sm, b, ms = int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4])
-            except (IndexError, ValueError):
-                raise ValueError(
-                    f"{Path(path).name} line {lineno}: expected '<model> <threads> <sm%> <batch> <ms>'"
-                ) from None
-            if t == threads and sm == sm_percent and ms < INFEASIBLE_MS:
-                points[b] = ms / 1000
+        points = {r.batch: r.ms / 1000 for r in load_profile(path) if r.cpu == threads and r.gpu == sm_percent}
+        points = {b: t for b, t in points.items() if t * 1000 < INFEASIBLE_MS}
         if not points:
             raise ValueError(f"{Path(path).name}: no feasible rows for {threads} threads at {sm_percent}% SM")
         batches = sorted(points)

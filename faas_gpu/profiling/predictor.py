@@ -15,10 +15,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from faas_gpu.infless_profiles import INFEASIBLE_MS, PROFILE_SUFFIX, load_profile
+
 from .store import ProfileStore
 
-INFEASIBLE_MS = 9000.0  # INFless writes >= 9 s for configurations that saturate
-INFLESS_SUFFIX = "-profile-results.txt"
+__all__ = ["INFEASIBLE_MS", "Estimate", "LatencyPredictor", "MissingProfile", "load_infless_profiles"]
+
+INFLESS_SUFFIX = PROFILE_SUFFIX
 
 InflessProfiles = dict[str, dict[tuple[int, int, int], float]]
 
@@ -40,34 +43,16 @@ class MissingProfile(LookupError):
 
 
 def load_infless_profiles(directory: Path | str) -> InflessProfiles:
-    """INFless's profile files: model -> {(cpu threads, GPU SM %, batch): ms}; infeasible rows left out.
-
-    Rows read `<model> <cpuThreads> <gpuSM%> <batch> <latency_ms>`; an SM share of 0 is the CPU alone.
-    """
+    """INFless's profile files: model -> {(cpu threads, GPU SM %, batch): ms}; infeasible rows left out."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such folder of INFless profiles (<model>{INFLESS_SUFFIX})")
     out: InflessProfiles = {}
     for path in sorted(directory.glob(f"*{INFLESS_SUFFIX}")):
-        model = path.name.removesuffix(INFLESS_SUFFIX)
-        rows = out.setdefault(model, {})
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            parts = line.split()
-            if not parts:
-                continue
-            try:
-                if len(parts) != 5 or parts[0] != model:
-                    raise ValueError
-                cpu, sm, batch, ms = int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4])
-                if cpu < 1 or batch < 1 or not 0 <= sm <= 100 or not ms >= 0:
-                    raise ValueError
-            except ValueError:
-                raise ValueError(
-                    f"{path.name} line {lineno}: expected '{model} <cpuThreads> <gpuSM%> <batch> <latency_ms>', "
-                    f"got {line.strip()!r}"
-                ) from None
-            if ms < INFEASIBLE_MS:
-                rows[(cpu, sm, batch)] = ms
+        rows = out.setdefault(path.name.removesuffix(INFLESS_SUFFIX), {})
+        for r in load_profile(path):
+            if r.feasible:
+                rows[(r.cpu, r.gpu, r.batch)] = r.ms
     return out
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from faas_gpu.infless_profiles import INFEASIBLE_MS, PROFILE_SUFFIX, ProfileRow, load_profile
 from faas_gpu.policies.infless import Candidate, Server
 
+__all__ = ["INFEASIBLE_MS", "PROFILE_SUFFIX", "ProfileRow", "load_profile"]  # re-exported for the simulator
+
 DEFAULT_DIR = Path("/work/shared/data/infless")
-INFEASIBLE_MS = 9000.0  # INFless writes >= 9 s for a configuration that saturates
-PROFILE_SUFFIX = "-profile-results.txt"
 PATTERNS = ("Sporadic", "Periodic", "Bursty")  # the README: 10-minute means of Azure traces 2, 3, 4
 
 
@@ -33,44 +34,6 @@ def data_dir(path: Path | str | None = None) -> Path:
         return Path(path)
     env = os.environ.get("FAAS_GPU_INFLESS_DATA")
     return Path(env) if env else DEFAULT_DIR
-
-
-@dataclass(frozen=True)
-class ProfileRow:
-    """One measured configuration: CPU threads, GPU SM share (%), batch size, batch latency (ms)."""
-
-    cpu: int
-    gpu: int
-    batch: int
-    ms: float
-
-    @property
-    def feasible(self) -> bool:
-        return self.ms < INFEASIBLE_MS
-
-
-def load_profile(path: Path | str) -> list[ProfileRow]:
-    """Every row of one profile file, infeasible ones included (they are filtered by `candidates`)."""
-    path = Path(path)
-    model = path.name.removesuffix(PROFILE_SUFFIX)
-    rows: list[ProfileRow] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            if len(parts) != 5 or parts[0] != model:
-                raise ValueError
-            row = ProfileRow(int(parts[1]), int(parts[2]), int(parts[3]), float(parts[4]))
-            if row.cpu < 1 or row.batch < 1 or not 0 <= row.gpu <= 100 or not row.ms > 0:
-                raise ValueError
-        except ValueError:
-            raise ValueError(
-                f"{path.name} line {lineno}: expected '{model} <cpuThreads> <gpuSM%> <batch> <latency_ms>', "
-                f"got {line.strip()!r}"
-            ) from None
-        rows.append(row)
-    return rows
 
 
 def load_profiles(
