@@ -57,6 +57,7 @@ BEST_EFFORT = "com.faas-gpu.best-effort"
 KEEP_ALIVE = "com.faas-gpu.keep-alive"
 SCALE_ZERO = "com.faas-gpu.scale-zero"  # CE refuses com.openfaas.scale.zero; this is our own scaler's
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
+PANIC_WINDOW_S = 1.0
 
 
 class Predictor(Protocol):
@@ -371,12 +372,18 @@ class Autoscaler:
                 self.harmony.tick(now)
 
     def _measure(self, state: _State, now: float) -> float:
+        """The arrival rate: the larger of the window's and the last second's (Knative's panic
+        window): a step of load is answered with instances sized for the step, not for the first
+        sliver of it that a slow average lets through, and a dip does not release at once."""
         with state.lock:
             state.samples.append((now, state.arrivals))
         while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
             state.samples.popleft()
         (t0, n0), (t1, n1) = state.samples[0], state.samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        stable = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        recent = next((s for s in reversed(state.samples) if t1 - s[0] >= PANIC_WINDOW_S), None)
+        panic = (n1 - recent[1]) / (t1 - recent[0]) if recent is not None and t1 > recent[0] else 0.0
+        return max(stable, panic)
 
     def _decide(self, state: _State, now: float) -> None:
         p = state.policy

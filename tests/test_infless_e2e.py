@@ -23,12 +23,13 @@ from tests.stack_process import StackProcess
 
 pytestmark = pytest.mark.slow
 
-# A deep MLP: at batch 1 it is bound by reading its weights, so batching pays (as for real models).
+# A deep MLP, ~25 ms at batch 1 here, so that a load well above one instance's r_up is within this
+# machine's reach; at batch 1 it is bound by reading its weights, so batching pays (as for real models).
 MODEL = """
 import torch
 from torch import nn
 
-WIDTH, DEPTH, INPUT = 2048, 14, 256
+WIDTH, DEPTH, INPUT = 2048, 35, 256
 
 
 def make() -> nn.Module:
@@ -79,7 +80,7 @@ def project(tmp_path_factory):
                 "image": "infless/mlp:latest",
                 "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "4"},
                 "annotations": {
-                    "com.faas-gpu.model": "mlp-14x2048",
+                    "com.faas-gpu.model": "mlp-35x2048",
                     "com.faas-gpu.model-source": "model.py:make",
                     "com.faas-gpu.input-shape": "256",
                     # a loose SLO: small residual loads can still fill a batch before its timeout
@@ -142,7 +143,7 @@ def test_deploy_without_a_profile_is_refused_naming_the_model(project, stack):
     proc = cli(project, stack, "deploy", "-f", "stack.yml", "--gateway", stack.url, check=False)
     assert proc.returncode != 0
     err = proc.stdout.decode() + proc.stderr.decode()
-    assert "mlp-14x2048" in err and "faas-gpu profile" in err
+    assert "mlp-35x2048" in err and "faas-gpu profile" in err
 
 
 def test_an_slo_below_the_predicted_latency_is_refused_with_the_figure(project, stack):
@@ -186,7 +187,7 @@ def test_instances_of_two_batch_sizes_follow_a_changing_load(project, stack):
     assert any(int(r.headers.get("X-Faas-Gpu-Batch", "1")) > 1 for r in answers)  # batches really formed
 
     described = cli(project, stack, "describe", "mlp", "--gateway", stack.url).stdout.decode()
-    assert "mlp-14x2048" in described and "R_UP" in described
+    assert "mlp-35x2048" in described and "R_UP" in described
 
     # the load goes away: surplus instances are released, down to com.openfaas.scale.min
     deadline = time.monotonic() + 60
