@@ -87,6 +87,7 @@ class ClientConfig:
     app_timeouts: dict[str, float] = field(default_factory=dict)
     default_class: str | None = None
     max_inflight: int = 32
+    model_name: str | None = None  # FAAS_GPU_MODEL (com.faas-gpu.model): sent as X-Faas-Gpu-Model
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -106,6 +107,7 @@ class ClientConfig:
             app_timeouts=app_timeouts(env),
             default_class=env.get("FAAS_GPU_CLASS") or None,
             max_inflight=int(env.get("FAAS_GPU_MAX_INFLIGHT", "32") or 32),
+            model_name=(env.get("FAAS_GPU_MODEL") or "").strip() or None,
         )
 
 
@@ -309,6 +311,8 @@ class RemoteModel(torch.nn.Module):
             headers.update({"X-Faas-Gpu-Class": "strict", "X-Faas-Gpu-Deadline-Ms": f"{slo_ms:g}"})
         if self.config.gpu_share:
             headers["X-Faas-Gpu-Share"] = str(self.config.gpu_share)
+        if self.config.model_name:
+            headers["X-Faas-Gpu-Model"] = self.config.model_name
         r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
         return decode(r.content), {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
 

@@ -9,6 +9,8 @@ list the GPUs and change a GPU's MIG geometry.
   "drain_timeout_s": 30}: 200 {gpu, geometry, units: [unit status]}; 400 {error,
   valid_profiles: {name: max count}, valid_geometries: [[...]]} for a geometry the GPU cannot
   take; 409 when MIG mode is off or the units did not drain in time; 404 for no such GPU.
+- `POST /v1/jobs/<digest>?unit=<id>` on a unit that is draining (503) or not a unit of this node
+  (404) answers `X-Faas-Gpu-Unit-State: draining | unknown`, so the scheduler places it again.
 
 Every /v1/ route needs `Authorization: Bearer <token>` (the node's token file); the API is for
 the scheduler and the functions' GPU clients, not for the world.
@@ -28,10 +30,19 @@ from .wire import WireError, decode
 from .worker import ModelInputError, ModelLoadError, WorkerDied
 
 TENSOR = "application/x-faas-gpu-tensor"
+UNIT_STATE_HEADER = "X-Faas-Gpu-Unit-State"  # on a job refused because its unit is "draining" or "unknown"
 
 
 def _text(message: str, status: int) -> Response:
     return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def _unavailable(message: str, status: int, state: str) -> Response:
+    """The unit cannot take jobs (draining for a reconfiguration, or gone): the scheduler drops it
+    from its view at once and places the job elsewhere, rather than retrying the same unit."""
+    resp = _text(message, status)
+    resp.headers[UNIT_STATE_HEADER] = state
+    return resp
 
 
 def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 * 1024) -> Flask:
@@ -72,7 +83,9 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(str(exc), 400)
         except ModelInputError as exc:
             return _text(f"model: {exc}", 400)
-        except (UnknownModel, UnknownUnit) as exc:
+        except UnknownUnit as exc:
+            return _unavailable(str(exc), 404, "unknown")
+        except UnknownModel as exc:
             return _text(str(exc), 404)
         except ModelDoesNotFit as exc:
             return _text(str(exc), 507)
@@ -80,7 +93,9 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(str(exc), 400)
         except WorkerDied as exc:
             return _text(f"unit {unit}: {exc}", 503)
-        except (UnitDraining, MPSError) as exc:
+        except UnitDraining as exc:
+            return _unavailable(str(exc), 503, "draining")
+        except MPSError as exc:
             return _text(str(exc), 503)
         resp = Response(result.payload, mimetype=TENSOR)
         resp.headers.update(

@@ -25,6 +25,21 @@ class UnitInfo:
     index: int  # the GPU's index; MIG devices share their parent's
     parent: str | None = None  # the GPU's UUID, for a MIG device
 
+    @property
+    def profile(self) -> str | None:
+        """A MIG device's profile ("4g.20gb"), from NVML's name "NVIDIA A100-SXM4-40GB MIG 4g.20gb"; None otherwise."""
+        if self.kind != "mig":
+            return None
+        _, sep, profile = self.name.rpartition(" MIG ")
+        return profile.strip() if sep else None
+
+    @property
+    def gpu_name(self) -> str | None:
+        """The GPU model's name ("NVIDIA A100-SXM4-40GB"): a reconfiguration controller matches its MIG table on it."""
+        if self.kind == "cpu":
+            return None
+        return self.name.rpartition(" MIG ")[0] if self.kind == "mig" and " MIG " in self.name else self.name
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -222,6 +222,8 @@ class GPUManager:
                 "kind": s.info.kind,
                 "name": s.info.name,
                 "gpu": s.info.index,
+                "profile": s.info.profile,  # MIG profile ("4g.20gb"), None for a whole GPU or a cpu unit
+                "gpu_name": s.info.gpu_name,
                 "memory_mb": s.info.memory_mb,
                 "used_mb": s.cache.used_mb,
                 "state": "draining" if s.draining else "busy" if s.busy_since is not None else "idle",

@@ -1,4 +1,9 @@
-"""The scheduler's HTTP API for the functions' GPU clients (token-protected)."""
+"""The scheduler's HTTP API for the functions' GPU clients (token-protected).
+
+`POST /v1/jobs/<digest>` takes `X-Faas-Gpu-Class`, `X-Faas-Gpu-Deadline-Ms` and
+`X-Faas-Gpu-Model`: the model's name in PROTEAN's assumptions file (`resnet50`, ...), which the
+GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from gpu_manager.wire import WireError, decode
 
 from .core import Scheduler
 from .leader import LeaderElection
+
+MODEL_HEADER = "X-Faas-Gpu-Model"
 
 
 def _text(message: str, status: int) -> Response:
@@ -62,7 +69,10 @@ def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_t
             deadline_ms = request.headers.get("X-Faas-Gpu-Deadline-Ms")
             deadline = float(deadline_ms) / 1000 if deadline_ms else None
             klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
-            job = scheduler.submit(digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT)
+            model = (request.headers.get(MODEL_HEADER) or "").strip()[:100] or None
+            job = scheduler.submit(
+                digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT, model=model
+            )
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)
         except (WireError, ValueError) as exc:

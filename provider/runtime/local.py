@@ -459,6 +459,7 @@ GPU_ANNOTATIONS = {
     "com.faas-gpu.max-batch": "FAAS_GPU_MAX_BATCH",
     "com.faas-gpu.batch-timeout-ms": "FAAS_GPU_BATCH_TIMEOUT_MS",
     "com.faas-gpu.class": "FAAS_GPU_CLASS",
+    "com.faas-gpu.model": "FAAS_GPU_MODEL",  # the model's name; jobs carry it (X-Faas-Gpu-Model) for PROTEAN
 }
 
 
