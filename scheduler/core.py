@@ -10,6 +10,12 @@ Jobs first wait in PROTEAN's class queue (`ClassQueue`): strict jobs, earliest d
 before best-effort ones, which are never held longer than `be_max_wait_s`. The placement policy
 sees only as many queued jobs as there are units (its look-ahead for locality), so under
 overload strict work overtakes best-effort work instead of queueing behind it.
+
+PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`, with `--reconfigure`) reads the jobs
+resident per unit (`resident_jobs`) and holds a GPU's units (`hold_units`) while it re-slices
+the GPU: a held unit is busy to the placement policy, so nothing new lands on it. A unit that
+answers it is draining or gone (`X-Faas-Gpu-Unit-State`) leaves the view at once and its job is
+placed again.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from dataclasses import dataclass, field
 
 import requests
 
+from faas_gpu.cordon import cordoned_nodes
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies import Dispatch, Model, ModelCache, PlacementError, Request, Unit, make_scheduler
 from faas_gpu.policies.protean.classes import ClassQueue
+from gpu_manager.api import UNIT_STATE_HEADER
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
@@ -38,6 +46,7 @@ MAX_ATTEMPTS = 5
 NO_UNITS_TIMEOUT_S = 10.0  # queued jobs fail with 503 when no GPU Manager has reported for this long
 BE_MAX_WAIT_S = 5.0  # a best-effort job waits at most this long behind strict ones
 NO_SLO_S = 3600.0  # a strict job without an SLO sorts after those with one
+UNAVAILABLE_HOLD_S = 2.0  # a unit that said it is draining or gone gets no job for this long
 
 
 @dataclass
@@ -60,10 +69,16 @@ class Job:
     queued: bool = True  # waiting (class queue or the policy's queues), not running
     best_effort: bool = False
     admitted: bool = False  # handed to the placement policy
+    model: str | None = None  # the model's name (X-Faas-Gpu-Model), for PROTEAN's slowdown specs
+    unit: str | None = None  # node/unit it runs on, while it runs
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome
         self.done.set()
+
+
+class UnitUnavailable(requests.RequestException):
+    """The manager says the unit is draining for a reconfiguration or no longer exists."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,9 @@ class Scheduler:
         self._no_units_since: float | None = None
         self.be_max_wait_s = be_max_wait_s
         self._admission: ClassQueue[Job] = ClassQueue(be_max_wait_s)
+        self._refresh_seq = self._refresh_applied = 0  # a stale read of the reports never wins
+        self._held: set[str] = set()  # node/unit keys of units whose GPU is being reconfigured
+        self._held_until: dict[str, float] = {}  # units that said they are draining or gone: until when
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
         self._loop = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -120,16 +138,31 @@ class Scheduler:
 
     # -- live state ----------------------------------------------------------------------
     def refresh_units(self) -> None:
-        """Rebuild the policy's units when the managers' reports change; queued jobs carry over."""
+        """Rebuild the policy's units when the managers' reports change; queued jobs carry over.
+
+        Units of cordoned nodes (`faas_gpu.cordon`: a spot node with an eviction notice, one
+        being retired) are left out, so nothing new is placed there; their running jobs finish.
+        Reads run outside the lock, so one that began before a later, applied read is dropped."""
+        with self._lock:
+            self._refresh_seq += 1
+            seq = self._refresh_seq
         found = []
+        cordoned = cordoned_nodes(self.ds)
         for kv in self.ds.get_prefix(STATUS_PREFIX):
             try:
                 s = json.loads(kv.value)
+                if s["node"] in cordoned:
+                    continue
                 found.append(UnitRef(f"{s['node']}/{s['unit']}", s["node"], s["unit"], s["url"], float(s["memory_mb"])))
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed unit report at %s", kv.key)
         found.sort(key=lambda u: u.key)
         with self._lock:
+            if seq < self._refresh_applied:
+                return
+            self._refresh_applied = seq
+            if not found and any(u.node in cordoned for u in self._units):
+                self._units, self._policy = [], None  # every unit left is cordoned: jobs wait for a new one
             if not found:
                 self._no_units_since = self._no_units_since or self.clock()
                 if self.clock() - self._no_units_since > self.no_units_timeout_s:
@@ -198,12 +231,19 @@ class Scheduler:
         self._models[model.name] = model
 
     # -- jobs ----------------------------------------------------------------------------
-    def submit(self, digest: str, payload: bytes, deadline_s: float | None = None, best_effort: bool = False) -> Job:
+    def submit(
+        self,
+        digest: str,
+        payload: bytes,
+        deadline_s: float | None = None,
+        best_effort: bool = False,
+        model: str | None = None,
+    ) -> Job:
         with self._lock:
             self._model(digest)
             now = self.clock()
             deadline = None if best_effort or not deadline_s else now + deadline_s
-            job = Job(self._next_id, digest, payload, now, deadline, best_effort=best_effort)
+            job = Job(self._next_id, digest, payload, now, deadline, best_effort=best_effort, model=model)
             self._next_id += 1
             self._jobs[job.id] = job
             self._admission.push(job, now, None if best_effort else (deadline or now + NO_SLO_S))
@@ -226,6 +266,52 @@ class Scheduler:
         with self._lock:
             return (self._policy.queued() if self._policy else 0) + len(self._admission)
 
+    def resident_jobs(self) -> list[tuple[str | None, bool, str | None]]:
+        """(node/unit key, best-effort, model) of every job waiting or running; the key is None
+        while the job waits in the global queues, the unit's when it runs or waits in its local queue."""
+        with self._lock:
+            local: dict[int, str] = {}
+            if self._policy is not None:
+                for i, u in self._policy.units.items():
+                    for r in u.local_queue:
+                        if i < len(self._units):
+                            local[r.id] = self._units[i].key
+            return [(j.unit or local.get(j.id), j.best_effort, j.model) for j in self._jobs.values()]
+
+    # -- holds (a GPU being reconfigured) ------------------------------------------------
+    def hold_units(self, keys: set[str]) -> None:
+        """Place nothing new on these units (node/unit keys) until `release_units`."""
+        with self._wake:
+            self._held |= set(keys)
+            self._apply_holds()
+
+    def release_units(self, keys: set[str]) -> None:
+        with self._wake:
+            self._held -= set(keys)
+            self._unhold(set(keys) - set(self._held_until))
+            self._wake.notify_all()
+
+    def _unhold(self, keys: set[str]) -> None:
+        if self._policy is None:
+            return
+        for i, u in enumerate(self._units):
+            if u.key in keys and self._policy.units[i].running is None:
+                self._policy.idle.add(i)
+
+    def _apply_holds(self) -> None:
+        """A held unit is busy to the placement policy (it may come back idle after each completion)."""
+        now = self.clock()
+        expired = {k for k, until in self._held_until.items() if until <= now}
+        for k in expired:
+            del self._held_until[k]
+        self._unhold(expired - self._held)
+        held = self._held | set(self._held_until)
+        if self._policy is None or not held:
+            return
+        for i, u in enumerate(self._units):
+            if u.key in held:
+                self._policy.idle.discard(i)
+
     def _run(self) -> None:
         last_refresh = 0.0
         while not self._stop.is_set():
@@ -237,12 +323,14 @@ class Scheduler:
                 last_refresh = time.monotonic()
             with self._wake:
                 self._admit(self.clock())
+                self._apply_holds()
                 decisions = self._policy.schedule(self.clock()) if self._policy else []
+                units = self._units
                 for d in decisions:
-                    self._jobs[d.request.id].queued = False
+                    job = self._jobs[d.request.id]
+                    job.queued, job.unit = False, units[d.unit].key
                 if not decisions:
                     self._wake.wait(0.5)
-                units = self._units
             for d in decisions:
                 self._pool.submit(self._execute, d, units[d.unit])
 
@@ -258,11 +346,17 @@ class Scheduler:
             retry = job.attempts < MAX_ATTEMPTS
             if not retry:
                 outcome = JobOutcome(503, f"unit {unit.key}: {exc}\n".encode())
-            if isinstance(exc, requests.ConnectionError):
+            if isinstance(exc, UnitUnavailable):  # refused, not run: no attempt spent, the unit rests
+                job.attempts -= 1
+                retry = True
+                with self._lock:
+                    self._held_until[unit.key] = self.clock() + UNAVAILABLE_HOLD_S
+            if isinstance(exc, requests.ConnectionError | UnitUnavailable):
                 self._forget_unit(unit)
         with self._wake:
             if self._policy is not None and self._units and d.unit < len(self._units) and self._units[d.unit] == unit:
                 self._policy.complete(d.unit, self.clock())
+            job.unit = None
             if retry:
                 job.queued = True
                 if self._policy is not None:
@@ -297,6 +391,8 @@ class Scheduler:
                 up.raise_for_status()
                 continue
             break
+        if r.headers.get(UNIT_STATE_HEADER) in ("draining", "unknown"):
+            raise UnitUnavailable(f"unit {unit.key}: {r.headers[UNIT_STATE_HEADER]} ({r.text.strip()[:200]})")
         if r.status_code == 200:
             load_s = float(r.headers.get("X-Faas-Gpu-Load-Seconds", 0))
             exec_s = float(r.headers.get("X-Faas-Gpu-Execute-Seconds", 0))
