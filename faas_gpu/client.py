@@ -87,7 +87,7 @@ class ClientConfig:
     app_timeouts: dict[str, float] = field(default_factory=dict)
     default_class: str | None = None
     max_inflight: int = 32
-    model_name: str | None = None  # FAAS_GPU_MODEL (com.faas-gpu.model): sent as X-Faas-Gpu-Model
+    model_name: str | None = None  # sent as X-Faas-Gpu-Model: FAAS_GPU_PROTEAN_MODEL, else FAAS_GPU_MODEL
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientConfig | None:
@@ -107,7 +107,7 @@ class ClientConfig:
             app_timeouts=app_timeouts(env),
             default_class=env.get("FAAS_GPU_CLASS") or None,
             max_inflight=int(env.get("FAAS_GPU_MAX_INFLIGHT", "32") or 32),
-            model_name=(env.get("FAAS_GPU_MODEL") or "").strip() or None,
+            model_name=(env.get("FAAS_GPU_PROTEAN_MODEL") or env.get("FAAS_GPU_MODEL") or "").strip() or None,
         )
 
 

@@ -7,6 +7,8 @@ GPU Reconfigurator uses for a best-effort job's memory; any other name is only a
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask, Response, jsonify, request
 
 from faas_gpu.policies import PlacementError
@@ -26,7 +28,10 @@ def _text(message: str, status: int) -> Response:
     return Response(message + "\n", status=status, mimetype="text/plain")
 
 
-def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300) -> Flask:
+def create_app(
+    scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300, reconfig: Any = None
+) -> Flask:
+    """`reconfig`: the GPU Reconfigurator (`scheduler.reconfigure.ReconfigController`), shown in /v1/status."""
     app = Flask("faas-gpu-scheduler")
 
     require_bearer_token(app, token)
@@ -44,6 +49,7 @@ def create_app(scheduler: Scheduler, election: LeaderElection, token: str, job_t
                 "queued": scheduler.queued(),
                 "deadline_misses": scheduler.deadline_misses,
                 "units": [u.key for u in scheduler._units],
+                **({"reconfigurator": reconfig.status()} if reconfig is not None else {}),
             }
         )
 

@@ -1,4 +1,8 @@
-"""`python -m scheduler`: the global scheduler (LALB-O3), one leader among its replicas."""
+"""`python -m scheduler`: the global scheduler (LALB-O3), one leader among its replicas.
+
+With `--reconfigure` the leader also runs PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`):
+every `--monitor-interval` seconds it re-slices MIG GPUs through their managers.
+"""
 
 from __future__ import annotations
 
@@ -46,8 +50,32 @@ class _Daemon:
         election.start()
         scheduler.start()
         self.parts = (scheduler, election)
+        reconfig = self._reconfigurator(scheduler, token, election) if a.reconfigure else None
         log.info("scheduler %s started (%s)", identity, "leader" if election.is_leader.is_set() else "follower")
-        return create_app(scheduler, election, token)
+        return create_app(scheduler, election, token, reconfig=reconfig)
+
+    def _reconfigurator(self, scheduler, token: str, election):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from faas_gpu.policies.protean.slowdown import default_assumptions, parse_assumptions
+
+        from .reconfigure import ReconfigController, reconfigurator_from_assumptions
+
+        a = self.args
+        assumptions = parse_assumptions(a.protean_assumptions.read_text()) if a.protean_assumptions else None
+        controller = ReconfigController(
+            scheduler,
+            reconfigurator_from_assumptions(assumptions or default_assumptions()),
+            token,
+            interval_s=a.monitor_interval,
+            drain_timeout_s=a.reconfig_drain_timeout,
+            is_leader=election.is_leader.is_set,
+            executor=ThreadPoolExecutor(4, thread_name_prefix="reconfigure"),
+        )
+        controller.start()
+        self.parts = (*self.parts, controller)
+        log.info("GPU Reconfigurator on: MIG %s GPUs, every %gs", controller.gpu_model.name, a.monitor_interval)
+        return controller
 
     def close(self) -> None:
         for part in self.parts[::-1]:
@@ -70,9 +98,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--be-max-wait", type=float, default=5.0, help="longest a best-effort job waits behind strict ones (s)"
     )
+    p.add_argument(
+        "--reconfigure",
+        action="store_true",
+        help="PROTEAN's GPU Reconfigurator: the leader re-slices MIG GPUs (off: CPU/sim back ends have no MIG)",
+    )
+    p.add_argument("--monitor-interval", type=float, default=1.0, help="with --reconfigure: Alg. 2's W (s)")
+    p.add_argument(
+        "--reconfig-drain-timeout",
+        type=float,
+        default=10.0,
+        help="with --reconfigure: how long a manager waits for a GPU's running jobs before refusing (s)",
+    )
+    p.add_argument(
+        "--protean-assumptions",
+        type=Path,
+        help="with --reconfigure: PROTEAN's assumptions file (models, GPU, thresholds; default: the package's)",
+    )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--threads", type=int, default=64)
     args = p.parse_args(argv)
+    if args.monitor_interval <= 0:
+        p.error("--monitor-interval: must be > 0")
     if args.home is None:
         from faas_gpu import paths
 

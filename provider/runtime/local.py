@@ -459,7 +459,10 @@ GPU_ANNOTATIONS = {
     "com.faas-gpu.max-batch": "FAAS_GPU_MAX_BATCH",
     "com.faas-gpu.batch-timeout-ms": "FAAS_GPU_BATCH_TIMEOUT_MS",
     "com.faas-gpu.class": "FAAS_GPU_CLASS",
-    "com.faas-gpu.model": "FAAS_GPU_MODEL",  # the model's name; jobs carry it (X-Faas-Gpu-Model) for PROTEAN
+    # the model's name, carried by its jobs (X-Faas-Gpu-Model) for PROTEAN's slowdown specs;
+    # protean-model when the name in PROTEAN's assumptions differs from the profiled one
+    "com.faas-gpu.model": "FAAS_GPU_MODEL",
+    "com.faas-gpu.protean-model": "FAAS_GPU_PROTEAN_MODEL",
 }
 
 
