@@ -368,3 +368,47 @@ def test_the_client_names_its_model_to_the_scheduler():
     assert ClientConfig.from_env(env).model_name == "resnet-mini"
     assert ClientConfig.from_env({**env, "FAAS_GPU_PROTEAN_MODEL": " resnet50 "}).model_name == "resnet50"
     assert ClientConfig.from_env({"FAAS_GPU_SCHEDULER_URL": "http://s"}).model_name is None
+
+
+def test_the_loop_acts_only_while_leader_and_reads_the_scheduler_jobs(tmp_path):
+    node = Node(tmp_path)
+    leader = threading.Event()
+    ctl = node.controller
+    ctl.is_leader, ctl.interval_s, ctl.sample_s = leader.is_set, 0.05, 0.01
+    ctl.clock = time.monotonic
+    units = [f"n1/{u}" for u in node.manager.units]
+    # six best-effort resnet50 jobs: three queued, three on the GPU's slices
+    node.scheduler.resident_jobs = lambda: [(None, True, BE)] * 3 + [(k, True, BE) for k in units]
+    try:
+        ctl.start()
+        time.sleep(0.3)  # many rounds as a follower: nothing observed, nothing asked
+        assert node.posts == [] and node.geometry() == ["4g.20gb", "2g.10gb", "1g.5gb"]
+        leader.set()
+        deadline = time.monotonic() + 20
+        while node.geometry() != ["4g.20gb", "3g.20gb"]:
+            assert time.monotonic() < deadline, node.controller.status()
+            time.sleep(0.02)
+        assert node.posts[0] == 200
+    finally:
+        ctl.stop()
+        node.close()
+
+
+def test_the_scheduler_daemon_runs_the_reconfigurator_with_the_flag(tmp_path):
+    from tests.test_scheduler import Daemon
+
+    home = tmp_path / "home"
+    home.mkdir()
+    sched = Daemon("scheduler", home, "--reconfigure", "--monitor-interval", "0.5")
+    try:
+        token = (home / "secrets" / "gpu-manager-token").read_text().strip()
+        status = requests.get(f"{sched.url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=5).json()
+        assert status["reconfigurator"] == {"gpus": {}, "left_alone": {}, "recent": []}
+    finally:
+        sched.kill()
+    plain = Daemon("scheduler", home)
+    try:
+        status = requests.get(f"{plain.url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=5).json()
+        assert "reconfigurator" not in status
+    finally:
+        plain.kill()
