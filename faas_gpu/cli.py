@@ -395,6 +395,15 @@ def _print_instances(d: dict) -> None:
     if d.get("policy") == "harmonybatch":
         _print_groups(d)
         return
+    if d.get("policy") == "protean":
+        print(
+            f"{'Scaling:':<20} protean: one container per batch of {d.get('batch')}; {d.get('requests', 0)} "
+            f"requests in flight at the last tick need {d.get('needed', 0)}, {d.get('replicas', 0)} desired; "
+            f"surplus ones stop after {d.get('surplusWindowS', 0):g} s"
+        )
+        for i in d.get("instances") or []:
+            print(f"  {i['id']:<36} ready: {'yes' if i.get('ready') else 'no'}")
+        return
     ka = d.get("keepAlive") or {}
     effort = ", best effort" if d.get("bestEffort") else ""
     print(f"{'Model:':<20} {d.get('model')} (SLO {d.get('sloMs'):g} ms{effort})")

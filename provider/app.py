@@ -24,6 +24,7 @@ from .harmony import HarmonyPools
 from .invoke import Invoker
 from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
+from .protean import ProteanFunctions
 from .runtime.local import LocalRuntime
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
@@ -73,6 +74,9 @@ def build_provider(config: ProviderConfig) -> Provider:
             set_replicas=store.set_replicas,
             gpu_path=bool(config.scheduler_url),
             plan_period_s=config.harmony_plan_period_s,
+        ),
+        protean=ProteanFunctions(
+            runtime, set_replicas=store.set_replicas, surplus_window_s=config.protean_surplus_window_s
         ),
     )
     invoker.dispatcher = autoscaler

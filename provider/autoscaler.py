@@ -11,7 +11,10 @@ function to zero and starts it again before the arrival it predicts. `com.openfa
 and `com.openfaas.scale.max` bound everything.
 
 This is the one autoscaler of the provider: other scaling policies plug in as policy objects
-here, not as a second loop.
+here, not as a second loop. Three do: INFless (this module, the default for a function that
+names a model), HarmonyBatch pools (`harmony.py`, for a function that declares apps) and PROTEAN's
+one container per batch (`protean.py`, opted into with `com.faas-gpu.scaling: protean`). Each
+function is governed by exactly one of them (`scaling_of`), so their decisions never conflict.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from faas_gpu.policies.infless import (
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 
 from .config import parse_duration
-from .harmony import HarmonyPools
+from .harmony import APPS, HarmonyPools
+from .protean import SCALING, ProteanFunctions
 from .runtime.local import InstanceSpec
 from .types import FunctionRecord, ValidationError
 
@@ -56,6 +60,7 @@ SLO = "com.faas-gpu.slo-ms"
 BEST_EFFORT = "com.faas-gpu.best-effort"
 KEEP_ALIVE = "com.faas-gpu.keep-alive"
 SCALE_ZERO = "com.faas-gpu.scale-zero"  # CE refuses com.openfaas.scale.zero; this is our own scaler's
+SCALING_POLICIES = ("infless", "harmonybatch", "protean")
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
 PANIC_WINDOW_S = 1.0
 
@@ -104,6 +109,28 @@ class FunctionPolicy:
             lo,
             hi,
         )
+
+
+def scaling_of(record: FunctionRecord) -> str | None:
+    """The one policy that scales a function: `com.faas-gpu.scaling` when set, else harmonybatch
+    for a function that declares apps, infless for one that names a model, None for the rest."""
+    ann = record.deployment.annotations or {}
+    raw = ann.get(SCALING)
+    if raw is None:
+        return "harmonybatch" if APPS in ann else "infless" if MODEL in ann else None
+    name = raw.strip().lower()
+    if name not in SCALING_POLICIES:
+        raise ValidationError(f"annotations: {SCALING} must be one of {', '.join(SCALING_POLICIES)}, got {raw!r}")
+    if name == "infless" and MODEL not in ann:
+        raise ValidationError(f"annotations: {SCALING}: infless needs {MODEL} and {SLO}")
+    if name == "harmonybatch" and APPS not in ann:
+        raise ValidationError(f"annotations: {SCALING}: harmonybatch needs {APPS}")
+    if name != "harmonybatch" and APPS in ann:
+        raise ValidationError(
+            f"annotations: {APPS} declares HarmonyBatch apps but {SCALING} is {name!r}: a function has one scaling "
+            "policy"
+        )
+    return name
 
 
 def _flag(values: dict[str, str], key: str) -> bool:
@@ -205,6 +232,7 @@ class Autoscaler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         harmony: HarmonyPools | None = None,
+        protean: ProteanFunctions | None = None,
     ):
         self.runtime = runtime
         self.ds = datastore
@@ -215,6 +243,7 @@ class Autoscaler:
         self.period_s, self.window_s = period_s, window_s
         self.clock, self.wall = clock, wall
         self.harmony = harmony  # functions that declare applications (HarmonyBatch groups)
+        self.protean = protean or ProteanFunctions(runtime, set_replicas=set_replicas)  # scaling: protean
         self._fns: dict[tuple[str, str], _State] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -230,7 +259,11 @@ class Autoscaler:
 
     def validate(self, record: FunctionRecord) -> FunctionPolicy | None:
         """Refuse a model without a profile, or an SLO below the model's best predicted latency."""
-        if self.harmony is not None and self.harmony.declares(record):
+        kind = scaling_of(record)
+        if kind == "protean":
+            self.protean.validate(record)
+            return None
+        if kind == "harmonybatch" and self.harmony is not None:
             self.harmony.validate(record)
             return None
         policy = FunctionPolicy.of(record)
@@ -256,13 +289,25 @@ class Autoscaler:
     def prepare(self, record: FunctionRecord) -> None:
         """Before the runtime applies a deploy: managed functions get their instance plan first."""
         key = record.key
-        if self.harmony is not None and self.harmony.declares(record):
+        kind = scaling_of(record)
+        if kind == "protean":
+            with self._lock:
+                old = self._fns.pop(key, None)
+                if self.harmony is not None:
+                    self.harmony.forget(key)
+                self.protean.prepare(record)
+            if old is not None:
+                self.ds.delete(PLANS_PREFIX + f"{key[0]}/{key[1]}")
+            return
+        if kind == "harmonybatch" and self.harmony is not None:
             with self._lock:
                 self._fns.pop(key, None)
+                self.protean.forget(key)
                 self.harmony.prepare(record, self.clock())
             return
         policy = self.validate(record)
         with self._lock:
+            self.protean.forget(key)
             if self.harmony is not None:
                 self.harmony.forget(key)
             old = self._fns.get(key)
@@ -284,19 +329,23 @@ class Autoscaler:
     def forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._fns.pop(key, None)
+            self.protean.forget(key)
             if self.harmony is not None:
                 self.harmony.forget(key)
         self.ds.delete(PLANS_PREFIX + f"{key[0]}/{key[1]}")
         self.history.forget(f"{key[0]}/{key[1]}")
 
     def manages(self, key: tuple[str, str]) -> bool:
-        return key in self._fns or (self.harmony is not None and self.harmony.manages(key))
+        return key in self._fns or self.protean.manages(key) or (self.harmony is not None and self.harmony.manages(key))
 
     # -- the hot path -----------------------------------------------------------------------
     def arrived(self, key: tuple[str, str], headers: dict[str, str] | None = None) -> None:
         """Count an arrival (HarmonyPools: per app; BadApp when its app header names none)."""
         if self.harmony is not None and self.harmony.manages(key):
             self.harmony.arrived(key, headers)
+            return
+        if self.protean.manages(key):
+            self.protean.arrived(key)
             return
         state = self._fns.get(key)
         if state is None:
@@ -306,11 +355,17 @@ class Autoscaler:
             state.last_arrival = self.wall()
         self.history.record(f"{key[0]}/{key[1]}", state.last_arrival)
 
+    def departed(self, key: tuple[str, str]) -> None:
+        """A request counted by `arrived` was answered or failed (PROTEAN counts those in flight)."""
+        self.protean.departed(key)
+
     def pick(
         self, key: tuple[str, str], ready: list[tuple[str, str]], headers: dict[str, str] | None = None
     ) -> str | None:
         if self.harmony is not None and self.harmony.manages(key):
             return self.harmony.pick(key, ready, headers)
+        if self.protean.manages(key):
+            return self.protean.pick(key, ready)
         state = self._fns.get(key)
         if state is None or not ready:
             return None
@@ -323,6 +378,9 @@ class Autoscaler:
     def scale_to(self, key: tuple[str, str], n: int) -> None:
         """/system/scale-function on a managed function: add efficient instances or drop the smallest."""
         with self._lock:
+            if self.protean.manages(key):
+                self.protean.scale_to(key, n)
+                return
             state = self._fns.get(key)
             if state is None:
                 return
@@ -338,6 +396,8 @@ class Autoscaler:
         if self.harmony is not None and self.harmony.manages(key):
             return True  # a plan always has a pool per group
         with self._lock:
+            if self.protean.manages(key):
+                return self.protean.scale_from_zero(key)
             state = self._fns.get(key)
             if state is None:
                 return False
@@ -370,6 +430,7 @@ class Autoscaler:
                 self._decide(state, now)
             if self.harmony is not None:
                 self.harmony.tick(now)
+            self.protean.tick(now)
 
     def _measure(self, state: _State, now: float) -> float:
         """The arrival rate: the larger of the window's and the last second's (Knative's panic
@@ -502,6 +563,8 @@ class Autoscaler:
     def describe(self, key: tuple[str, str]) -> dict | None:
         if self.harmony is not None and self.harmony.manages(key):
             return self.harmony.describe(key)
+        if self.protean.manages(key):
+            return self.protean.describe(key)
         state = self._fns.get(key)
         if state is None:
             return None

@@ -57,6 +57,8 @@ class ProviderConfig:
     harmony_coefficients: Path | None = None
     """HarmonyBatch latency/cost coefficients (model.json format); default <home>/harmony-models.json."""
     harmony_plan_period_s: float = 10.0
+    protean_surplus_window_s: float = 600.0
+    """PROTEAN's delayed termination: how long containers must stay surplus before they stop."""
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
 

@@ -146,11 +146,14 @@ class InvocationApp:
         t0 = time.perf_counter()
         try:
             url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
-            if url is None:
-                result = _error(503, f"No endpoints available for: {raw_name}.")
-            else:
-                result = self.invoker.forward(url, method, path, query, headers, body)
-                self.invoker.count(key)
+            try:
+                if url is None:
+                    result = _error(503, f"No endpoints available for: {raw_name}.")
+                else:
+                    result = self.invoker.forward(url, method, path, query, headers, body)
+                    self.invoker.count(key)
+            finally:
+                self.invoker.done(key)
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
         except BadApp as exc:  # a request class the function does not have (X-Faas-Gpu-App)

@@ -105,17 +105,27 @@ class Invoker:
         """A ready replica; a function scaled to zero or still starting is waited for.
 
         The dispatcher may add to `headers` (the request's application) and raises BadApp for
-        a request class it cannot place (the caller answers 400)."""
+        a request class it cannot place (the caller answers 400). Once it returns, the caller
+        calls `done(key)` when the request is over."""
         if not self._exists(key):
             raise NotFound(key)
         if self.dispatcher is not None:
             self.dispatcher.arrived(key, headers)
-        url = self.pick(key, headers)
-        if url is None:
-            scale_up(key)
-            if self.runtime.wait_ready(*key, self.ready_timeout_s):
-                url = self.pick(key, headers)
+        try:
+            url = self.pick(key, headers)
+            if url is None:
+                scale_up(key)
+                if self.runtime.wait_ready(*key, self.ready_timeout_s):
+                    url = self.pick(key, headers)
+        except BaseException:
+            self.done(key)
+            raise
         return url
+
+    def done(self, key: tuple[str, str]) -> None:
+        """The request `endpoint` counted has been answered or has failed (the dispatcher's in-flight count)."""
+        if self.dispatcher is not None:
+            self.dispatcher.departed(key)
 
     def count(self, key: tuple[str, str]) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from faas_gpu.serving import OneWorkerServer
 
-from .config import ProviderConfig
+from .config import ProviderConfig, parse_duration
 
 log = logging.getLogger("faas-gpu")
 
@@ -64,7 +64,16 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
     p.add_argument("--harmony-coefficients", type=Path, help="HarmonyBatch coefficients (model.json format)")
     p.add_argument("--harmony-plan-period", type=float, default=10.0, help="seconds between HarmonyBatch plans")
+    p.add_argument(
+        "--protean-surplus-window",
+        default="10m",
+        help="com.faas-gpu.scaling: protean stops containers only after they stayed surplus this long (default 10m)",
+    )
     a = p.parse_args(argv)
+    try:
+        surplus_s = parse_duration(a.protean_surplus_window, "--protean-surplus-window")
+    except ValueError as exc:
+        p.error(str(exc))
     overrides = {
         "bind": a.bind,
         "gateway_port": a.gateway_port,
@@ -76,6 +85,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "gpus": a.gpus,
         "autoscale_period_s": a.autoscale_period,
         "harmony_plan_period_s": a.harmony_plan_period,
+        "protean_surplus_window_s": surplus_s,
     }
     if a.harmony_coefficients:
         overrides["harmony_coefficients"] = a.harmony_coefficients.resolve()
