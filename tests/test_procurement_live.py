@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -17,12 +21,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import requests
 
 from faas_gpu.cordon import CORDON_PREFIX, cordon, cordoned_nodes, uncordon
 from faas_gpu.datastore import open_datastore
+from faas_gpu.paths import REPO_ROOT
+from faas_gpu.policies.protean import CostMeter, EmulatedCloud, NodeKind, Procurement
+from faas_gpu.procure import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 from scheduler.core import Scheduler
+from tests.stack_process import free_port
 
 
 @pytest.fixture(params=["embedded", "etcd"])
@@ -160,3 +169,192 @@ def test_jobs_wait_while_every_node_is_cordoned_and_run_on_the_replacement(ds, s
     scheduler.refresh_units()
     assert job.done.wait(30) and job.outcome.status == 200
     assert {node for node, _ in m.calls} == {"on-demand-2"}
+
+
+# -- the procurement daemon's loop body over the emulated cloud ---------------------------------
+def test_the_daemon_reads_the_units_where_managers_report_them():
+    assert UNITS_PREFIX == STATUS_PREFIX
+
+
+def test_prices_are_cocktails_spot_series_and_on_demand_is_its_mean_over_0_30(tmp_path):
+    spot, on_demand = load_prices(DEFAULT_SPOT_CSV)
+    assert spot.values[:2] == (0.045, 0.045) and spot.step_s == 60.0
+    assert on_demand == pytest.approx(spot.mean / 0.30)
+    with pytest.raises(ValueError, match="--spot-prices: cannot read"):
+        load_prices(tmp_path / "none.csv")
+    with pytest.raises(ValueError, match="no column 'spot9'"):
+        load_prices(DEFAULT_SPOT_CSV, "spot9")
+
+
+@pytest.fixture
+def procurer(ds, tmp_path):
+    spot, on_demand = load_prices(DEFAULT_SPOT_CSV)
+    cloud = EmulatedCloud(
+        7,
+        1.0,  # every ready spot node gets a notice at each revocation round...
+        spot_availability=1.0,
+        eviction_interval_s=10.0,  # ...at t = 10, 20, ...
+        notice_s=(30.0, 30.0),  # ...evicting it 30 s later
+        boot_s=2.0,
+        spot_prices=spot,
+        on_demand_per_hour=on_demand,
+    )
+    p = Procurer(
+        ds,
+        cloud,
+        Procurement(1, spot_retry_s=60.0),
+        CostMeter(spot, on_demand),
+        drain_grace_s=2.0,
+        status_path=tmp_path / "procurement.json",
+    )
+    p.cloud_ = cloud
+    return p
+
+
+def kinds(p: Procurer) -> dict[str, str]:
+    return {nid: h.node.kind.value for nid, h in p.nodes.items()}
+
+
+def test_eviction_notice_cordons_the_node_and_a_replacement_comes_spot_first_then_on_demand(
+    ds, procurer, scheduler, tmp_path
+):
+    p, cloud, m = procurer, procurer.cloud_, scheduler.managers
+    p.tick(0)
+    assert kinds(p) == {"spot-1": "spot"}  # spot first
+    report(ds, "spot-1", m.url("spot-1"), state="busy")  # its GPU Manager is up, running a job
+    for t in range(1, 10):
+        p.tick(t)
+    scheduler.start()
+    scheduler.refresh_units()
+    assert {u.node for u in scheduler._units} == {"spot-1"}
+
+    cloud.spot_availability = 0.0  # spot capacity runs out
+    p.tick(10)  # the notice: cordon, and a spot replacement that fails
+    assert cordoned_nodes(ds)["spot-1"]["reason"] == "eviction notice"
+    assert cordoned_nodes(ds)["spot-1"]["evictIn"] == 30.0
+    assert kinds(p) == {"spot-1": "spot"}
+    scheduler.refresh_units()
+    assert scheduler._units == []  # nothing new goes to the cordoned node
+    p.tick(11)  # spot failed: the backup is on-demand
+    assert kinds(p) == {"spot-1": "spot", "on-demand-2": "on-demand"}
+    report(ds, "on-demand-2", m.url("on-demand-2"))
+    scheduler.refresh_units()
+    assert run_jobs(scheduler, 6) == [200] * 6
+    assert {node for node, _ in m.calls} == {"on-demand-2"}
+
+    p.tick(12)
+    p.tick(13)
+    assert "spot-1" in p.nodes  # its running job has not finished: not released
+    report(ds, "spot-1", m.url("spot-1"), state="idle")
+    p.tick(14)
+    assert kinds(p) == {"on-demand-2": "on-demand"}  # drained: released, and gone everywhere
+    assert "spot-1" not in cloud.nodes and "spot-1" not in cordoned_nodes(ds)
+    assert ds.get_prefix(f"{STATUS_PREFIX}spot-1/") == []
+
+    status = json.loads((tmp_path / "procurement.json").read_text())
+    spot, on_demand = p.meter.spot, p.meter.on_demand_per_hour
+    assert status["cost"]["dollars"]["spot"] == pytest.approx(spot.integral_hours(0, 14), abs=1e-6)
+    assert status["cost"]["dollars"]["on-demand"] == pytest.approx(on_demand * 3 / 3600, abs=1e-6)
+    assert status["cost"]["nodeSeconds"] == {"spot": 14.0, "on-demand": 3.0}
+    assert status["cost"]["total"] < status["cost"]["onDemandEquivalent"]
+    assert status["counts"]["acquired"] == {"spot": 1, "on-demand": 1}
+    assert status["counts"]["failed"] == {"spot": 1, "on-demand": 0}
+    assert [(e["event"], e.get("node"), e.get("kind")) for e in status["events"]] == [
+        ("acquire", "spot-1", "spot"),
+        ("notice", "spot-1", None),
+        ("cordon", "spot-1", None),
+        ("acquire-failed", None, "spot"),
+        ("acquire", "on-demand-2", "on-demand"),
+        ("release", "spot-1", "spot"),
+    ]
+    assert [n["id"] for n in status["nodes"]] == ["on-demand-2"]
+
+    # spot is tried again after --spot-retry; once a spot node serves, the on-demand one retires
+    cloud.spot_availability = 1.0
+    for t in range(15, 72):
+        p.tick(t)
+    assert kinds(p) == {"on-demand-2": "on-demand", "spot-3": "spot"}
+    report(ds, "spot-3", m.url("spot-3"))
+    p.tick(72)
+    p.tick(73)
+    assert cordoned_nodes(ds)["on-demand-2"]["reason"] == "retired: spot is back"
+    p.tick(75)
+    assert kinds(p) == {"spot-3": "spot"}
+    assert p.meter.node_seconds[NodeKind.ON_DEMAND] == pytest.approx(75 - 11)
+
+
+def test_a_node_evicted_before_it_drains_is_removed(ds, procurer):
+    p, m = procurer, FakeManagers()
+    try:
+        p.tick(0)
+        report(ds, "spot-1", m.url("spot-1"), state="busy")
+        for t in range(1, 40):
+            p.tick(t)
+        assert "spot-1" in cordoned_nodes(ds)
+        p.tick(40)  # evicted at 10 + 30 s, still busy
+        assert "spot-1" not in p.nodes and "spot-1" not in cordoned_nodes(ds)
+        assert ds.get_prefix(f"{STATUS_PREFIX}spot-1/") == []
+        assert p.status()["counts"]["evicted"] == 1
+        assert p.meter.node_seconds[NodeKind.SPOT] >= 40
+    finally:
+        m.close()
+
+
+def test_the_daemon_serves_its_status_and_releases_its_nodes_when_stopped(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "faas_gpu.procure",
+            "--home",
+            str(tmp_path),
+            "--nodes",
+            "2",
+            "--p-rev",
+            "0",
+            "--boot",
+            "0",
+            "--no-managers",
+            "--period",
+            "0.2",
+            "--status-port",
+            str(port),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        status = wait_for(lambda: _status(port))
+        status = wait_for(lambda: (s := _status(port)) and len(s["nodes"]) == 2 and s)
+        assert {n["kind"] for n in status["nodes"]} == {"spot"}
+        assert status["prices"]["onDemandPerHour"] == pytest.approx(load_prices(DEFAULT_SPOT_CSV)[1])
+        assert requests.get(f"http://127.0.0.1:{port}/other", timeout=5).status_code == 404
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0].decode()
+    assert proc.returncode == 0, out
+    final = json.loads((tmp_path / "procurement.json").read_text())
+    assert final["nodes"] == [] and final["counts"]["released"] == 2
+    assert final["cost"]["dollars"]["spot"] > 0 and final["cost"]["dollars"]["on-demand"] == 0
+    assert "procure: acquire spot-1" in out
+
+
+def _status(port: int) -> dict | None:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/status", timeout=2).json() or None
+    except requests.RequestException:
+        return None
+
+
+def test_the_daemon_refuses_a_missing_price_file(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "faas_gpu.procure", "--home", str(tmp_path), "--spot-prices", str(tmp_path / "x.csv")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--spot-prices" in r.stderr
