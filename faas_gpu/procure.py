@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from faas_gpu.cloud import CloudProvider, EmulatedCloud
 from faas_gpu.cordon import cordon, uncordon
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies.protean import (
-    CloudProvider,
     CostMeter,
-    EmulatedCloud,
     Node,
     NodeKind,
     NodeState,

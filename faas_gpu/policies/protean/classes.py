@@ -156,6 +156,13 @@ class ClassQueue(Generic[T]):
     def pop_entry(self, now: float) -> Queued[T]:
         return heapq.heappop(self._next_heap(now))[2]
 
+    def pop_class(self, strict: bool) -> Queued[T]:
+        """The next entry of one class only: the earliest deadline, or the oldest best-effort entry."""
+        heap = self._strict if strict else self._be
+        if not heap:
+            raise IndexError(f"no {'strict' if strict else 'best-effort'} entry in the ClassQueue")
+        return heapq.heappop(heap)[2]
+
     def pop(self, now: float) -> T:
         return self.pop_entry(now).item
 
