@@ -15,12 +15,25 @@ model, not to the queue length. Skip counts ("visits") are kept implicitly: ever
 covers a prefix of the global queue, so visits never increase along the queue, and only the
 head's count is ever needed; it is the number of recorded skip boundaries above its sequence
 number (a heap).
+
+Unit preference (`unit_preference`, default None: the papers' policies as they are): a pure
+callable the driver may set, asked `(request, idle units)` whenever a request's unit is chosen
+among idle units. It returns the ids of the idle units it wants the request on, all equally
+good to it, or None when it has no opinion. Precedence: the preference first, cache locality
+second. A request it has an opinion on runs on one of the units it named: a unit that caches
+the model (a hit) if there is one, else the unit being served, else the least dispatched.
+Such a request is never parked in a busy unit's local queue (Alg. 2, lines 8-14), and an idle
+unit takes a cached request out of order only where the preference accepts that unit (checked
+on each model's oldest request). A preference that names no idle unit counts as no opinion.
+PROTEAN's Job Distribution (Alg. 1) over MIG slices is one such preference
+(`faas_gpu.policies.lalb_job_distribution`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from .model_cache import ModelCache, ModelTooLarge
@@ -81,7 +94,13 @@ class PlacementError(ValueError):
     pass
 
 
+UnitPreference = Callable[[Request, Sequence[Unit]], Collection[int] | None]
+"""(request, idle units) -> the ids of the idle units wanted for it, all equally good; None: no opinion."""
+
+
 class _Base:
+    unit_preference: UnitPreference | None = None
+
     def __init__(self, units: list[Unit], models: dict[str, Model]):
         if not units:
             raise PlacementError("units: at least one unit is needed")
@@ -130,6 +149,34 @@ class _Base:
         """Idle units, least often dispatched to first, then by id (the paper's order by frequency)."""
         return sorted((self.units[i] for i in self.idle), key=lambda u: (u.dispatches, u.id))
 
+    # -- the unit preference ------------------------------------------------------------
+    def preferred_units(self, request: Request) -> set[int] | None:
+        """The idle units `unit_preference` wants `request` on; None when it has no opinion."""
+        if self.unit_preference is None or not self.idle:
+            return None
+        wanted = self.unit_preference(request, self.idle_order())
+        if wanted is None:
+            return None
+        return {i for i in wanted if i in self.idle} or None
+
+    def _accepts(self, request: Request, unit: Unit) -> bool:
+        if self.unit_preference is None:
+            return True
+        wanted = self.preferred_units(request)
+        return wanted is None or unit.id in wanted
+
+    def _pick(self, request: Request, wanted: set[int], unit: Unit) -> Unit:
+        """Among the preferred units: a hit first (locality), then `unit`, then the least dispatched."""
+        return min(
+            (self.units[i] for i in wanted),
+            key=lambda u: (request.model not in u.cache, u is not unit, u.dispatches, u.id),
+        )
+
+    def _target(self, request: Request, unit: Unit) -> Unit:
+        """Where a request the policy would run on idle `unit` runs, the preference heard."""
+        wanted = self.preferred_units(request)
+        return unit if wanted is None or unit.id in wanted else self._pick(request, wanted, unit)
+
     # -- shared mechanics ----------------------------------------------------------------
     def _enqueued(self, request: Request) -> None:
         pass
@@ -170,9 +217,10 @@ class LBScheduler(_Base):
         for unit in self.idle_order():
             if not self.queue:
                 break
-            head = next(iter(self.queue.values()))
-            self._take(head)
-            out.append(self._dispatch(head, unit, now))
+            while self.queue and unit.idle:  # a request the preference sends elsewhere leaves `unit` idle
+                head = next(iter(self.queue.values()))
+                self._take(head)
+                out.append(self._dispatch(head, self._target(head, unit), now))
         return out
 
 
@@ -228,11 +276,12 @@ class LALBScheduler(_Base):
         return out
 
     def _candidate(self, unit: Unit) -> Request | None:
-        """The oldest queued request whose model `unit` holds (cost: the unit's cached models)."""
+        """The oldest queued request whose model `unit` holds (cost: the unit's cached models),
+        among the models whose oldest request the unit preference accepts on `unit`."""
         best = None
         for model in unit.cache.models:
             q = self.by_model.get(model)
-            if q and (best is None or q[0].seq < best.seq):
+            if q and (best is None or q[0].seq < best.seq) and self._accepts(q[0], unit):
                 best = q[0]
         return best
 
@@ -264,6 +313,12 @@ class LALBScheduler(_Base):
     # -- Algorithm 2 ---------------------------------------------------------------------
     def _locality_load_balance(self, unit: Unit, request: Request, now: float, out: list[Dispatch]) -> bool:
         """Place `request`; True when it went to `unit` (which is then busy)."""
+        wanted = self.preferred_units(request)
+        if wanted is not None:  # the preference chose the units; locality picks among them
+            target = self._pick(request, wanted, unit)
+            self._take(request)
+            out.append(self._dispatch(request, target, now))
+            return target is unit
         holders = self.holders.get(request.model)
         if not holders:  # lines 1-3: cached nowhere, a (true) miss here
             self._take(request)
