@@ -49,6 +49,7 @@ def create_app(
                 "queued": scheduler.queued(),
                 "deadline_misses": scheduler.deadline_misses,
                 "units": [u.key for u in scheduler._units],
+                "distribution": "protean" if scheduler.distributor is not None else "off",
                 **({"reconfigurator": reconfig.status()} if reconfig is not None else {}),
             }
         )

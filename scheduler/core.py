@@ -16,6 +16,12 @@ resident per unit (`resident_jobs`) and holds a GPU's units (`hold_units`) while
 the GPU: a held unit is busy to the placement policy, so nothing new lands on it. A unit that
 answers it is draining or gone (`X-Faas-Gpu-Unit-State`) leaves the view at once and its job is
 placed again.
+
+PROTEAN's Job Distribution (Alg. 1, with a `distributor`: `--distribution protean`) chooses the
+MIG slice: before each round the scheduler hands LALB a `JobDistributionPreference` over the
+slices of the GPUs the assumptions know (`read_gpus`) and the best-effort memory resident on
+each (`resident_counts`, as the Reconfigurator counts it); LALB asks it whenever it chooses
+among idle units (`faas_gpu.policies.lalb_job_distribution` says what wins over what).
 """
 
 from __future__ import annotations
@@ -33,10 +39,15 @@ import requests
 from faas_gpu.cordon import cordoned_nodes
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies import Dispatch, Model, ModelCache, PlacementError, Request, Unit, make_scheduler
+from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPreference, MigSlice, be_footprint
 from faas_gpu.policies.protean.classes import ClassQueue
+from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
+from faas_gpu.policies.protean.mig import InvalidGeometry
 from gpu_manager.api import UNIT_STATE_HEADER
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
+
+from .reconfigure import Gpu, read_gpus, resident_counts
 
 log = logging.getLogger(__name__)
 DEFAULT_LOAD_S = 1.0
@@ -88,6 +99,7 @@ class UnitRef:
     unit: str
     url: str
     memory_mb: float
+    profile: str | None = None  # MIG profile ("4g.20gb"); None for a whole GPU or a CPU
 
 
 class Scheduler:
@@ -103,7 +115,9 @@ class Scheduler:
         max_parallel: int = 64,
         no_units_timeout_s: float = NO_UNITS_TIMEOUT_S,
         be_max_wait_s: float = BE_MAX_WAIT_S,
+        distributor: JobDistributor | None = None,
     ):
+        """`distributor`: PROTEAN's Job Distribution over MIG slices (None: LALB alone)."""
         self.ds, self.store, self.token = datastore, store, token
         self.policy_name, self.o3_limit, self.clock = policy, o3_limit, clock
         self.http = requests.Session()
@@ -123,6 +137,8 @@ class Scheduler:
         self._refresh_seq = self._refresh_applied = 0  # a stale read of the reports never wins
         self._held: set[str] = set()  # node/unit keys of units whose GPU is being reconfigured
         self._held_until: dict[str, float] = {}  # units that said they are draining or gone: until when
+        self.distributor = distributor
+        self._unit_gpu: dict[str, Gpu] = {}  # node/unit key -> its GPU, for MIG units of the distributor's GPU
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
         self._loop = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -153,14 +169,17 @@ class Scheduler:
                 s = json.loads(kv.value)
                 if s["node"] in cordoned:
                     continue
-                found.append(UnitRef(f"{s['node']}/{s['unit']}", s["node"], s["unit"], s["url"], float(s["memory_mb"])))
+                key = f"{s['node']}/{s['unit']}"
+                found.append(UnitRef(key, s["node"], s["unit"], s["url"], float(s["memory_mb"]), s.get("profile")))
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed unit report at %s", kv.key)
         found.sort(key=lambda u: u.key)
+        views = read_gpus(self.ds, self.distributor.slowdown.gpu)[0] if self.distributor is not None else {}
         with self._lock:
             if seq < self._refresh_applied:
                 return
             self._refresh_applied = seq
+            self._unit_gpu = {k: g for g, v in views.items() for k in v.units}
             if not found and any(u.node in cordoned for u in self._units):
                 self._units, self._policy = [], None  # every unit left is cordoned: jobs wait for a new one
             if not found:
@@ -322,17 +341,68 @@ class Scheduler:
                     log.warning("cannot read unit reports: %s", exc)
                 last_refresh = time.monotonic()
             with self._wake:
-                self._admit(self.clock())
-                self._apply_holds()
-                decisions = self._policy.schedule(self.clock()) if self._policy else []
-                units = self._units
-                for d in decisions:
-                    job = self._jobs[d.request.id]
-                    job.queued, job.unit = False, units[d.unit].key
+                decisions, units = self._round()
                 if not decisions:
                     self._wake.wait(0.5)
             for d in decisions:
                 self._pool.submit(self._execute, d, units[d.unit])
+
+    def _round(self) -> tuple[list[Dispatch], list[UnitRef]]:
+        """One placement round (under the lock): admit, apply holds, let the policy place."""
+        self._admit(self.clock())
+        self._apply_holds()
+        if self._policy is None:
+            return [], self._units
+        try:
+            self._policy.unit_preference = self._job_distribution()
+        except Exception:  # a bad report or assumption must not stop placement: LALB alone this round
+            log.exception("job distribution: cannot build this round's view; LALB-O3 alone")
+            self._policy.unit_preference = None
+        decisions = self._policy.schedule(self.clock())
+        units = self._units
+        for d in decisions:
+            job = self._jobs[d.request.id]
+            job.queued, job.unit = False, units[d.unit].key
+        return decisions, units
+
+    def _job_distribution(self) -> JobDistributionPreference | None:
+        """Alg. 1's view of this round (under the lock): the MIG slices of the distributor's GPUs,
+        what runs on them, and the best-effort memory resident on each GPU; None when not needed."""
+        policy = self._policy
+        if self.distributor is None or not self._unit_gpu or not policy.idle or not policy.queue:
+            return None
+        sd = self.distributor.slowdown
+        held = self._held | set(self._held_until)
+        slices = []
+        for i, u in enumerate(self._units):
+            gpu = self._unit_gpu.get(u.key)
+            if gpu is None or not u.profile:
+                continue
+            try:
+                profile = sd.gpu.profile(u.profile).key
+            except InvalidGeometry:
+                continue
+            running = policy.units[i].running
+            job = self._jobs.get(running.id) if running is not None else None
+            known = job is not None and job.model in sd.models
+            mem = sd.spec(job.model).mem_mb if known else 0.0
+            state = SliceState(
+                i,
+                profile,
+                float(sd.gpu.memory_mb(profile)),
+                used_mb=mem,
+                running=((job.model, not job.best_effort),) if known else (),
+                available=u.key not in held,
+                strict_mb=mem if known and not job.best_effort else 0.0,
+            )
+            slices.append(MigSlice(gpu, state))
+        if not slices:
+            return None
+        open_gpus = {self._unit_gpu[self._units[s.state.id].key] for s in slices if s.state.available}
+        counts = resident_counts(self.resident_jobs(), self._unit_gpu, open_gpus)
+        be_mem, be_model = be_footprint(counts, sd)
+        jobs = {j.id: JobClass(j.model, not j.best_effort) for j in self._jobs.values() if j.queued and j.model}
+        return JobDistributionPreference(self.distributor, slices, jobs, be_mem, be_model)
 
     def _execute(self, d: Dispatch, unit: UnitRef) -> None:
         job = self._jobs[d.request.id]

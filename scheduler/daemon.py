@@ -2,6 +2,9 @@
 
 With `--reconfigure` the leader also runs PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`):
 every `--monitor-interval` seconds it re-slices MIG GPUs through their managers.
+With `--distribution protean` (the default with `--reconfigure`: Alg. 2 sizes the small slices
+for the best-effort work that Alg. 1 puts there) PROTEAN's Job Distribution chooses the MIG
+slice each job runs on (`faas_gpu.policies.lalb_job_distribution`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class _Daemon:
         a = self.args
         ds = open_datastore(a.etcd, a.home / "state.db")
         token = ensure_token(a.home / "secrets")
+        distributor = None
+        if a.distribution == "protean":
+            from faas_gpu.policies.protean.distribution import JobDistributor
+
+            distributor = JobDistributor(self._assumptions().slowdown)  # the paper's Alg. 1 and Eq. 2
         scheduler = Scheduler(
             ds,
             ModelStore(a.home / "scheduler-models", a.max_model_bytes),
@@ -43,6 +51,7 @@ class _Daemon:
             o3_limit=a.o3_limit,
             no_units_timeout_s=a.no_units_timeout,
             be_max_wait_s=a.be_max_wait,
+            distributor=distributor,
         )
         identity = f"{a.advertise or a.bind}:{a.port}/{socket.gethostname()}/{uuid.uuid4().hex[:6]}"
         election = LeaderElection(ds, identity, ttl_s=a.leader_ttl)
@@ -51,21 +60,30 @@ class _Daemon:
         scheduler.start()
         self.parts = (scheduler, election)
         reconfig = self._reconfigurator(scheduler, token, election) if a.reconfigure else None
-        log.info("scheduler %s started (%s)", identity, "leader" if election.is_leader.is_set() else "follower")
+        log.info(
+            "scheduler %s started (%s; distribution: %s)",
+            identity,
+            "leader" if election.is_leader.is_set() else "follower",
+            a.distribution,
+        )
         return create_app(scheduler, election, token, reconfig=reconfig)
+
+    def _assumptions(self):
+        """PROTEAN's assumptions file (`--protean-assumptions`, else the package's)."""
+        from faas_gpu.policies.protean.slowdown import default_assumptions, parse_assumptions
+
+        path = self.args.protean_assumptions
+        return parse_assumptions(path.read_text()) if path else default_assumptions()
 
     def _reconfigurator(self, scheduler, token: str, election):
         from concurrent.futures import ThreadPoolExecutor
 
-        from faas_gpu.policies.protean.slowdown import default_assumptions, parse_assumptions
-
         from .reconfigure import ReconfigController, reconfigurator_from_assumptions
 
         a = self.args
-        assumptions = parse_assumptions(a.protean_assumptions.read_text()) if a.protean_assumptions else None
         controller = ReconfigController(
             scheduler,
-            reconfigurator_from_assumptions(assumptions or default_assumptions()),
+            reconfigurator_from_assumptions(self._assumptions()),
             token,
             interval_s=a.monitor_interval,
             drain_timeout_s=a.reconfig_drain_timeout,
@@ -103,6 +121,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="PROTEAN's GPU Reconfigurator: the leader re-slices MIG GPUs (off: CPU/sim back ends have no MIG)",
     )
+    p.add_argument(
+        "--distribution",
+        choices=["off", "protean"],
+        help="PROTEAN's Job Distribution (Alg. 1) chooses the MIG slice of each job with a known model "
+        "(default: protean with --reconfigure, off without)",
+    )
     p.add_argument("--monitor-interval", type=float, default=1.0, help="with --reconfigure: Alg. 2's W (s)")
     p.add_argument(
         "--reconfig-drain-timeout",
@@ -113,13 +137,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--protean-assumptions",
         type=Path,
-        help="with --reconfigure: PROTEAN's assumptions file (models, GPU, thresholds; default: the package's)",
+        help="with --reconfigure or --distribution protean: PROTEAN's assumptions file "
+        "(models, GPU, thresholds; default: the package's)",
     )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--threads", type=int, default=64)
     args = p.parse_args(argv)
     if args.monitor_interval <= 0:
         p.error("--monitor-interval: must be > 0")
+    if args.distribution is None:
+        args.distribution = "protean" if args.reconfigure else "off"
     if args.home is None:
         from faas_gpu import paths
 

@@ -219,8 +219,9 @@ class LBScheduler(_Base):
                 break
             while self.queue and unit.idle:  # a request the preference sends elsewhere leaves `unit` idle
                 head = next(iter(self.queue.values()))
+                target = self._target(head, unit)
                 self._take(head)
-                out.append(self._dispatch(head, self._target(head, unit), now))
+                out.append(self._dispatch(head, target, now))
         return out
 
 
