@@ -189,6 +189,15 @@ def test_a_strict_batch_goes_to_the_least_eta_slice_not_fully_tagged():
     assert d.placements[0].eta == pytest.approx(sd.eta("resnet50", "4g"))
 
 
+def test_without_strict_work_best_effort_takes_the_least_eta_slice():
+    sd = default_assumptions().slowdown
+    be = Batch("b", "vgg19", False, 10 * 1024)
+    packed = JobDistributor(sd).distribute([be], slices("4g", "2g", "1g"))
+    spread = JobDistributor(sd).distribute([be], slices("4g", "2g", "1g"), strict_expected=False)
+    assert packed.placements[0].slice == "2g"  # Guideline 1: the smallest slice that fits
+    assert spread.placements[0].slice == "4g"  # no strict work to keep the 4g for
+
+
 def test_a_batch_that_fits_nowhere_waits():
     sd = default_assumptions().slowdown
     d = JobDistributor(sd).distribute([Batch("big", "vgg19", True, 30 * 1024)], slices("4g", "3g"))

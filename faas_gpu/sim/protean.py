@@ -557,7 +557,11 @@ class ProteanSim:
         ]
         batches = [
             Batch(
-                e.item.id, e.item.model, e.item.strict, e.item.mem_mb, None if e.deadline is None else e.deadline - now
+                e.item.id,
+                e.item.model,
+                e.item.strict,
+                e.item.mem_mb,
+                None if e.deadline is None else e.deadline - now,
             )
             for e in ready
         ]
@@ -569,7 +573,9 @@ class ProteanSim:
         if self.extended and self.workload.strict_model:
             need = max(1, math.ceil(node.strict_pred), node.resident[True])
             reserve = max(need * self.sd.spec(self.workload.strict_model).mem_mb, RESERVE_FLOOR_MB)
-        dist = self.distributor.distribute(batches, slices, be_mem, node.be_model, reserve)
+        # no strict function deployed: Guideline 1 has no large slice to keep free (our extension)
+        strict_expected = not self.extended or self.workload.strict_model is not None
+        dist = self.distributor.distribute(batches, slices, be_mem, node.be_model, reserve, strict_expected)
         placed = {p.batch.id: p.slice for p in dist.placements}
         for e in ready:
             uid = placed.get(e.item.id)

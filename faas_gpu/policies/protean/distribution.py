@@ -211,6 +211,12 @@ class JobDistributor:
                 return s
         return None
 
+    def choose_without_strict_work(self, batch: Batch, slices: Sequence[SliceState]) -> SliceState | None:
+        """No strict work expected on the GPU (our extension): Guideline 1 keeps the large slices free
+        for strict batches; with none to keep them for, a best-effort batch takes the least-eta slice."""
+        chosen = self.choose_strict_slice(batch, slices, {}, None)
+        return chosen[0] if chosen else None
+
     def distribute(
         self,
         batches: Sequence[Batch],
@@ -218,10 +224,13 @@ class JobDistributor:
         be_mem_mb: float | None = None,
         be_model: str | None = None,
         strict_reserve_mb: float = 0.0,
+        strict_expected: bool = True,
     ) -> Distribution:
         """Place `batches` (already in serving order) on `slices`; `be_mem_mb` defaults to the BE footprint.
 
         `strict_reserve_mb`: memory kept free of BE work on the largest slices (`reserve_for_strict`).
+        `strict_expected`: False when the caller predicts no strict work on this GPU
+        (`choose_without_strict_work`).
         """
         if strict_reserve_mb > 0:
             slices = reserve_for_strict(slices, strict_reserve_mb, self.slowdown)
@@ -243,7 +252,12 @@ class JobDistributor:
                     continue
                 out.placements.append(Placement(b, s.id, e))
             else:
-                s = self.choose_best_effort_slice(b, current, tags)
+                no_strict = not strict_expected and not any(st for x in current for _, st in x.running)
+                s = (
+                    self.choose_without_strict_work(b, current)
+                    if no_strict
+                    else self.choose_best_effort_slice(b, current, tags)
+                )
                 if s is None:
                     out.waiting.append(b)
                     continue
