@@ -522,10 +522,14 @@ class ProteanSim:
     def _schedule_protean(self, node: Node) -> None:
         q: ClassQueue[Job] = node.queue  # type: ignore[assignment]
         now = self.env.now
-        # every strict entry, and the oldest best-effort ones while they could fit in free memory (a
-        # backlog of thousands is not re-sorted at every event), in the queue's serving order
-        strict = [q.pop_class(True) for _ in range(q.strict_count)]
+        # the first entries of each class while they could fit in free memory, in the queue's serving
+        # order (a backlog of thousands is not re-sorted at every event)
         free = sum(u.memory_mb - u.used_mb for u in node.units)
+        strict: list[Queued[Job]] = []
+        left = free
+        while q.strict_count and left > 0:
+            strict.append(q.pop_class(True))
+            left -= strict[-1].item.mem_mb
         be: list[Queued[Job]] = []
         while q.best_effort_count and free > 0:
             be.append(q.pop_class(False))
