@@ -135,6 +135,8 @@ class Node:
     last_assigned: float = -1.0
     be_model: str | None = None
     resident: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # by strict
+    waiting: dict[str, int] = field(default_factory=dict)  # queued batches by model (kept, not counted)
+    queued_be_mb: float = 0.0  # memory of the queued best-effort batches
     area: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     area_t: float = 0.0
     target: tuple[str, ...] | None = None
@@ -373,6 +375,8 @@ class ProteanSim:
                     self._finish(j)
 
     def _start(self, node: Node, u: Unit, j: Job) -> None:
+        """Run `j`, taken off `node`'s queue, on unit `u`."""
+        self._enqueued(node, j, -1)
         self._advance(u)
         j.remaining, j.node, j.unit, j.start, j.profile = j.work, node.id, u.id, self.env.now, u.profile
         u.jobs.append(j)
@@ -401,9 +405,7 @@ class ProteanSim:
     # -- containers ---------------------------------------------------------------------------
 
     def _autoscale(self, node: Node) -> None:
-        waiting: dict[str, int] = {}
-        for j in self._queued(node):
-            waiting[j.model] = waiting.get(j.model, 0) + 1
+        waiting = {m: n for m, n in node.waiting.items() if n}
         loads = {}
         for m, c in node.containers.items():
             b = self.sd.spec(m).batch
@@ -465,6 +467,7 @@ class ProteanSim:
             node.queue.push(j, j.arrival, j.deadline)
         else:
             node.queue.append(j)
+        self._enqueued(node, j, +1)
         self._autoscale(node)
         if node.state == "ready":
             self._schedule(node)
@@ -485,7 +488,14 @@ class ProteanSim:
             node.queue.clear()
         for j in jobs:
             self._resident(node, j.strict, -1)
+        node.waiting, node.queued_be_mb = {}, 0.0
         return jobs
+
+    def _enqueued(self, node: Node, j: Job, delta: int) -> None:
+        """Keep the node's queued counts (the autoscaler and Alg. 1 read them at every event)."""
+        node.waiting[j.model] = node.waiting.get(j.model, 0) + delta
+        if not j.strict:
+            node.queued_be_mb += delta * j.mem_mb
 
     def _schedule(self, node: Node) -> None:
         if node.state != "ready" or not node.queue:
@@ -569,10 +579,7 @@ class ProteanSim:
             )
             for e in ready
         ]
-        queued_be = sum(j.mem_mb for j in self._queued(node) if not j.strict)
-        be_mem = (
-            queued_be + sum(b.mem_mb for b in batches if not b.strict) + sum(s.used_mb - s.strict_mb for s in slices)
-        )
+        be_mem = node.queued_be_mb + sum(s.used_mb - s.strict_mb for s in slices)  # `ready` is still counted
         reserve = 0.0
         if self.extended and self.workload.strict_model:
             need = max(1, math.ceil(node.strict_pred), node.resident[True])
