@@ -8,8 +8,8 @@ lose accepted work.
 
 Jobs first wait in PROTEAN's class queue (`ClassQueue`): strict jobs, earliest deadline first,
 before best-effort ones, which are never held longer than `be_max_wait_s`. The placement policy
-sees only as many queued jobs as there are units (its look-ahead for locality), so under
-overload strict work overtakes best-effort work instead of queueing behind it.
+sees only a model load time of queued work per unit (its look-ahead for locality, see `_admit`),
+so under overload strict work overtakes best-effort work instead of queueing behind it.
 
 PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`, with `--reconfigure`) reads the jobs
 resident per unit (`resident_jobs`) and holds a GPU's units (`hold_units`) while it re-slices
@@ -271,15 +271,24 @@ class Scheduler:
         return job
 
     def _admit(self, now: float) -> None:
-        """Hand the most urgent waiting jobs to the placement policy, one per unit at most."""
+        """Hand the most urgent waiting jobs to the placement policy, up to its look-ahead.
+
+        The look-ahead is a model load time of queued work per unit (at least one job per unit):
+        LALB loads a model on another unit once the holders' backlog reaches its load time, so it
+        must see that much backlog to spread a busy model; a strict job then waits behind at most
+        about that much admitted work, and behind none of the best-effort jobs past it.
+        """
         if self._policy is None:
             return
-        room = max(1, len(self._units)) - self._policy.queued()
-        while room > 0 and self._admission:
+        units = max(1, len(self._units))
+        horizon_s = units * max((m.load_s for m in self._models.values()), default=DEFAULT_LOAD_S)
+        n, work = self._policy.queued(), self._policy.queued_work_s()
+        while self._admission and (n < units or work < horizon_s):
             job = self._admission.pop(now)
             job.admitted = True
             self._policy.submit(Request(job.id, job.digest, job.arrival), now)
-            room -= 1
+            n += 1
+            work += self._policy.models[job.digest].infer_s
 
     def queued(self) -> int:
         with self._lock:

@@ -145,6 +145,11 @@ class _Base:
     def queued(self) -> int:
         return len(self.queue) + sum(len(u.local_queue) for u in self.units.values())
 
+    def queued_work_s(self) -> float:
+        """Inference time of every queued request (global and local queues), as profiled."""
+        waiting = [*self.queue.values(), *(r for u in self.units.values() for r in u.local_queue)]
+        return sum(self.models[r.model].infer_s for r in waiting)
+
     def idle_order(self) -> list[Unit]:
         """Idle units, least often dispatched to first, then by id (the paper's order by frequency)."""
         return sorted((self.units[i] for i in self.idle), key=lambda u: (u.dispatches, u.id))
