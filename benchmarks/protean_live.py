@@ -30,11 +30,10 @@ best-effort job waits behind strict ones. The daemon's default is 5 s: with it, 
 backlog older than 5 s is served before any strict job, and under a sustained overload that
 hands the excess back to strict requests (try `--be-max-wait 5`).
 
-Placement (`--policy`) is `lb` by default: every idle unit takes the head of what the class queue
-admits. With the daemon's default `lalb_o3` one model never leaves its first unit here: the
-scheduler hands the policy at most one job per unit (the class queue keeps the rest), so LALB's
-Alg. 2 never sees a busy holder's backlog exceed the model's load time and parks every job behind
-it; the stack then serves one unit's worth (10 jobs/s), not `--units` (try `--policy lalb_o3`).
+Placement (`--policy`) is the daemon's default, `lalb_o3`: the class queue admits a model load
+time of queued work per unit, which LALB needs to see before it loads a busy model on a second
+unit, so a strict job waits behind up to about that much admitted work (its P50 shows it).
+`--policy lb` (every idle unit takes the head of what is admitted) has no such wait.
 Each phase prints the jobs/s it was served at and the units that ran them, to check the capacity.
 
 Concurrency limits are raised so that nothing but the scheduler's queue orders requests: gateway
@@ -253,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-ms", type=float, default=100.0, help="sim job time at batch 1")
     p.add_argument("--slo-ms", type=float, default=1000.0, help="strict requests' SLO")
     p.add_argument("--be-max-wait", type=float, default=60.0, help="scheduler: best-effort bound (s)")
-    p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lb", help="scheduler: placement")
+    p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lalb_o3", help="scheduler: placement")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     capacity = args.units * 1000.0 / args.job_ms
