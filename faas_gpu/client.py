@@ -172,12 +172,16 @@ class BatchQueue:
                     if left <= 0:
                         break
                     self._cv.wait(left)
+            self._slots.acquire()  # the batch is formed once it can go: calls that came meanwhile count
+            with self._cv:
+                # strict (or unclassed) calls first, best-effort ones behind, each in arrival order:
+                # the scheduler's class order would be lost if batches queued here in FIFO
+                self._pending.sort(key=lambda c: c.cls == "best-effort")
                 batch, rows = [], 0
                 while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.max_batch):
                     call = self._pending.pop(0)
                     batch.append(call)
                     rows += call.x.shape[0]
-            self._slots.acquire()
             if self._parallel:
                 threading.Thread(target=self._flush, args=(batch,), daemon=True).start()
             else:

@@ -132,6 +132,40 @@ def test_the_batch_queue_flushes_at_the_tightest_apps_timeout():
     assert results["tight"].tolist() == [[6.0, 6.0]] and results["loose"].tolist() == [[2.0, 2.0]]
 
 
+def test_batches_waiting_for_a_slot_take_strict_calls_before_best_effort_ones():
+    """Calls queued in the instance while its batches are all in flight keep PROTEAN's class order."""
+    from faas_gpu.client import BatchQueue, request_class
+
+    gate, started, order = threading.Event(), threading.Event(), []
+
+    def run(x, cls):
+        if not started.is_set():
+            started.set()
+            gate.wait(20)  # the first batch holds the only slot while the others queue
+        order.append((cls[0], x[0, 0].item()))
+        return x, {}
+
+    q = BatchQueue(run, max_batch=1, timeout_s=0.0, max_inflight=1)
+
+    def call(cls: str | None, value: float) -> None:
+        request_class.set((cls, 100.0 if cls == "strict" else None))
+        q(torch.full((1, 1), value))
+
+    threads = [threading.Thread(target=call, args=(None, 0.0))]
+    threads[0].start()
+    assert started.wait(20)  # the first call runs, holding the slot
+    for i, cls in enumerate(["best-effort", "best-effort", "strict", "best-effort", "strict"], start=1):
+        t = threading.Thread(target=call, args=(cls, float(i)))
+        t.start()
+        threads.append(t)
+        while len(q._pending) < i:  # queued in this order
+            pass
+    gate.set()
+    for t in threads:
+        t.join(timeout=20)
+    assert [v for _, v in order] == [0.0, 3.0, 5.0, 1.0, 2.0, 4.0]
+
+
 def test_app_timeouts_come_from_the_instance_env():
     from faas_gpu.client import LocalBatching
 
