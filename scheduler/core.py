@@ -8,7 +8,7 @@ lose accepted work.
 
 Jobs first wait in PROTEAN's class queue (`ClassQueue`): strict jobs, earliest deadline first,
 before best-effort ones, which are never held longer than `be_max_wait_s`. The placement policy
-sees only a model load time of queued work per unit (its look-ahead for locality, see `_admit`),
+sees one job per unit, or for LALB a model load time of work per unit (its look-ahead, `_admit`),
 so under overload strict work overtakes best-effort work instead of queueing behind it.
 
 PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`, with `--reconfigure`) reads the jobs
@@ -273,15 +273,17 @@ class Scheduler:
     def _admit(self, now: float) -> None:
         """Hand the most urgent waiting jobs to the placement policy, up to its look-ahead.
 
-        The look-ahead is a model load time of queued work per unit (at least one job per unit):
-        LALB loads a model on another unit once the holders' backlog reaches its load time, so it
-        must see that much backlog to spread a busy model; a strict job then waits behind at most
-        about that much admitted work, and behind none of the best-effort jobs past it.
+        The look-ahead is one job per unit, and for LALB a model load time of queued work per unit
+        (`lookahead_loads`): LALB loads a model on another unit once the holders' backlog reaches
+        its load time, so it must see that much backlog to spread a busy model; a strict job then
+        waits behind at most about that much admitted work, and behind none of the best-effort
+        jobs past it.
         """
         if self._policy is None:
             return
         units = max(1, len(self._units))
-        horizon_s = units * max((m.load_s for m in self._models.values()), default=DEFAULT_LOAD_S)
+        load_s = max((m.load_s for m in self._models.values()), default=DEFAULT_LOAD_S)
+        horizon_s = units * load_s * self._policy.lookahead_loads
         n, work = self._policy.queued(), self._policy.queued_work_s()
         while self._admission and (n < units or work < horizon_s):
             job = self._admission.pop(now)

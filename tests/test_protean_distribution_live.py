@@ -208,7 +208,14 @@ class LiveNode:
     """Fake GPUs under a GPU Manager on real HTTP reporting into a datastore, and a scheduler over
     it (not started unless `start`), with PROTEAN's distributor unless `distribution` is False."""
 
-    def __init__(self, tmp_path, gpus: list[tuple[FakeGPU, list]], distribution: bool = True, name: str = "s"):
+    def __init__(
+        self,
+        tmp_path,
+        gpus: list[tuple[FakeGPU, list]],
+        distribution: bool = True,
+        name: str = "s",
+        policy: str = "lalb_o3",
+    ):
         gpus = [(FakeGPU(g.name, g.memory_mb, g.profiles, mig=g.mig_on, uuid=g.uuid), layout) for g, layout in gpus]
         self.gpus = [g for g, _ in gpus]
         self.nvml = MigNVML(self.gpus)
@@ -233,6 +240,7 @@ class LiveNode:
             ModelStore(tmp_path / f"sched-{name}"),
             "t",
             clock=lambda: self.now,
+            policy=policy,
             distributor=JobDistributor(SD) if distribution else None,
         )
         self.scheduler.refresh_units()

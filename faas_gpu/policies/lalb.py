@@ -100,6 +100,10 @@ UnitPreference = Callable[[Request, Sequence[Unit]], Collection[int] | None]
 
 class _Base:
     unit_preference: UnitPreference | None = None
+    # a driver that feeds the policy from its own queue (the scheduler's class queue) should let it
+    # see this many model load times of queued work per unit: LALB spreads a busy model only once
+    # the holders' backlog reaches the load time; LB needs no backlog
+    lookahead_loads = 0.0
 
     def __init__(self, units: list[Unit], models: dict[str, Model]):
         if not units:
@@ -232,6 +236,8 @@ class LBScheduler(_Base):
 
 class LALBScheduler(_Base):
     """Locality-aware load balancing with out-of-order dispatch (Algorithms 1 and 2)."""
+
+    lookahead_loads = 1.0
 
     def __init__(self, units: list[Unit], models: dict[str, Model], o3_limit: int = 25):
         super().__init__(units, models)
