@@ -78,7 +78,9 @@ class _Daemon:
     def _reconfigurator(self, scheduler, token: str, election):
         from concurrent.futures import ThreadPoolExecutor
 
-        from .reconfigure import ReconfigController, reconfigurator_from_assumptions
+        from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
+
+        from .reconfigure import ReconfigController
 
         a = self.args
         controller = ReconfigController(

@@ -42,11 +42,9 @@ from faas_gpu.policies.protean.mig import Geometry, GpuModel, InvalidGeometry
 from faas_gpu.policies.protean.reconfigurator import (
     GpuObservation,
     ReconfigDecision,
-    ReconfigSettings,
     Reconfiguration,
     Reconfigurator,
 )
-from faas_gpu.policies.protean.slowdown import Assumptions
 from gpu_manager.daemon import STATUS_PREFIX
 
 log = logging.getLogger(__name__)
@@ -179,22 +177,6 @@ def read_gpus(ds: Datastore, gpu_model: GpuModel) -> tuple[dict[Gpu, GpuView], d
         keys = tuple(sorted(f"{r['node']}/{r['unit']}" for r in reports))
         views[gpu] = GpuView(gpu, str(reports[0]["url"]), keys, geometry)
     return views, skipped
-
-
-def reconfigurator_from_assumptions(a: Assumptions, **overrides: Any) -> Reconfigurator:
-    """Alg. 2 with the settings of the assumptions file (as the simulator builds it)."""
-    setting = a.setting
-    settings = {
-        "ewma_alpha": float(setting("policy", "ewma_alpha")),
-        "wait_limit": int(setting("policy", "wait_limit")),
-        "max_fraction": float(setting("policy", "max_reconfig_fraction")),
-        "reconfig_s": float(setting("policy", "reconfig_s")),
-        "low_batches": float(setting("policy", "low_threshold_batches")),
-        "high_occupancy": float(setting("policy", "high_threshold_occupancy")),
-        "strict_eta_limit": float(setting("policy", "strict_eta_limit")),
-        **overrides,
-    }
-    return Reconfigurator(a.slowdown, ReconfigSettings(**settings))
 
 
 # -- the controller -------------------------------------------------------------------------

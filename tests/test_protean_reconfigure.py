@@ -18,6 +18,7 @@ import requests
 from werkzeug.serving import make_server
 
 from faas_gpu.datastore import open_datastore
+from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
 from faas_gpu.policies.protean.slowdown import default_assumptions
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
@@ -31,7 +32,6 @@ from scheduler.reconfigure import (
     ResidencyMeter,
     gpu_name_matches,
     read_gpus,
-    reconfigurator_from_assumptions,
     resident_counts,
 )
 from tests.fake_nvml import FakeGPU, MigNVML

@@ -48,12 +48,11 @@ from faas_gpu.policies.protean import (
     ProcurementSnapshot,
     ProteanScaling,
     Queued,
-    ReconfigSettings,
-    Reconfigurator,
     ScaleSnapshot,
     SliceState,
     default_assumptions,
 )
+from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
 
 from .protean_trace import RateTrace, batch_arrivals
 
@@ -264,19 +263,7 @@ class ProteanSim:
             deadline_aware=extended,
             protect_strict_eta=float(setting("policy", "strict_eta_limit")) if extended else None,
         )
-        self.reconfigurator = Reconfigurator(
-            self.sd,
-            ReconfigSettings(
-                ewma_alpha=float(setting("policy", "ewma_alpha")),
-                wait_limit=int(setting("policy", "wait_limit")),
-                max_fraction=float(setting("policy", "max_reconfig_fraction")),
-                reconfig_s=float(setting("policy", "reconfig_s")),
-                low_batches=float(setting("policy", "low_threshold_batches")),
-                high_occupancy=float(setting("policy", "high_threshold_occupancy")),
-                strict_aware=extended,
-                strict_eta_limit=float(setting("policy", "strict_eta_limit")),
-            ),
-        )
+        self.reconfigurator = reconfigurator_from_assumptions(self.a, strict_aware=extended)
         if scheme in ("molecule_beta", "infless_llama"):
             self.initial_geometry: tuple[str, ...] = (self.gpu.whole,)
         elif scheme == "naive_slicing":

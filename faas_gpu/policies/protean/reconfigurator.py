@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .mig import Geometry
-from .slowdown import SlowdownModel
+from .slowdown import Assumptions, SlowdownModel
 
 
 @dataclass(frozen=True)
@@ -201,3 +202,19 @@ class Reconfigurator:
             st.wait_ctr, st.pending_target = 0, None
             out.reconfigure.append(Reconfiguration(ob.gpu, self.gpu.normalize(ob.geometry), target, now, s.reconfig_s))
         return out
+
+
+def reconfigurator_from_assumptions(a: Assumptions, **overrides: Any) -> Reconfigurator:
+    """Alg. 2 with the settings of the assumptions file; the simulator and the scheduler build it so."""
+    setting = a.setting
+    settings = {
+        "ewma_alpha": float(setting("policy", "ewma_alpha")),
+        "wait_limit": int(setting("policy", "wait_limit")),
+        "max_fraction": float(setting("policy", "max_reconfig_fraction")),
+        "reconfig_s": float(setting("policy", "reconfig_s")),
+        "low_batches": float(setting("policy", "low_threshold_batches")),
+        "high_occupancy": float(setting("policy", "high_threshold_occupancy")),
+        "strict_eta_limit": float(setting("policy", "strict_eta_limit")),
+        **overrides,
+    }
+    return Reconfigurator(a.slowdown, ReconfigSettings(**settings))
