@@ -25,10 +25,10 @@ printed), and far below the backlog a class-blind queue builds up in 20 s of 1.3
 (b) it can meet the SLO only if strict work overtakes best-effort work; the best-effort half then
 carries the whole excess.
 
-`--be-max-wait` (default 60 s, longer than the run) is the scheduler's bound on how long a
-best-effort job waits behind strict ones. The daemon's default is 5 s: with it, a best-effort
-backlog older than 5 s is served before any strict job, and under a sustained overload that
-hands the excess back to strict requests (try `--be-max-wait 5`).
+`--be-max-wait` and `--be-share` are the scheduler's (defaults 5 s and 0.25, the daemon's): a
+best-effort job that has waited `--be-max-wait` takes at most `--be-share` of the admissions
+while strict jobs wait. `--be-share 1` serves an overdue best-effort job before any strict one,
+which under an overload that outlasts the bound hands strict work's capacity to best-effort work.
 
 Placement (`--policy`) is the daemon's default, `lalb_o3`: the class queue admits a model load
 time of queued work per unit, which LALB needs to see before it loads a busy model on a second
@@ -147,9 +147,8 @@ class Bench:
         (self.root / "stack.yml").write_text(yaml.safe_dump(stack_file))
         sim = ("--backend", "sim", "--sim-profile", str(profile), "--sim-load-s", "0.5")
         self._daemon("gpu_manager", *sim, "--units", str(a.units), "--node", "local")
-        scheduler = self._daemon(
-            "scheduler", "--policy", a.policy, "--be-max-wait", f"{a.be_max_wait:g}", "--threads", str(HTTP_THREADS)
-        )
+        classes = ("--be-max-wait", f"{a.be_max_wait:g}", "--be-share", f"{a.be_share:g}")
+        scheduler = self._daemon("scheduler", "--policy", a.policy, *classes, "--threads", str(HTTP_THREADS))
         self.stack = StackProcess(self.home, "--scheduler", scheduler.url, "--threads", str(HTTP_THREADS))
         self.stack.start()
         env = {**os.environ, "FAAS_GPU_HOME": str(self.home)}
@@ -251,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--units", type=int, default=2, help="sim units")
     p.add_argument("--job-ms", type=float, default=100.0, help="sim job time at batch 1")
     p.add_argument("--slo-ms", type=float, default=1000.0, help="strict requests' SLO")
-    p.add_argument("--be-max-wait", type=float, default=60.0, help="scheduler: best-effort bound (s)")
+    p.add_argument("--be-max-wait", type=float, default=5.0, help="scheduler: best-effort bound (s)")
+    p.add_argument("--be-share", type=float, default=0.25, help="scheduler: overdue best-effort share")
     p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lalb_o3", help="scheduler: placement")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\noffered {args.rps:g} req/s (Poisson, {len(schedule)} requests in {args.seconds:g} s) on "
         f"{args.units} sim unit(s) x {args.job_ms:g} ms = {capacity:g} jobs/s capacity "
-        f"({args.rps / capacity:.2f}x); SLO {args.slo_ms:g} ms; be-max-wait {args.be_max_wait:g} s"
+        f"({args.rps / capacity:.2f}x); SLO {args.slo_ms:g} ms; "
+        f"be-max-wait {args.be_max_wait:g} s, be-share {args.be_share:g}"
     )
     print(f"{'phase':<10}{'class':<13}{'count':>6}{'P50 ms':>10}{'P99 ms':>10}{'SLO %':>8}{'errors':>8}")
     rows = {}
@@ -337,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "slo_ms": args.slo_ms,
         "unloaded_p50_ms": round(alone_s * 1000, 1),
         "be_max_wait_s": args.be_max_wait,
+        "be_share": args.be_share,
         "max_send_lag_ms": round(lag * 1000, 1),
     }
     print(json.dumps(fig))

@@ -7,7 +7,9 @@ whose manager fails is put back in the queue and placed again, so a manager that
 lose accepted work.
 
 Jobs first wait in PROTEAN's class queue (`ClassQueue`): strict jobs, earliest deadline first,
-before best-effort ones, which are never held longer than `be_max_wait_s`. The placement policy
+before best-effort ones, which are held no longer than `be_max_wait_s` while there is capacity
+for them; past it they take `be_share` of admissions from strict jobs, so best-effort work always
+progresses and a lasting overload does not hand strict work's capacity to it. The placement policy
 sees one job per unit, or for LALB a model load time of work per unit (its look-ahead, `_admit`),
 so under overload strict work overtakes best-effort work instead of queueing behind it.
 
@@ -56,6 +58,7 @@ EWMA = 0.3
 MAX_ATTEMPTS = 5
 NO_UNITS_TIMEOUT_S = 10.0  # queued jobs fail with 503 when no GPU Manager has reported for this long
 BE_MAX_WAIT_S = 5.0  # a best-effort job waits at most this long behind strict ones
+BE_SHARE = 0.25  # ... while overdue best-effort jobs take at most this share of admissions from waiting strict ones
 NO_SLO_S = 3600.0  # a strict job without an SLO sorts after those with one
 UNAVAILABLE_HOLD_S = 2.0  # a unit that said it is draining or gone gets no job for this long
 
@@ -115,6 +118,7 @@ class Scheduler:
         max_parallel: int = 64,
         no_units_timeout_s: float = NO_UNITS_TIMEOUT_S,
         be_max_wait_s: float = BE_MAX_WAIT_S,
+        be_share: float = BE_SHARE,
         distributor: JobDistributor | None = None,
     ):
         """`distributor`: PROTEAN's Job Distribution over MIG slices (None: LALB alone)."""
@@ -132,8 +136,8 @@ class Scheduler:
         self.deadline_misses = 0
         self.no_units_timeout_s = no_units_timeout_s
         self._no_units_since: float | None = None
-        self.be_max_wait_s = be_max_wait_s
-        self._admission: ClassQueue[Job] = ClassQueue(be_max_wait_s)
+        self.be_max_wait_s, self.be_share = be_max_wait_s, be_share
+        self._admission: ClassQueue[Job] = ClassQueue(be_max_wait_s, be_share)
         self._refresh_seq = self._refresh_applied = 0  # a stale read of the reports never wins
         self._held: set[str] = set()  # node/unit keys of units whose GPU is being reconfigured
         self._held_until: dict[str, float] = {}  # units that said they are draining or gone: until when
@@ -229,7 +233,7 @@ class Scheduler:
             return
         log.warning("%s: failing %d queued job(s)", reason, len(waiting))
         self._units, self._policy = [], None  # rebuilt when a manager reports again
-        self._admission = ClassQueue(self.be_max_wait_s)
+        self._admission = ClassQueue(self.be_max_wait_s, self.be_share)
         for job in waiting:
             self._jobs.pop(job.id, None)
             job.finish(JobOutcome(503, f"{reason}; retry later\n".encode()))

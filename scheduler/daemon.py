@@ -51,6 +51,7 @@ class _Daemon:
             o3_limit=a.o3_limit,
             no_units_timeout_s=a.no_units_timeout,
             be_max_wait_s=a.be_max_wait,
+            be_share=a.be_share,
             distributor=distributor,
         )
         identity = f"{a.advertise or a.bind}:{a.port}/{socket.gethostname()}/{uuid.uuid4().hex[:6]}"
@@ -119,6 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--be-max-wait", type=float, default=5.0, help="longest a best-effort job waits behind strict ones (s)"
     )
     p.add_argument(
+        "--be-share",
+        type=float,
+        default=0.25,
+        help="past --be-max-wait, the share of admissions best-effort jobs take while strict ones wait (0-1]",
+    )
+    p.add_argument(
         "--reconfigure",
         action="store_true",
         help="PROTEAN's GPU Reconfigurator: the leader re-slices MIG GPUs (off: CPU/sim back ends have no MIG)",
@@ -147,6 +154,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.monitor_interval <= 0:
         p.error("--monitor-interval: must be > 0")
+    if args.be_max_wait <= 0:
+        p.error("--be-max-wait: must be > 0")
+    if not 0 < args.be_share <= 1:
+        p.error("--be-share: must be in (0, 1]")
     if args.distribution is None:
         args.distribution = "protean" if args.reconfigure else "off"
     if args.home is None:

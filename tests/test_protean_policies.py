@@ -120,6 +120,18 @@ def test_best_effort_is_not_starved_beyond_its_bound():
     assert q.pop(1.2) == "s1"
 
 
+def test_overdue_best_effort_takes_at_most_its_share_while_strict_work_waits():
+    q: ClassQueue[str] = ClassQueue(be_max_wait_s=1.0, be_share=0.25)
+    for i in range(8):
+        q.push(f"be{i}", 0.0)
+        q.push(f"s{i}", 5.0, deadline=10.0 + i)
+    served = [q.pop(6.0) for _ in range(11)]  # every best-effort entry is overdue at t = 6
+    assert [x[0] for x in served] == list("bsssbsssbss")  # one in four while both wait
+    assert [q.pop(6.0) for _ in range(5)] == ["be3", "be4", "be5", "be6", "be7"]  # strict gone: all theirs
+    with pytest.raises(ValueError, match="be_share"):
+        ClassQueue(be_share=0.0)
+
+
 # -- the slowdown model (Eq. 2) --------------------------------------------------------------
 
 

@@ -105,13 +105,20 @@ class ClassQueue(Generic[T]):
 
     `pop(now)` serves the oldest best-effort entry if it has waited more than `be_max_wait_s`,
     else the strict entry with the earliest deadline, else the oldest best-effort entry.
-    Ties keep insertion order. push and pop are O(log n).
+    `be_share` < 1 caps what overdue best-effort work takes while strict work waits: of the pops
+    made while both wait, at most that share go to best-effort ones (a deficit counter), so an
+    overload that outlasts the bound cannot hand strict work's capacity to best-effort work, and
+    best-effort work still always progresses. Ties keep insertion order. push and pop are O(log n).
     """
 
-    def __init__(self, be_max_wait_s: float = 1.0):
+    def __init__(self, be_max_wait_s: float = 1.0, be_share: float = 1.0):
         if not be_max_wait_s > 0:
             raise ValueError(f"be_max_wait_s: must be > 0, got {be_max_wait_s}")
+        if not 0 < be_share <= 1:
+            raise ValueError(f"be_share: must be in (0, 1], got {be_share}")
         self.be_max_wait_s = be_max_wait_s
+        self.be_share = be_share
+        self._credit = 1.0  # best-effort pops owed while both classes wait (be_share < 1)
         self._strict: list[tuple[float, int, Queued[T]]] = []
         self._be: list[tuple[float, int, Queued[T]]] = []
         self._seq = itertools.count()
@@ -143,8 +150,11 @@ class ClassQueue(Generic[T]):
         heap, key = (self._be, entry.arrival) if entry.deadline is None else (self._strict, entry.deadline)
         heapq.heappush(heap, (key, next(self._seq), entry))
 
+    def _overdue(self, now: float) -> bool:
+        return bool(self._be) and now - self._be[0][2].arrival > self.be_max_wait_s
+
     def _next_heap(self, now: float) -> list[tuple[float, int, Queued[T]]]:
-        if self._be and (not self._strict or now - self._be[0][2].arrival > self.be_max_wait_s):
+        if self._be and (not self._strict or (self._overdue(now) and self._credit >= 1.0)):
             return self._be
         if self._strict:
             return self._strict
@@ -154,7 +164,13 @@ class ClassQueue(Generic[T]):
         return self._next_heap(now)[0][2]
 
     def pop_entry(self, now: float) -> Queued[T]:
-        return heapq.heappop(self._next_heap(now))[2]
+        heap = self._next_heap(now)
+        if self.be_share < 1.0 and self._strict and self._overdue(now):  # both wait: keep the share
+            if heap is self._be:
+                self._credit -= 1.0
+            else:
+                self._credit += self.be_share / (1.0 - self.be_share)
+        return heapq.heappop(heap)[2]
 
     def pop_class(self, strict: bool) -> Queued[T]:
         """The next entry of one class only: the earliest deadline, or the oldest best-effort entry."""
