@@ -10,7 +10,8 @@ Strict batches go to the slice with the least eta (Job Distribution, `distributi
 RDF comes from a batch's *width* w (the share of the GPU's SMs it keeps busy alone):
 RDF = max(1, w / f) on a slice of compute fraction f. Widths are calibrated on the MLPerf
 A100 figures (whole GPU vs 1g) and interpolated in the batch's work for other models; FBRs
-are assumed. Every such number, and why, is in `assumptions.yaml`.
+are assumed. Every such number, and why, is in `assumptions.yaml`. Measured numbers (`faas-gpu
+profile-colocation`) come as an overlay file, `base: package`, laid over that file (`merge_assumptions`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import yaml
 from .mig import GpuModel, gpu_model
 
 ASSUMPTIONS_FILE = "assumptions.yaml"
+PACKAGE_BASE = "package"  # `base: package`: this file overlays the package's assumptions.yaml
+MODEL_KEYS = ("domain", "class", "batch", "gmac", "exec_7g_ms", "mem_gb", "fbr")
 
 
 def eta(rdf: float, fbr: float, co_located_fbrs: Iterable[float] = ()) -> float:
@@ -180,8 +183,32 @@ class Assumptions:
         return entry["value"] if isinstance(entry, Mapping) and "value" in entry else entry
 
 
+def _number(entry: Any) -> float:
+    """A bare number, or the `value` of `{value: 1.7, source: measured, ...}`."""
+    return float(entry["value"] if isinstance(entry, Mapping) else entry)
+
+
+def merge_assumptions(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` laid over `base`: mappings merge key by key (so a model entry's `fbr` is replaced and
+    its other keys kept, an `rdf` entry added), anything else is replaced. Neither input is changed."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_assumptions(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
+    """The assumptions in `text`: a whole file like the package's, or an overlay (`base: package`)."""
     data = yaml.safe_load(text)
+    if not isinstance(data, Mapping):
+        raise ValueError("assumptions: expected a mapping")
+    if "base" in data:
+        if data["base"] != PACKAGE_BASE:
+            raise ValueError(f"base: only {PACKAGE_BASE!r} (the package's assumptions.yaml), got {data['base']!r}")
+        data = merge_assumptions(default_assumptions().raw, {k: v for k, v in data.items() if k != "base"})
     gpu = gpu or gpu_model(data.get("gpu", "A100-40GB"))
     anchors = {
         domain: WidthAnchor(float(a["w_lo"]), float(a["work_lo_gmac"]), float(a["work_hi_gmac"]))
@@ -189,6 +216,11 @@ def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
     }
     models = {}
     for name, m in data["models"].items():
+        missing = [k for k in MODEL_KEYS if k not in m]
+        if missing:
+            raise ValueError(
+                f"models.{name}: missing {', '.join(missing)} (an overlay can only update the models of its base)"
+            )
         work = int(m["batch"]) * float(m["gmac"])
         if "width" in m:
             width = float(m["width"])
@@ -196,7 +228,7 @@ def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
             width = anchors[m["domain"]].width(work)
         else:
             raise ValueError(f"models.{name}: no width and no calibration anchor for domain {m['domain']!r}")
-        if not 0 < float(m["fbr"]):
+        if not 0 < _number(m["fbr"]):
             raise ValueError(f"models.{name}.fbr: must be > 0")
         models[name] = ModelSpec(
             name=name,
@@ -206,13 +238,13 @@ def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
             gmac=float(m["gmac"]),
             exec_7g_s=float(m["exec_7g_ms"]) / 1000.0,
             mem_mb=float(m["mem_gb"]) * 1024.0,
-            fbr=float(m["fbr"]),
+            fbr=_number(m["fbr"]),
             width=width,
         )
     overrides = {}
     for key, value in (data.get("rdf") or {}).items():  # "resnet50/3g": 1.7
         model, _, profile = str(key).partition("/")
-        overrides[(model, gpu.profile(profile).key)] = float(value)
+        overrides[(model, gpu.profile(profile).key)] = _number(value)
     slo = data["slo_factor"]
     return Assumptions(
         slowdown=SlowdownModel(gpu, models, overrides),
