@@ -791,9 +791,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
     from faas_gpu.profiling.cli import add_parser as add_profile_parser
+    from faas_gpu.profiling.colocation_cli import add_parser as add_colocation_parser
     from faas_gpu.profiling.fit_cli import add_parser as add_fit_parser
 
     add_profile_parser(sub)
+    add_colocation_parser(sub)
     add_fit_parser(sub)
 
     p = sub.add_parser("build", help="shrink-wrap functions and build them into the local image store")
