@@ -57,7 +57,6 @@ from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumpt
 from .protean_trace import RateTrace, batch_arrivals
 
 SCHEMES = ("molecule_beta", "infless_llama", "naive_slicing", "protean")
-RESERVE_FLOOR_MB = 20480.0
 VARIANTS = ("protean_paper",)  # PROTEAN with the paper's Eq. 2 and Alg. 2 thresholds only
 
 
@@ -255,6 +254,7 @@ class ProteanSim:
         setting = self.a.setting
         self.cold_start_s = float(setting("simulator", "cold_start_s"))
         self.corunner_overhead = float(self.a.simulator["contention"]["corunner_overhead"])
+        self.reserve_floor_mb = float(setting("policy", "strict_reserve_floor_mb"))
         self.monitor_s = float(setting("policy", "monitor_interval_s"))
         self.distributor = JobDistributor(
             self.sd,
@@ -570,7 +570,7 @@ class ProteanSim:
         reserve = 0.0
         if self.extended and self.workload.strict_model:
             need = max(1, math.ceil(node.strict_pred), node.resident[True])
-            reserve = max(need * self.sd.spec(self.workload.strict_model).mem_mb, RESERVE_FLOOR_MB)
+            reserve = max(need * self.sd.spec(self.workload.strict_model).mem_mb, self.reserve_floor_mb)
         # no strict function deployed: Guideline 1 has no large slice to keep free (our extension)
         strict_expected = not self.extended or self.workload.strict_model is not None
         dist = self.distributor.distribute(batches, slices, be_mem, node.be_model, reserve, strict_expected)
