@@ -68,7 +68,7 @@ class Workload:
     strict_model: str | None
     be_models: tuple[str, ...]
     strict_share: float = 0.5
-    be_switch_s: float = 20.0
+    be_switch_s: float | None = None  # None: assumptions.yaml's simulator.be_switch_s (the paper's ~20 s)
 
 
 @dataclass(frozen=True)
@@ -198,11 +198,12 @@ def make_jobs(workload: Workload, a: Assumptions, rng: np.random.Generator) -> l
         b = models[workload.strict_model].batch
         out += [(t, workload.strict_model, True) for t in batch_arrivals(workload.trace, workload.strict_share, b, rng)]
     if workload.be_models and workload.strict_share < 1:
-        periods = int(workload.trace.duration_s // workload.be_switch_s) + 1
+        switch_s = workload.be_switch_s or float(a.setting("simulator", "be_switch_s"))
+        periods = int(workload.trace.duration_s // switch_s) + 1
         choice = [workload.be_models[int(i)] for i in rng.integers(0, len(workload.be_models), size=periods)]
         b = models[workload.be_models[0]].batch  # BE models of a workload share the domain's batch size
         for t in batch_arrivals(workload.trace, 1 - workload.strict_share, b, rng):
-            out.append((t, choice[int(t // workload.be_switch_s)], False))
+            out.append((t, choice[int(t // switch_s)], False))
     out.sort(key=lambda x: x[0])
     noise = rng.lognormal(-sigma * sigma / 2, sigma, size=len(out))
     jobs = []
