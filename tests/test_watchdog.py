@@ -206,7 +206,13 @@ def test_metrics_port(watchdogs, function_dir):
     mport = free_port()
     wd = watchdogs(http_env(metrics_port=str(mport)), cwd=function_dir)
     requests.post(f"{wd.url}/m", timeout=10)
-    text = requests.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
+    # the request is counted once its handler returns, which may be just after the client has the answer
+    deadline = time.monotonic() + 10
+    while True:
+        text = requests.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
+        if 'http_requests_total{code="201",method="post"}' in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert 'http_requests_total{code="201",method="post"}' in text
     assert "http_request_duration_seconds_bucket" in text and "http_requests_in_flight" in text
 
