@@ -306,10 +306,10 @@ class Procurer:
                 "onDemandPerHour": m.on_demand_per_hour,
             },
             "cost": {
-                "dollars": {k.value: round(v, 6) for k, v in m.dollars.items()},
+                "dollars": {k.value: v for k, v in m.dollars.items()},  # unrounded: a short hold costs micro-dollars
                 "nodeSeconds": {k.value: round(v, 3) for k, v in m.node_seconds.items()},
-                "total": round(m.total, 6),
-                "onDemandEquivalent": round(od_equivalent, 6),
+                "total": m.total,
+                "onDemandEquivalent": od_equivalent,
                 "savings": round(1 - m.total / od_equivalent, 4) if od_equivalent > 0 else 0.0,
             },
             "counts": {
