@@ -38,6 +38,7 @@ from faas_gpu.policies.protean import (
     Assumptions,
     Batch,
     ClassQueue,
+    CostMeter,
     FunctionLoad,
     GpuObservation,
     JobDistributor,
@@ -793,24 +794,17 @@ class ProteanSim:
                     self._autoscale(n)
 
     def _cost(self, end: float) -> dict[str, float]:
-        if self.spot is None:
+        if self.spot is None or self.cloud is None:
             return {}
-        s = self.spot
-        spot = s.spot_prices or PriceSeries((0.3 * s.on_demand_per_hour,), 3600.0)
-        dollars = 0.0
+        meter = CostMeter(self.cloud.spot_prices, self.spot.on_demand_per_hour)
         for kind, start, stop in self.costs:
-            start = max(0.0, start)
-            if kind is NodeKind.SPOT:
-                dollars += spot.integral_hours(start, stop)
-            else:
-                dollars += s.on_demand_per_hour * (stop - start) / 3600.0
-        baseline = self.n_nodes * s.on_demand_per_hour * end / 3600.0
-        node_s = sum(max(0.0, stop - max(0.0, start)) for _, start, stop in self.costs)
-        spot_s = sum(max(0.0, stop - max(0.0, start)) for k, start, stop in self.costs if k is NodeKind.SPOT)
+            meter.add(kind, max(0.0, start), stop)
+        baseline = self.n_nodes * self.spot.on_demand_per_hour * end / 3600.0
+        node_s = sum(meter.node_seconds.values())
         return {
-            "dollars": dollars,
-            "normalized": dollars / baseline if baseline else math.nan,
-            "spot_share": spot_s / node_s if node_s else 0.0,
+            "dollars": meter.total,
+            "normalized": meter.total / baseline if baseline else math.nan,
+            "spot_share": meter.node_seconds[NodeKind.SPOT] / node_s if node_s else 0.0,
         }
 
 
