@@ -34,11 +34,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from faas_gpu.policies.protean import PriceSeries, default_assumptions  # noqa: E402
+from faas_gpu.policies.protean import default_assumptions  # noqa: E402
+from faas_gpu.procure import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
 from faas_gpu.sim.protean import SCHEMES, RunResult, SpotSetting, Workload, simulate  # noqa: E402
 from faas_gpu.sim.protean_trace import bursty_trace, diurnal_trace  # noqa: E402
 
-SPOT_CSV = REPO.parent / "shared" / "data" / "cocktail" / "spot.csv"
 VISION_STRICT = "resnet50"
 VISION_BE = (
     "shufflenet_v2",
@@ -206,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         record("language_", res)
 
         sim_cfg = a.simulator["spot_series"]["value"]
-        prices = PriceSeries.from_csv_text(SPOT_CSV.read_text(), sim_cfg["column"], float(sim_cfg["step_s"]))
-        on_demand = prices.mean / 0.30
+        prices, on_demand = load_prices(DEFAULT_SPOT_CSV, sim_cfg["column"], float(sim_cfg["step_s"]))
         print(f"\n## Cost vs spot availability (Fig. 9): spot ${prices.mean:.4f}/h mean, on-demand ${on_demand:.4f}/h")
         print("normalized cost = $ / (8 on-demand nodes over the run); SLO = strict SLO compliance")
         print(f"{'P_rev':>6} {'mode':>10} {'SLO %':>8} {'P99 ms':>9} {'cost':>6} {'spot share':>10}")

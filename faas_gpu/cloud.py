@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from faas_gpu.policies.protean.procurement import EvictionNotice, Node, NodeKind, PriceSeries
+from faas_gpu.policies.protean.procurement import SPOT_SHARE_OF_ON_DEMAND, EvictionNotice, Node, NodeKind, PriceSeries
 
 
 class CloudProvider(Protocol):
@@ -65,7 +65,7 @@ class EmulatedCloud:
         self.notice_s = notice_s
         self.boot_s = boot_s
         self.spot_availability = 1.0 - p_rev if spot_availability is None else spot_availability
-        self.spot_prices = spot_prices or PriceSeries((0.3 * on_demand_per_hour,), 3600.0)
+        self.spot_prices = spot_prices or PriceSeries((SPOT_SHARE_OF_ON_DEMAND * on_demand_per_hour,), 3600.0)
         self.on_demand_per_hour = on_demand_per_hour
         acquire_seq, evict_seq = np.random.SeedSequence(seed).spawn(2)
         self._acquire_rng = np.random.default_rng(acquire_seq)

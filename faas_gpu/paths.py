@@ -7,6 +7,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"  # traces, profiles, prices beside the checkout
 
 
 def home() -> Path:

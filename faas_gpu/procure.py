@@ -43,6 +43,7 @@ from pathlib import Path
 from faas_gpu.cloud import CloudProvider, EmulatedCloud
 from faas_gpu.cordon import cordon, uncordon
 from faas_gpu.datastore import Datastore
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.protean import (
     CostMeter,
     Node,
@@ -53,12 +54,12 @@ from faas_gpu.policies.protean import (
     ProcurementDecision,
     ProcurementSnapshot,
 )
+from faas_gpu.policies.protean.procurement import SPOT_SHARE_OF_ON_DEMAND
 
 log = logging.getLogger("procure")
 
 UNITS_PREFIX = "/faas-gpu/units/"  # gpu_manager.daemon.STATUS_PREFIX: where managers report units
-DEFAULT_SPOT_CSV = Path("/work/shared/data/cocktail/spot.csv")
-SPOT_SHARE_OF_ON_DEMAND = 0.30  # AWS 8xA100: spot 9.8318 vs on-demand 32.7726 $/h (PROTEAN Table 3)
+DEFAULT_SPOT_CSV = SHARED_DATA / "cocktail" / "spot.csv"
 
 
 def load_prices(path: Path, column: str = "spot1", step_s: float = 60.0) -> tuple[PriceSeries, float]:

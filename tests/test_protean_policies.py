@@ -1,11 +1,11 @@
 """PROTEAN's pure policies (seed 000): MIG geometries, classes, Eq. 2, Alg. 1, Alg. 2, scaling, procurement."""
 
 import csv
-from pathlib import Path
 
 import pytest
 
 from faas_gpu.cloud import EmulatedCloud
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.protean import (
     Batch,
     ClassQueue,
@@ -36,7 +36,7 @@ from faas_gpu.policies.protean import (
 )
 from faas_gpu.policies.protean.slowdown import mlperf_rdf_1g, width_from_rdf_1g
 
-MLPERF = Path(__file__).resolve().parents[2] / "shared" / "data" / "mlperf_v1.1_a100_mig_calibration.csv"
+MLPERF = SHARED_DATA / "mlperf_v1.1_a100_mig_calibration.csv"
 A100 = gpu_model("A100-40GB")
 
 

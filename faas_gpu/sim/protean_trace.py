@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "infless" / "workload"
+from faas_gpu.paths import SHARED_DATA
+
+DATA = SHARED_DATA / "infless" / "workload"
 
 
 @dataclass(frozen=True)
