@@ -21,7 +21,7 @@ placed again.
 
 PROTEAN's Job Distribution (Alg. 1, with a `distributor`: `--distribution protean`) chooses the
 MIG slice: before each round the scheduler hands LALB a `JobDistributionPreference` over the
-slices of the GPUs the assumptions know (`read_gpus`) and the best-effort memory resident on
+slices of the GPUs the assumptions know (`gpu_views`) and the best-effort memory resident on
 each (`resident_counts`, as the Reconfigurator counts it); LALB asks it whenever it chooses
 among idle units (`faas_gpu.policies.lalb_job_distribution` says what wins over what).
 """
@@ -49,7 +49,7 @@ from gpu_manager.api import UNIT_STATE_HEADER
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
-from .reconfigure import Gpu, read_gpus, resident_counts
+from .reconfigure import Gpu, gpu_views, resident_counts
 
 log = logging.getLogger(__name__)
 DEFAULT_LOAD_S = 1.0
@@ -166,11 +166,12 @@ class Scheduler:
         with self._lock:
             self._refresh_seq += 1
             seq = self._refresh_seq
-        found = []
+        found, reports = [], []
         cordoned = cordoned_nodes(self.ds)
         for kv in self.ds.get_prefix(STATUS_PREFIX):
             try:
                 s = json.loads(kv.value)
+                reports.append(s)
                 if s["node"] in cordoned:
                     continue
                 key = f"{s['node']}/{s['unit']}"
@@ -178,7 +179,7 @@ class Scheduler:
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed unit report at %s", kv.key)
         found.sort(key=lambda u: u.key)
-        views = read_gpus(self.ds, self.distributor.slowdown.gpu)[0] if self.distributor is not None else {}
+        views = gpu_views(reports, self.distributor.slowdown.gpu)[0] if self.distributor is not None else {}
         with self._lock:
             if seq < self._refresh_applied:
                 return

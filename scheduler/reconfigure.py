@@ -151,13 +151,23 @@ def gpu_name_matches(model: str, gpu_name: str | None) -> bool:
 
 def read_gpus(ds: Datastore, gpu_model: GpuModel) -> tuple[dict[Gpu, GpuView], dict[Gpu, str]]:
     """The MIG GPUs of `gpu_model` the managers report units of, and why the other GPUs are left out."""
-    units: dict[Gpu, list[dict[str, Any]]] = defaultdict(list)
+    reports = []
     for kv in ds.get_prefix(STATUS_PREFIX):
         try:
-            s = json.loads(kv.value)
+            reports.append(json.loads(kv.value))
+        except ValueError:
+            continue
+    return gpu_views(reports, gpu_model)
+
+
+def gpu_views(reports: Iterable[Any], gpu_model: GpuModel) -> tuple[dict[Gpu, GpuView], dict[Gpu, str]]:
+    """`read_gpus` over unit reports already read (parsed JSON; malformed ones are skipped)."""
+    units: dict[Gpu, list[dict[str, Any]]] = defaultdict(list)
+    for s in reports:
+        try:
             if s.get("kind") == "mig":
                 units[(str(s["node"]), int(s["gpu"]))].append(s)
-        except (ValueError, KeyError, TypeError):
+        except (AttributeError, ValueError, KeyError, TypeError):
             continue
     views: dict[Gpu, GpuView] = {}
     skipped: dict[Gpu, str] = {}
