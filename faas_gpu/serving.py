@@ -51,15 +51,33 @@ class OneWorkerServer(BaseApplication):
         return self._load()
 
 
+def bearer_token(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    return header[7:].strip() or None
+
+
+def token_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison of bytes: `hmac.compare_digest` raises TypeError on a non-ASCII
+    str (`Authorization: Bearer ä` answered 500), and a header is whatever the client sent."""
+    if given is None or not expected:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
+
+
+def unauthorized(message: str = "invalid token") -> Response:
+    resp = Response(message + "\n", status=401, mimetype="text/plain")
+    resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
+    return resp
+
+
 def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:
     """Internal APIs answer 401 without `Authorization: Bearer <token>` (compared in constant time)."""
 
     @app.before_request
     def _check_token():
         if flask_request.path.startswith(prefix):
-            given = flask_request.headers.get("Authorization", "")
-            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token)):
-                resp = Response("invalid token\n", status=401, mimetype="text/plain")
-                resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
-                return resp
+            if not token_matches(bearer_token(flask_request.headers.get("Authorization")), token):
+                return unauthorized()
         return None

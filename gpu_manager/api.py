@@ -12,11 +12,18 @@ list the GPUs and change a GPU's MIG geometry.
 - `POST /v1/jobs/<digest>?unit=<id>` on a unit that is draining (503) or not a unit of this node
   (404) answers `X-Faas-Gpu-Unit-State: draining | unknown`, so the scheduler places it again.
 
-Every /v1/ route needs `Authorization: Bearer <token>` (the node's token file); the API is for
-the scheduler and the functions' GPU clients, not for the world.
+- `GET /v1/functions`: {"name.namespace": jobs run}, from the `X-Faas-Gpu-Function` header the
+  scheduler sets on a function's jobs (accounting only: it grants nothing).
+
+Every /v1/ route needs `Authorization: Bearer <token>`, the cluster token (the node's token file):
+the API is for the scheduler and the daemons. Functions' replicas hold only their own token,
+which the scheduler checks and which is refused here (401).
 """
 
 from __future__ import annotations
+
+import threading
+from collections import Counter
 
 from flask import Flask, Response, jsonify, request
 
@@ -30,6 +37,7 @@ from .wire import WireError, decode
 from .worker import ModelInputError, ModelLoadError, WorkerDied
 
 TENSOR = "application/x-faas-gpu-tensor"
+FUNCTION_HEADER = "X-Faas-Gpu-Function"  # name.namespace of the function a job came from (accounting)
 UNIT_STATE_HEADER = "X-Faas-Gpu-Unit-State"  # on a job refused because its unit is "draining" or "unknown"
 
 
@@ -49,6 +57,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
     app = Flask("faas-gpu-manager")
 
     require_bearer_token(app, token)
+    jobs_by_function: Counter[str] = Counter()
+    counting = threading.Lock()
 
     @app.get("/healthz")
     def healthz():
@@ -97,6 +107,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _unavailable(str(exc), 503, "draining")
         except MPSError as exc:
             return _text(str(exc), 503)
+        function = (request.headers.get(FUNCTION_HEADER) or "").strip()[:200]
+        if function:
+            with counting:
+                jobs_by_function[function] += 1
         resp = Response(result.payload, mimetype=TENSOR)
         resp.headers.update(
             {
@@ -107,6 +121,11 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             }
         )
         return resp
+
+    @app.get("/v1/functions")
+    def functions():
+        with counting:
+            return jsonify(dict(jobs_by_function))
 
     @app.get("/v1/gpus")
     def gpus():

@@ -3,8 +3,9 @@
 A model is identified by the SHA-256 of its artifact, so functions that ship the same weights
 share one cache entry. Uploads stream to disk under a size limit, the hash is computed on the
 way (and compared with the client's, when it gives one), and the archive is checked without
-unpickling anything: TorchScript, `torch.export` programs and `torch.save` files are all zip
-archives whose CRCs and layout can be verified here; loading happens only in a worker process.
+unpickling anything: its CRCs, its layout, and the checks of `safe_formats`, which refuse
+`torch.save` pickles and whatever in a TorchScript archive or a `torch.export` program could run
+code. Loading happens only in a worker process, which checks the file again.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from . import safe_formats
+from .safe_formats import ArtifactError
+
+__all__ = ["FORMATS", "Artifact", "ArtifactError", "ArtifactTooLarge", "ModelStore", "detect_format"]
+
 CHUNK = 1 << 20
 DEFAULT_MAX_BYTES = 2 * 1024**3
-FORMATS = ("torchscript", "export", "pickle")
-
-
-class ArtifactError(ValueError):
-    """Corrupt or not a torch artifact (answered 400)."""
+FORMATS = ("torchscript", "export")
 
 
 class ArtifactTooLarge(ValueError):
@@ -39,23 +41,16 @@ class Artifact:
 
 
 def detect_format(path: Path) -> str:
-    """torchscript, export or pickle, from the archive's layout; ArtifactError if it is none."""
+    """torchscript or export, from the archive's layout and `safe_formats`' checks; ArtifactError
+    (naming what to send instead) for a pickle, a corrupt archive or anything else."""
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
             if bad is not None:
                 raise ArtifactError(f"artifact: corrupt archive (CRC error in {bad})")
-            names = z.namelist()
+            return safe_formats.detect_format(z)
     except zipfile.BadZipFile as exc:
         raise ArtifactError(f"artifact: not a torch archive ({exc})") from None
-    parts = {n.split("/", 1)[1] if "/" in n else n for n in names}
-    if any(p.startswith("code/") for p in parts) and "constants.pkl" in parts:
-        return "torchscript"
-    if any("serialized_exported_program" in p or p.startswith("models/") for p in parts):
-        return "export"
-    if "data.pkl" in parts:
-        return "pickle"
-    raise ArtifactError("artifact: a zip archive, but not TorchScript, torch.export or torch.save")
 
 
 class ModelStore:

@@ -1,8 +1,9 @@
 """A model worker: one process per (model, unit), as in the GPU-FaaS paper's GPU Manager.
 
-The process loads the artifact on its device once (TorchScript, a `torch.export` program, or
-a pickled module) and then runs batches sent over a pipe as wire-format tensors. Loading and
-running user models happens here, never in the manager, so a model that crashes or hangs
+The process loads the artifact on its device once (TorchScript or a `torch.export` program,
+never a pickle: `safe_formats` says why these are safe and checks the file again here, whatever
+the store on disk holds) and then runs batches sent over a pipe as wire-format tensors. Loading
+and running user models happens here, never in the manager, so a model that crashes or hangs
 takes down only its worker.
 """
 
@@ -41,23 +42,31 @@ class LoadedInfo:
     load_s: float
 
 
-def _load(path: str, fmt: str, device: str):
+def _load(path: str, device: str):
+    """Checked before torch opens it (the format comes from the file, not from the caller), and
+    the loaded graphs checked before the first call; no `weights_only=False` path exists here."""
+    import zipfile
+
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # any torch.load inside torch's own loaders
     import torch
 
+    from . import safe_formats
+
+    with zipfile.ZipFile(path) as z:
+        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
     if fmt == "torchscript":
         model = torch.jit.load(path, map_location=device)
-    elif fmt == "export":
-        model = torch.export.load(path).module().to(device)
-    else:
-        model = torch.load(path, map_location=device, weights_only=False)
-    if not isinstance(model, torch.nn.Module) and not hasattr(model, "forward"):
-        raise TypeError(f"the artifact holds a {type(model).__name__}, not a model")
-    if hasattr(model, "eval") and fmt != "export":
+        safe_formats.check_torchscript(model)
         model.eval()
+    else:
+        model = torch.export.load(path).module()
+        safe_formats.check_graph(model)
+        model = model.to(device)
     return model
 
 
-def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int, env: dict[str, str]) -> None:
+def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str, str]) -> None:
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
@@ -66,7 +75,7 @@ def _serve(conn: Connection, path: str, fmt: str, device: str, threads: int, env
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
-        model = _load(path, fmt, device)
+        model = _load(path, device)
         tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
         size = sum(t.numel() * t.element_size() for t in tensors)
     except Exception as exc:  # reported to the manager, which answers the caller
@@ -101,7 +110,7 @@ class Worker:
         parent, child = _CTX.Pipe()
         self.proc = _CTX.Process(
             target=_serve,
-            args=(child, str(self.artifact.path), self.artifact.format, self.device, self.threads, self.env),
+            args=(child, str(self.artifact.path), self.device, self.threads, self.env),
             daemon=True,
         )
         self.proc.start()

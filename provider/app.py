@@ -10,6 +10,7 @@ from flask import Flask
 
 from faas_gpu.async_queue import open_queue
 from faas_gpu.datastore import open_datastore
+from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.history import open_history
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.profiling.predictor import LatencyPredictor
@@ -40,14 +41,12 @@ def build_provider(config: ProviderConfig) -> Provider:
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
-    gpu_env = {}
+    gpu_env, fn_credentials = {}, None
     if config.scheduler_url:
-        token_file = home / "secrets" / "gpu-manager-token"
-        gpu_env = {
-            "FAAS_GPU_SCHEDULER_URL": config.scheduler_url,
-            "FAAS_GPU_TOKEN": token_file.read_text().strip() if token_file.exists() else "",
-        }
-    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env)
+        # replicas get their function's own token (faas_gpu.fn_credentials), never the cluster's
+        gpu_env = {"FAAS_GPU_SCHEDULER_URL": config.scheduler_url}
+        fn_credentials = FunctionCredentials(datastore, config.secrets_dir / "function-tokens")
+    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, fn_credentials)
     invoker = Invoker(
         store,
         runtime,
@@ -80,7 +79,9 @@ def build_provider(config: ProviderConfig) -> Provider:
         ),
     )
     invoker.dispatcher = autoscaler
-    return Provider(config, credentials, datastore, store, secrets, logs, runtime, invoker, queue, autoscaler)
+    return Provider(
+        config, credentials, datastore, store, secrets, logs, runtime, invoker, queue, autoscaler, fn_credentials
+    )
 
 
 def _flask(provider: Provider, *, gateway: bool) -> Flask:

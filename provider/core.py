@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from faas_gpu import __version__
 from faas_gpu.async_queue import AsyncQueue
 from faas_gpu.datastore import Datastore
+from faas_gpu.fn_credentials import FunctionCredentials
 
 from .auth import Credentials
 from .autoscaler import Autoscaler
@@ -41,6 +42,8 @@ class Provider:
     invoker: Invoker
     queue: AsyncQueue
     autoscaler: Autoscaler | None = None
+    fn_credentials: FunctionCredentials | None = None
+    """Each function's own GPU-path token (with a scheduler): issued at deploy, revoked on remove."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -75,6 +78,8 @@ class Provider:
             if self.autoscaler is not None:
                 self.autoscaler.validate(record)
             self.store.put(record)
+            if self.fn_credentials is not None:
+                self.fn_credentials.issue(ns, dep.service)
         if self.autoscaler is not None:
             self.autoscaler.prepare(record)
         self.runtime.apply(record)
@@ -94,6 +99,8 @@ class Provider:
         if self.autoscaler is not None:
             self.autoscaler.forget((ns, name))
         self.runtime.remove(ns, name)
+        if self.fn_credentials is not None:  # after its replicas stopped: none restarts with it
+            self.fn_credentials.revoke(ns, name)
 
     def scale(self, path_name: str, body: object, namespace_query: str | None) -> FunctionRecord:
         if not isinstance(body, dict):
@@ -178,6 +185,8 @@ class Provider:
                         self.autoscaler.prepare(record)
                     except ValidationError as exc:
                         log.error("%s.%s runs without its autoscaler: %s", record.name, record.namespace, exc)
+                if self.fn_credentials is not None:  # a new datastore learns the tokens again
+                    self.fn_credentials.issue(record.namespace, record.name)
                 self.runtime.apply(record)
                 started += 1
             except LaunchError as exc:

@@ -1,5 +1,8 @@
 """The scheduler's HTTP API for the functions' GPU clients (token-protected).
 
+Each function's replicas hold their own token, not the cluster's (`scheduler.credentials` says
+what each may do); uploads are `torch.export` programs or TorchScript, never pickles.
+
 `POST /v1/jobs/<digest>` takes `X-Faas-Gpu-Class`, `X-Faas-Gpu-Deadline-Ms` and
 `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumptions file (`resnet50`, ...), which the
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
@@ -11,13 +14,14 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu.fn_credentials import CredentialResolver
 from faas_gpu.policies import PlacementError
 from faas_gpu.policies.protean.classes import RequestClass, parse_class
-from faas_gpu.serving import require_bearer_token
 from gpu_manager.api import TENSOR
 from gpu_manager.model_store import ArtifactError, ArtifactTooLarge
 from gpu_manager.wire import WireError, decode
 
+from . import credentials
 from .core import Scheduler
 from .leader import LeaderElection
 
@@ -34,7 +38,8 @@ def create_app(
     """`reconfig`: the GPU Reconfigurator (`scheduler.reconfigure.ReconfigController`), shown in /v1/status."""
     app = Flask("faas-gpu-scheduler")
 
-    require_bearer_token(app, token)
+    resolver = CredentialResolver(scheduler.ds, token)
+    credentials.install_guard(app, resolver)
 
     @app.get("/healthz")
     def healthz():
@@ -62,6 +67,9 @@ def create_app(
             return _text(str(exc), 413)
         except ArtifactError as exc:
             return _text(str(exc), 400)
+        refused = credentials.record_upload(resolver, a.digest)
+        if refused is not None:
+            return refused
         return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
 
     @app.post("/v1/jobs/<digest>")
@@ -70,6 +78,9 @@ def create_app(
             resp = _text("not the scheduler leader; retry", 503)
             resp.headers["Retry-After"] = "1"
             return resp
+        refused = credentials.check_owner(resolver, digest)
+        if refused is not None:
+            return refused
         payload = request.get_data(cache=False)
         try:
             decode(payload)
@@ -78,7 +89,9 @@ def create_app(
             klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
             model = (request.headers.get(MODEL_HEADER) or "").strip()[:100] or None
             job = scheduler.submit(
-                digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT, model=model
+                digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT,
+                model=model,
+                function=None if credentials.caller().cluster else credentials.caller().label,
             )
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)

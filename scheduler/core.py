@@ -45,7 +45,7 @@ from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPre
 from faas_gpu.policies.protean.classes import ClassQueue
 from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
 from faas_gpu.policies.protean.mig import InvalidGeometry
-from gpu_manager.api import UNIT_STATE_HEADER
+from gpu_manager.api import FUNCTION_HEADER, UNIT_STATE_HEADER
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
@@ -85,6 +85,7 @@ class Job:
     admitted: bool = False  # handed to the placement policy
     model: str | None = None  # the model's name (X-Faas-Gpu-Model), for PROTEAN's slowdown specs
     unit: str | None = None  # node/unit it runs on, while it runs
+    function: str | None = None  # name.namespace of the function that sent it (None: the cluster)
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome
@@ -262,12 +263,16 @@ class Scheduler:
         deadline_s: float | None = None,
         best_effort: bool = False,
         model: str | None = None,
+        function: str | None = None,
     ) -> Job:
+        """`function`: who sent it (the GPU Manager counts jobs by it), None for the cluster."""
         with self._lock:
             self._model(digest)
             now = self.clock()
             deadline = None if best_effort or not deadline_s else now + deadline_s
-            job = Job(self._next_id, digest, payload, now, deadline, best_effort=best_effort, model=model)
+            job = Job(
+                self._next_id, digest, payload, now, deadline, best_effort=best_effort, model=model, function=function
+            )
             self._next_id += 1
             self._jobs[job.id] = job
             self._admission.push(job, now, None if best_effort else (deadline or now + NO_SLO_S))
@@ -468,8 +473,9 @@ class Scheduler:
     def _call(self, unit: UnitRef, job: Job) -> JobOutcome:
         auth = {"Authorization": f"Bearer {self.token}"}
         url = f"{unit.url}/v1/jobs/{job.digest}"
+        headers = {**auth, FUNCTION_HEADER: job.function} if job.function else auth
         for _ in range(2):
-            r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=auth, timeout=300)
+            r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=headers, timeout=300)
             if r.status_code == 404 and "not been uploaded" in r.text:
                 artifact = self.store.get(job.digest)
                 with open(artifact.path, "rb") as fh:

@@ -14,7 +14,7 @@ import torch
 from faas_gpu.paths import REPO_ROOT
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
-from gpu_manager.model_store import ModelStore
+from gpu_manager.model_store import ArtifactError, ModelStore
 from gpu_manager.wire import decode, encode
 from gpu_manager.worker import ModelInputError, ModelLoadError, Worker
 
@@ -109,8 +109,8 @@ def test_unknown_model_unit_and_too_big_models(manager, tmp_path, models):
 
 
 def test_an_artifact_that_will_not_load_is_a_clear_error(tmp_path):
+    """A state dict is weights without a model: refused at upload, naming what to send instead."""
     buf = io.BytesIO()
-    torch.save({"weights": torch.zeros(3)}, buf)  # a state dict, not a whole model
-    artifact = ModelStore(tmp_path).put(buf.getvalue())
-    with pytest.raises(ModelLoadError, match="holds a dict, not a model"):
-        Worker(artifact).start()
+    torch.save({"weights": torch.zeros(3)}, buf)
+    with pytest.raises(ArtifactError, match="pickle is refused"):
+        ModelStore(tmp_path).put(buf.getvalue())

@@ -252,7 +252,9 @@ class FakeWorker:
 def _artifact(store: ModelStore, tag: str) -> str:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/data.pkl", tag)
+        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
+        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/data/extra/tag", tag)
     return store.put(buf.getvalue()).digest
 
 

@@ -126,7 +126,9 @@ class FakeWorker:
 def _artifact(store: ModelStore, tag: str) -> str:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/data.pkl", tag)
+        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
+        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/data/extra/tag", tag)
     return store.put(buf.getvalue()).digest
 
 
@@ -213,21 +215,22 @@ def test_without_mps_a_cuda_worker_only_sees_its_unit(tmp_path):
     mgr.close()
 
 
-class EnvScaled(torch.nn.Module):
-    """Multiplies by the share the worker process was given (read inside the process)."""
-
+class Doubles(torch.nn.Module):
     def forward(self, x):
-        return x * float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "0"))
+        return x * 2
 
 
 def test_a_real_worker_process_gets_the_env_before_cuda_starts(tmp_path):
+    """The env goes to the worker process, which applies it before it imports torch. (A model
+    that read os.environ in forward was a pickle; TorchScript and torch.export cannot read it.)"""
     buf = io.BytesIO()
-    torch.save(EnvScaled(), buf)
+    torch.jit.save(torch.jit.script(Doubles()), buf)
     artifact = ModelStore(tmp_path).put(buf.getvalue())
     worker = Worker(artifact, "cpu", env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"})
     worker.start()
     try:
-        assert decode(worker.run(encode(torch.ones(2)))).tolist() == [30.0, 30.0]
+        assert worker.proc._args[-1] == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+        assert decode(worker.run(encode(torch.ones(2)))).tolist() == [2.0, 2.0]
     finally:
         worker.stop()
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ  # only the worker's own environment

@@ -28,12 +28,15 @@ def artifacts() -> dict[str, bytes]:
     torch.save(m, buf)
     out["pickle"] = buf.getvalue()
     buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    out["state_dict"] = buf.getvalue()
+    buf = io.BytesIO()
     torch.export.save(torch.export.export(m, (torch.randn(1, 3, 32, 32),)), buf)
     out["export"] = buf.getvalue()
     return out
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "pickle", "export"])
+@pytest.mark.parametrize("fmt", ["torchscript", "export"])
 def test_artifacts_are_stored_by_hash_and_recognised(tmp_path, artifacts, fmt):
     store = ModelStore(tmp_path)
     data = artifacts[fmt]
@@ -53,7 +56,7 @@ def test_same_weights_share_one_entry(tmp_path, artifacts):
 def test_upload_over_the_limit_is_refused(tmp_path, artifacts):
     store = ModelStore(tmp_path, max_bytes=1000)
     with pytest.raises(ArtifactTooLarge, match="limit of 1000 bytes"):
-        store.put(artifacts["pickle"])
+        store.put(artifacts["torchscript"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -66,11 +69,28 @@ def test_corrupt_and_foreign_artifacts_are_refused(tmp_path, artifacts):
     with pytest.raises(ArtifactError, match="not a torch archive"):
         store.put(b"definitely not a model")
     with pytest.raises(ArtifactError, match="not a torch archive"):
-        store.put(artifacts["pickle"][: len(artifacts["pickle"]) // 2])
+        store.put(artifacts["export"][: len(artifacts["export"]) // 2])
     with pytest.raises(ArtifactError, match="empty"):
         store.put(b"")
     with pytest.raises(ArtifactError, match="digest"):
-        store.put(artifacts["pickle"], expected_digest="0" * 64)
+        store.put(artifacts["export"], expected_digest="0" * 64)
     with pytest.raises(ArtifactError, match="digest"):
         store.get("../etc/passwd")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["pickle", "state_dict"])
+def test_a_torch_save_pickle_is_refused_naming_what_to_send_instead(tmp_path, artifacts, kind):
+    store = ModelStore(tmp_path)
+    with pytest.raises(ArtifactError, match="pickle is refused.*torch.export.*TorchScript"):
+        store.put(artifacts[kind])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pickle_already_on_disk_is_never_taken_for_a_model(tmp_path, artifacts):
+    """An artifact written into the store's folder by other means (an older version) is refused too."""
+    data = artifacts["pickle"]
+    digest = hashlib.sha256(data).hexdigest()
+    (tmp_path / f"{digest}.pt").write_bytes(data)
+    with pytest.raises(ArtifactError, match="pickle is refused"):
+        ModelStore(tmp_path).get(digest)

@@ -91,10 +91,12 @@ def report(ds, node: str, url: str, units=("0",), state: str = "idle") -> None:
 
 
 def artifact() -> bytes:
-    """Bytes the model store accepts (a torch.save archive's layout), without torch."""
+    """Bytes the model store accepts (a torch.export program's layout), without torch."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/data.pkl", b"\x80\x04N.")
+        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
+        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/data/extra/tag", b"\x80\x04N.")
     return buf.getvalue()
 
 

@@ -200,7 +200,9 @@ def test_a_best_effort_backlog_tags_every_slice_and_sends_a_narrow_strict_job_of
 def _artifact(store: ModelStore, tag: str = "m") -> str:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/data.pkl", tag)
+        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
+        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/data/extra/tag", tag)
     return store.put(buf.getvalue()).digest
 
 

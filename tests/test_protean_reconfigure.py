@@ -135,7 +135,9 @@ def test_units_report_their_mig_profile_and_gpu_name():
 def _artifact(store: ModelStore) -> str:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/data.pkl", "m")
+        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
+        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/data/extra/tag", "m")
     return store.put(buf.getvalue()).digest
 
 

@@ -38,7 +38,7 @@ def test_manager_on_the_sim_back_end_takes_the_profiled_time(tmp_path):
     import io
 
     buf = io.BytesIO()
-    torch.save(torch.nn.Linear(2, 2), buf)  # any artifact: the sim back end never loads it
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), buf)  # any artifact: the sim back end never loads it
     store = ModelStore(tmp_path)
     digest = store.put(buf.getvalue()).digest
     profile = Profile.from_infless(PROFILE, threads=2, sm_percent=50)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
 
 from ..config import parse_duration
@@ -104,9 +105,13 @@ class LocalRuntime(Runtime):
         secrets: SecretStore,
         logs: LogStore,
         gpu_env: dict[str, str] | None = None,
+        credentials: FunctionCredentials | None = None,
     ):
+        """`gpu_env`: how replicas reach the scheduler (GPU client); `credentials`: each function's
+        own token for it (FAAS_GPU_TOKEN), never the cluster token, which stays with the daemons."""
         self.home = home
-        self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
+        self.gpu_env = dict(gpu_env or {})
+        self.credentials = credentials
         self.images = images
         self.secrets = secrets
         self.logs = logs
@@ -396,6 +401,8 @@ class LocalRuntime(Runtime):
             FAAS_GPU_FUNCTION=record.name,
             FAAS_GPU_NAMESPACE=record.namespace,
         )
+        if self.gpu_env and self.credentials is not None:
+            env["FAAS_GPU_TOKEN"] = self.credentials.token(record.namespace, record.name)
         if spec.http_mode and "upstream_url" not in spec.env:
             env["upstream_url"] = f"http://127.0.0.1:{free_port()}"
         proc = subprocess.Popen(
