@@ -3,10 +3,18 @@
 `install()` (called by the template's index.py before it imports the handler) swaps
 `torch.load` and `torch.jit.load`: loading a whole model (TorchScript, a pickled module) returns
 a `RemoteModel`; calling it sends the batch to the scheduler, which places it on a unit. State
-dicts and tensors load as before. `faas_gpu.remote(module)` does the same for a module built in
-code. Without `FAAS_GPU_SCHEDULER_URL` nothing is swapped: the model runs in the instance on
-the CPU (`remote()` then puts it behind the instance's batch queue when the instance's batch
-size is above 1), and the log says so once. The handler's code is the same either way.
+dicts and tensors load as before.
+
+The scheduler and the GPU Managers never take a pickle (`gpu_manager.safe_formats`: unpickling
+runs code, and the managers load models as root). A pickled module is converted here, in the
+instance, where the user's own code already runs: `torch.export` on its first call, with a
+dynamic batch dimension. One that cannot be exported fails the handler with `NotConvertible`,
+which says what to ship instead; the bytes sent are checked with the managers' own rules first.
+
+`faas_gpu.remote(module)` does the same for a module built in code. Without
+`FAAS_GPU_SCHEDULER_URL` nothing is swapped: the model runs in the instance on the CPU
+(`remote()` then puts it behind the instance's batch queue when the instance's batch size is
+above 1), and the log says so once. The handler's code is the same either way.
 
 Concurrent calls in one instance are coalesced into one batch (`FAAS_GPU_MAX_BATCH`, and a
 timeout `FAAS_GPU_BATCH_TIMEOUT_MS`, by default a quarter of the SLO `FAAS_GPU_SLO_MS`).
@@ -238,6 +246,18 @@ class RemoteError(RuntimeError):
         self.status = status
 
 
+HOW_TO_SAVE = (
+    "save the model with torch.export (torch.export.export(model, (example,), dynamic_shapes="
+    "({0: torch.export.Dim('batch')},)) then torch.export.save, and torch.export.load it in the handler), "
+    "or ship a state dict or safetensors, build the module in the handler and call faas_gpu.remote(module), "
+    "or save it as TorchScript (torch.jit.save(torch.jit.script(model)))"
+)
+
+
+class NotConvertible(RuntimeError):
+    """A whole model loaded in the handler that cannot become an artifact the GPU path accepts."""
+
+
 class RemoteModel(torch.nn.Module):
     """A model whose forward runs on a GPU unit; the local module stays as the artifact's source."""
 
@@ -249,6 +269,7 @@ class RemoteModel(torch.nn.Module):
         self._digest: str | None = None
         self._http = requests.Session()
         self._upload_lock = threading.Lock()
+        self._refused: NotConvertible | None = None  # said once, then at once on every call
         self._queue = BatchQueue(
             self._run,
             config.max_batch,
@@ -268,17 +289,34 @@ class RemoteModel(torch.nn.Module):
     def _upload(self, example: torch.Tensor) -> str:
         if self._digest:
             return self._digest
+        if self._refused is not None:
+            raise self._refused
         if self._artifact is None:
-            buf = io.BytesIO()
-            # traced at batch 2 with a named batch dimension: batch 1 would be specialised away
-            ex = example[:1].expand(2, *example.shape[1:]).clone()
-            batch = torch.export.Dim("batch", min=1, max=4096)
-            program = torch.export.export(self.local, (ex,), dynamic_shapes=({0: batch},))
-            torch.export.save(program, buf)
-            self._artifact = buf.getvalue()
+            self._artifact = self._export(example)
+        _check_sendable(self._artifact, type(self.local).__name__)
         r = self._request("PUT", "/v1/models", data=self._artifact)
         self._digest = r.json()["digest"]
         return self._digest
+
+    def _export(self, example: torch.Tensor) -> bytes:
+        """The module as a torch.export program, traced at batch 2 with a named batch dimension
+        (batch 1 would be specialised away); NotConvertible, kept for later calls, when it fails."""
+        buf = io.BytesIO()
+        ex = example[:1].expand(2, *example.shape[1:]).clone()
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        try:
+            program = torch.export.export(self.local, (ex,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, buf)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            self._refused = NotConvertible(
+                f"faas-gpu: the model ({type(self.local).__name__}) cannot run on the GPU path: torch.export "
+                f"could not convert it in the instance ({type(exc).__name__}: {first}). A pickled module is never "
+                f"sent to the scheduler; {HOW_TO_SAVE}"
+            )
+            log.error("%s", self._refused)
+            raise self._refused from exc
+        return buf.getvalue()
 
     def _request(self, method: str, path: str, **kwargs) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.config.token}", **kwargs.pop("headers", {})}
@@ -319,6 +357,21 @@ class RemoteModel(torch.nn.Module):
             headers["X-Faas-Gpu-Model"] = self.config.model_name
         r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
         return decode(r.content), {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
+
+
+def _check_sendable(artifact: bytes, what: str) -> None:
+    """The managers' own checks, here: a refused artifact is the handler's error, with what to do."""
+    import zipfile
+
+    from gpu_manager.safe_formats import ArtifactError, detect_format
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(artifact)) as z:
+            detect_format(z)
+    except (ArtifactError, zipfile.BadZipFile) as exc:
+        raise NotConvertible(
+            f"faas-gpu: the model ({what}) cannot be sent to the GPU path: {exc}; {HOW_TO_SAVE}"
+        ) from None
 
 
 def _config() -> ClientConfig | None:

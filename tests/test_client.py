@@ -172,3 +172,37 @@ def test_app_timeouts_come_from_the_instance_env():
     b = LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "4", "FAAS_GPU_APP_TIMEOUTS_MS": "a=250, b=40.5"})
     assert b.max_batch == 4 and b.timeouts == {"a": 0.25, "b": 0.0405}
     assert LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "1"}) is None
+
+
+class Branchy(torch.nn.Module):
+    """Python control flow on a tensor's value: torch.export cannot convert it."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+def test_a_pickled_module_that_cannot_be_exported_fails_at_the_handler_naming_what_to_do(remote_env, tmp_path):
+    torch.save(Branchy(), tmp_path / "model.pt")
+    assert client.install()
+    model = torch.load(tmp_path / "model.pt", weights_only=False)  # the handler's own pickle, in its instance
+    for _ in range(2):  # the second call fails at once, with the same message
+        with pytest.raises(client.NotConvertible) as err:
+            model(torch.ones(1, 3))
+        message = str(err.value)
+        assert "Branchy" in message and "never sent to the scheduler" in message
+        assert (
+            "torch.export.Dim('batch')" in message and "faas_gpu.remote(module)" in message and "TorchScript" in message
+        )
+    assert not any((tmp_path / "scheduler-models").glob("*.pt"))  # nothing was uploaded
+
+
+def test_the_client_never_sends_a_pickle(remote_env, tmp_path):
+    """Bytes the managers would refuse are the handler's error, before any request."""
+    buf = io.BytesIO()
+    torch.save(torch.nn.Linear(3, 3), buf)
+    model = client.RemoteModel(torch.nn.Linear(3, 3), client.ClientConfig.from_env(), artifact=buf.getvalue())
+    with pytest.raises(client.NotConvertible, match="pickle is refused"):
+        model(torch.ones(1, 3))
+    assert not any((tmp_path / "scheduler-models").glob("*.pt"))

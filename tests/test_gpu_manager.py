@@ -114,3 +114,24 @@ def test_an_artifact_that_will_not_load_is_a_clear_error(tmp_path):
     torch.save({"weights": torch.zeros(3)}, buf)
     with pytest.raises(ArtifactError, match="pickle is refused"):
         ModelStore(tmp_path).put(buf.getvalue())
+
+
+def test_torchscript_that_writes_files_is_refused_before_its_first_call(tmp_path):
+    """aten::save in forward (a file written as root is code run as root): the worker refuses it."""
+    from gpu_manager.model_store import Artifact
+    from tests.malicious import SavesAFile, torchscript
+
+    marker = tmp_path / "pwned"
+    artifact = ModelStore(tmp_path / "store").put(torchscript(SavesAFile(str(marker))))
+    assert artifact.format == "torchscript"  # nothing in the archive says so before it is loaded
+    with pytest.raises(ModelLoadError, match="aten::save, which is not allowed"):
+        Worker(artifact).start()
+    assert not marker.exists()
+    # a pickle planted in the store's folder, whatever the caller says it is, is never unpickled
+    from tests.malicious import malicious_pickle
+
+    planted = tmp_path / "store" / ("e" * 64 + ".pt")
+    planted.write_bytes(malicious_pickle(marker))
+    with pytest.raises(ModelLoadError, match="pickle is refused"):
+        Worker(Artifact("e" * 64, planted.stat().st_size, "export", planted)).start()
+    assert not marker.exists()

