@@ -81,7 +81,8 @@ SYMPY_NAMES = {
     "PythonMod", "TruncToInt", "TruncToFloat", "IntTrueDiv", "FloatTrueDiv", "ToFloat", "Abs", "Eq",
     "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "sqrt", "floor", "ceiling", "Pow",
     "PowByNatural", "FloatPow", "RoundToInt", "RoundDecimal", "Identity", "True", "False", "oo",
-    "LShift", "RShift", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or",
+    "LShift", "RShift", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or", "ModularIndexing", "Where",
+    "CeilToInt", "FloorToInt",
 }  # fmt: skip
 SYMPY_KEYWORDS = {"positive", "integer", "real", "nonnegative", "negative", "finite", "nonzero", "commutative"}
 _EXPR_NODES = (

@@ -1,0 +1,55 @@
+"""Per-function GPU-path credentials: issued at deploy, private on disk, hashed in the datastore,
+bound to the function and its uploads, revoked on remove (within the scheduler's cache time)."""
+
+from __future__ import annotations
+
+import stat
+
+from faas_gpu.datastore import open_datastore
+from faas_gpu.fn_credentials import CLUSTER, Caller, CredentialResolver, FunctionCredentials
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_functions_token_is_private_on_disk_and_only_hashed_in_the_datastore(tmp_path):
+    ds = open_datastore(None, tmp_path / "state.db")
+    creds = FunctionCredentials(ds, tmp_path / "secrets" / "function-tokens")
+    token = creds.issue("openfaas-fn", "classify")
+    assert creds.issue("openfaas-fn", "classify") == token == creds.token("openfaas-fn", "classify")
+    folder = tmp_path / "secrets" / "function-tokens"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert [stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()] == [0o600]
+    dump = b"".join(kv.key.encode() + kv.value for kv in ds.get_prefix("/faas-gpu/"))
+    assert token.encode() not in dump  # a copy of the datastore gives no usable token
+    assert creds.issue("openfaas-fn", "other") != token
+    # a name is never a path
+    creds.issue("openfaas-fn", "../../escape")
+    assert not (tmp_path / "escape").exists() and len(list(folder.iterdir())) == 3
+
+
+def test_the_scheduler_resolves_tokens_and_a_revoked_one_stops_within_the_cache_time(tmp_path):
+    ds = open_datastore(None, tmp_path / "state.db")
+    creds = FunctionCredentials(ds, tmp_path / "tokens")
+    clock = Clock()
+    resolver = CredentialResolver(ds, "cluster-secret", cache_s=2.0, clock=clock)
+    token = creds.issue("openfaas-fn", "classify")
+    me = Caller("openfaas-fn", "classify")
+    assert resolver.resolve("cluster-secret") is CLUSTER
+    assert resolver.resolve(token) == me
+    assert resolver.resolve("guess") is None and resolver.resolve("ä") is None and resolver.resolve(None) is None
+    resolver.record_upload(me, "a" * 64)
+    assert resolver.owns(me, "a" * 64) and not resolver.owns(me, "b" * 64)
+    assert not resolver.owns(Caller("openfaas-fn", "other"), "a" * 64)
+    assert resolver.owns(CLUSTER, "b" * 64)
+    creds.revoke("openfaas-fn", "classify")
+    assert resolver.resolve(token) == me  # cached ...
+    clock.now += 2.1
+    assert resolver.resolve(token) is None  # ... for at most cache_s
+    assert not resolver.owns(me, "a" * 64)  # its uploads are forgotten with it
+    assert creds.issue("openfaas-fn", "classify") != token  # a redeploy gets a new token
