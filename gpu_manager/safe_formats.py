@@ -17,10 +17,13 @@ only formats whose loading is data, not code, and checks each of them before tor
   target `torch.os.system` is a node that calls `os.system`; (5) parses symbolic shapes with
   `sympy.sympify`, which is `eval`; (6) generates the module's Python code from names in the
   file (`getattr(self, "<name>")`, keyword names, `def forward(<arg names>)`), so a crafted name
-  is code. `check_export` refuses (1) and (3), every target outside the tensor operator
-  namespaces (4), any shape expression that is not arithmetic over symbols (5) and any name that
-  is not a dotted identifier (6), before torch opens the file; the worker also sets
-  `TORCH_FORCE_WEIGHTS_ONLY_LOAD` (2), and `check_graph` checks the loaded graph's targets again.
+  is code; (7) `.module()` `exec`s guard code made of the file's `guards_code` and of its
+  string inputs (`f"{src} == '{meta}'"`). `check_export` refuses (1) and (3), every target
+  outside the tensor operator namespaces (4), any shape expression that is not arithmetic over
+  symbols (5), any name that is not a dotted identifier (6) and any `guards_code` (7), before
+  torch opens the file; the worker sets `TORCH_FORCE_WEIGHTS_ONLY_LOAD` (2), builds the module
+  with `check_guards=False` (7: no guard code is generated), and `check_graph` checks the loaded
+  graph's targets again.
 - **TorchScript archives**: `torch.jit.load` unpickles with TorchScript's C++ unpickler, which
   resolves only TorchScript types and tensor rebuilders, never a Python global, and compiles
   the archive's code with the TorchScript compiler, which cannot call Python. But TorchScript
@@ -253,6 +256,8 @@ def _check_program(program: Any) -> None:
                     _check_name(v, f"{k} {v!r}", empty_ok=k.endswith("fqn"))
                 elif k in ("custom_obj_values",) and v:
                     raise ArtifactError("artifact: custom objects (torchbind) are refused")
+                elif k == "guards_code" and v:
+                    raise ArtifactError("artifact: guards_code is Python that torch would exec; refused")
                 else:
                     stack.append((v, k))
         elif isinstance(value, list):
@@ -320,8 +325,12 @@ def check_graph(module: Any) -> None:
         if graph is None:
             continue
         for node in graph.nodes:
-            if node.op in ("placeholder", "output", "get_attr", "call_module"):
-                continue  # a call_module's graph is one of named_modules(), checked in its turn
+            if node.op in ("placeholder", "output", "get_attr"):
+                continue
+            if node.op == "call_module":  # torch's own guards: a graph, checked in its turn
+                if hasattr(sub.get_submodule(node.target), "graph"):
+                    continue
+                raise ArtifactError(f"artifact: graph node {node.name} calls a module that is not a graph")
             target = node.target
             if node.op != "call_function":
                 raise ArtifactError(f"artifact: graph node {node.name} is a {node.op}, not an operator call")

@@ -89,7 +89,10 @@ def create_app(
             klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
             model = (request.headers.get(MODEL_HEADER) or "").strip()[:100] or None
             job = scheduler.submit(
-                digest, payload, deadline, best_effort=klass is RequestClass.BEST_EFFORT,
+                digest,
+                payload,
+                deadline,
+                best_effort=klass is RequestClass.BEST_EFFORT,
                 model=model,
                 function=None if credentials.caller().cluster else credentials.caller().label,
             )

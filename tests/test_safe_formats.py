@@ -113,6 +113,11 @@ def test_a_malicious_pickle_is_refused_at_upload(tmp_path):
             "custom or opaque object",
         ),
         (
+            "guard code that .module() would exec",
+            lambda e: edit_json(e, MODEL, lambda d: d.update(guards_code=["__import__('os').system('true') or 1"])),
+            "guards_code is Python",
+        ),
+        (
             "AOTInductor native code",
             lambda e: e.update({"data/aotinductor/model/model.so": b"\x7fELF"}),
             "AOTInductor code is refused",
