@@ -91,7 +91,7 @@ def _number(lo: float, hi: float, *, lo_open: bool = True, unit: str = "") -> Ch
         low_ok = value > lo if lo_open else value >= lo
         if not (math.isfinite(value) and low_ok and value <= hi):
             bound = f"{'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
-            raise ValidationError(f"{where}: must be a number{unit} {bound}, got {_show(raw)}")
+            raise ValidationError(f"{where} must be a number{unit} {bound}, got {_show(raw)}")
 
     return check
 
@@ -100,7 +100,7 @@ def _integer(lo: int, hi: int, what: str = "an integer") -> Check:
     def check(where: str, raw: str) -> None:
         text = raw.strip()
         if not re.fullmatch(r"[+-]?\d{1,19}", text) or not lo <= int(text) <= hi:
-            raise ValidationError(f"{where}: must be {what} from {lo} to {hi}, got {_show(raw)}")
+            raise ValidationError(f"{where} must be {what} from {lo} to {hi}, got {_show(raw)}")
 
     return check
 
@@ -109,20 +109,20 @@ def _one_of(*choices: str, fold: bool = False) -> Check:
     def check(where: str, raw: str) -> None:
         value = raw.strip().lower() if fold else raw
         if value not in choices:
-            raise ValidationError(f"{where}: must be one of {', '.join(choices)}, got {_show(raw)}")
+            raise ValidationError(f"{where} must be one of {', '.join(choices)}, got {_show(raw)}")
 
     return check
 
 
 def _flag(where: str, raw: str) -> None:
     if raw.strip().lower() not in ("true", "false", "1", "0"):
-        raise ValidationError(f"{where}: must be true or false, got {_show(raw)}")
+        raise ValidationError(f"{where} must be true or false, got {_show(raw)}")
 
 
 def _model(where: str, raw: str) -> None:
     if not MODEL_NAME_RE.match(raw.strip()):
         raise ValidationError(
-            f"{where}: must name a model (letters, digits, '-', '.', '_'; at most 253 characters), got {_show(raw)}"
+            f"{where} must name a model (letters, digits, '-', '.', '_'; at most 253 characters), got {_show(raw)}"
         )
 
 
@@ -135,7 +135,7 @@ def _is_duration(raw: str) -> bool:
 
 def _duration(where: str, raw: str) -> None:
     if not _is_duration(raw):
-        raise ValidationError(f"{where}: must be a duration such as 10s, 1m30s or 500ms, got {_show(raw)}")
+        raise ValidationError(f"{where} must be a duration such as 10s, 1m30s or 500ms, got {_show(raw)}")
 
 
 def _keep_alive(where: str, raw: str) -> None:
@@ -143,7 +143,7 @@ def _keep_alive(where: str, raw: str) -> None:
     if text in ("lsth", "hhp"):
         return
     if not _is_duration(text.removeprefix("fixed:")):
-        raise ValidationError(f"{where}: must be lsth, hhp or a duration (300s, fixed:5m), got {_show(raw)}")
+        raise ValidationError(f"{where} must be lsth, hhp or a duration (300s, fixed:5m), got {_show(raw)}")
 
 
 def _apps(where: str, raw: str) -> None:
@@ -154,7 +154,7 @@ def _apps(where: str, raw: str) -> None:
         name, sep, ms = item.partition("=")
         name = name.strip()
         if not sep or not APP_NAME_RE.match(name):
-            raise ValidationError(f"{where}: must be name=slo_ms pairs separated by commas, got {_show(raw)}")
+            raise ValidationError(f"{where} must be name=slo_ms pairs separated by commas, got {_show(raw)}")
         if name in seen:
             raise ValidationError(f"{where}: app {name!r} is declared twice")
         seen.add(name)
@@ -163,13 +163,13 @@ def _apps(where: str, raw: str) -> None:
 
 def _shape(where: str, raw: str) -> None:
     if not re.fullmatch(r"\s*[1-9]\d{0,6}(\s*,\s*[1-9]\d{0,6}){0,7}\s*", raw):
-        raise ValidationError(f"{where}: must be one input's shape without the batch, like 3,32,32, got {_show(raw)}")
+        raise ValidationError(f"{where} must be one input's shape without the batch, like 3,32,32, got {_show(raw)}")
 
 
 def _text(max_len: int) -> Check:
     def check(where: str, raw: str) -> None:
         if not raw.strip() or len(raw) > max_len:
-            raise ValidationError(f"{where}: must be non-empty text of at most {max_len} characters")
+            raise ValidationError(f"{where} must be non-empty text of at most {max_len} characters")
 
     return check
 
@@ -247,7 +247,7 @@ def parse_quantity(where: str, raw: str) -> Decimal:
     """A Kubernetes quantity (`512Mi`, `0.5`, `250m`, `1e3`) as a plain number; negative refused."""
     m = QUANTITY_RE.match(raw.strip())
     if not m:
-        raise ValidationError(f"{where}: must be a Kubernetes quantity such as 512Mi, 1Gi, 500m or 2, got {_show(raw)}")
+        raise ValidationError(f"{where} must be a Kubernetes quantity such as 512Mi, 1Gi, 500m or 2, got {_show(raw)}")
     suffix = m.group("suffix") or ""
     binary = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
     decimal = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -260,7 +260,7 @@ def parse_quantity(where: str, raw: str) -> Decimal:
             raise InvalidOperation
         return number.scaleb(exponent)
     except (InvalidOperation, ValueError):
-        raise ValidationError(f"{where}: {_show(raw)} is out of range") from None
+        raise ValidationError(f"{where} is out of range, got {_show(raw)}") from None
 
 
 def _resources(where: str, values: Mapping[str, str]) -> None:
@@ -269,7 +269,7 @@ def _resources(where: str, values: Mapping[str, str]) -> None:
             raise ValidationError(f"{where}: unknown resource {key!r} (known: {', '.join(RESOURCE_KEYS)})")
         value = parse_quantity(f"{where}.{key}", raw)
         if key.endswith("/gpu") and (value != value.to_integral_value() or value > MAX_GPUS):
-            raise ValidationError(f"{where}.{key}: must be a whole number of GPUs up to {MAX_GPUS}, got {_show(raw)}")
+            raise ValidationError(f"{where}.{key} must be a whole number of GPUs up to {MAX_GPUS}, got {_show(raw)}")
 
 
 def _environment(env_vars: Mapping[str, str], env_process: str | None) -> None:
@@ -279,10 +279,10 @@ def _environment(env_vars: Mapping[str, str], env_process: str | None) -> None:
         if not ENV_NAME_RE.match(name):
             raise ValidationError(f"{where}: {_show(name)} is not a valid environment variable name")
         if "\0" in value:
-            raise ValidationError(f"{where}: must not contain a NUL character")
+            raise ValidationError(f"{where} must not contain a NUL character")
         size = len(name.encode()) + 1 + len(value.encode())
         if size > MAX_ENV_ENTRY_BYTES:
-            raise ValidationError(f"{where}: is {size} bytes; at most {MAX_ENV_ENTRY_BYTES} bytes per variable")
+            raise ValidationError(f"{where} is {size} bytes; at most {MAX_ENV_ENTRY_BYTES} bytes per variable")
         if name in ENV_VARS:
             ENV_VARS[name](where, value)
         total += size
@@ -309,7 +309,7 @@ def _metadata(field_name: str, values: Mapping[str, str]) -> int:
             check = ANNOTATIONS.get(key)
             if check is None:
                 known = ", ".join(sorted(ANNOTATIONS))
-                raise ValidationError(f"{where}: unknown faas-gpu key (known: {known})")
+                raise ValidationError(f"{where} is not a faas-gpu key (known: {known})")
             check(where, raw)
         if field_name == "labels":
             if key in CE_FORBIDDEN_LABELS:

@@ -42,7 +42,7 @@ def test_service_name_is_an_rfc1123_label_of_at_most_63_characters():
 
 @pytest.mark.parametrize("raw", ["abc", "-5", "0", "NaN", "nan", "20O", "inf", "-inf", "1e23", ""])
 def test_slo_annotation_must_be_a_sane_number_of_milliseconds(raw):
-    refused("annotations: com.faas-gpu.slo-ms:", annotations={"com.faas-gpu.slo-ms": raw})
+    refused("annotations: com.faas-gpu.slo-ms", annotations={"com.faas-gpu.slo-ms": raw})
 
 
 def test_good_faas_gpu_annotations_are_accepted():
@@ -88,7 +88,7 @@ def test_good_faas_gpu_annotations_are_accepted():
     ],
 )
 def test_every_faas_gpu_annotation_is_checked_naming_it(key, raw):
-    message = refused(f"annotations: {key}:", annotations={key: raw})
+    message = refused(f"annotations: {key}", annotations={key: raw})
     assert len(message) < 2000
 
 
@@ -108,17 +108,17 @@ def test_the_table_covers_every_key_the_code_reads():
 
 
 def test_faas_gpu_keys_in_labels_follow_the_same_rules():
-    refused("labels: com.faas-gpu.slo-ms:", labels={"com.faas-gpu.slo-ms": "abc"})
+    refused("labels: com.faas-gpu.slo-ms", labels={"com.faas-gpu.slo-ms": "abc"})
 
 
 @pytest.mark.parametrize(
     ("labels", "field"),
     [
-        ({"com.openfaas.scale.max": "1000000000"}, "labels: com.openfaas.scale.max:"),
-        ({"com.openfaas.scale.max": str(MAX_REPLICAS + 1)}, "labels: com.openfaas.scale.max:"),
-        ({"com.openfaas.scale.min": "0"}, "labels: com.openfaas.scale.min:"),
-        ({"com.openfaas.scale.min": "two"}, "labels: com.openfaas.scale.min:"),
-        ({"com.openfaas.scale.factor": "101"}, "labels: com.openfaas.scale.factor:"),
+        ({"com.openfaas.scale.max": "1000000000"}, "labels: com.openfaas.scale.max"),
+        ({"com.openfaas.scale.max": str(MAX_REPLICAS + 1)}, "labels: com.openfaas.scale.max"),
+        ({"com.openfaas.scale.min": "0"}, "labels: com.openfaas.scale.min"),
+        ({"com.openfaas.scale.min": "two"}, "labels: com.openfaas.scale.min"),
+        ({"com.openfaas.scale.factor": "101"}, "labels: com.openfaas.scale.factor"),
         ({"com.openfaas.scale.min": "5", "com.openfaas.scale.max": "2"}, "labels: com.openfaas.scale.min"),
         ({"com.openfaas.scale.zero": "true"}, "labels: com.openfaas.scale.zero"),
     ],
@@ -142,10 +142,10 @@ def test_kubernetes_quantities_parse(raw, value):
 @pytest.mark.parametrize(
     ("field", "values"),
     [
-        ("limits.memory:", {"memory": "lots"}),
-        ("limits.memory:", {"memory": "-1Gi"}),
-        ("limits.cpu:", {"cpu": "1e999999"}),
-        ("limits.nvidia.com/gpu:", {"nvidia.com/gpu": "0.5"}),
+        ("limits.memory", {"memory": "lots"}),
+        ("limits.memory", {"memory": "-1Gi"}),
+        ("limits.cpu", {"cpu": "1e999999"}),
+        ("limits.nvidia.com/gpu", {"nvidia.com/gpu": "0.5"}),
         ("limits:", {"disk": "1Gi"}),
     ],
 )
@@ -156,13 +156,13 @@ def test_limits_are_kubernetes_quantities(field, values):
 
 def test_environment_stays_well_below_arg_max():
     assert "envProcess:" in refused("envProcess:", envProcess="x" * (3 * 1024 * 1024))
-    refused("envVars.BIG:", envVars={"BIG": "x" * MAX_ENV_ENTRY_BYTES})
+    refused("envVars.BIG", envVars={"BIG": "x" * MAX_ENV_ENTRY_BYTES})
     refused("envVars:", envVars={f"V{i}": "x" * 60_000 for i in range(6)})
     refused("envVars.", envVars={"A=B": "1"})
-    refused("envVars.A:", envVars={"A": "nul\0byte"})
+    refused("envVars.A", envVars={"A": "nul\0byte"})
     refused("envProcess:", envProcess="cat\0")
-    refused("envVars.FAAS_GPU_SLO_MS:", envVars={"FAAS_GPU_SLO_MS": "abc"})
-    refused("envVars.write_timeout:", envVars={"write_timeout": "soon"})
+    refused("envVars.FAAS_GPU_SLO_MS", envVars={"FAAS_GPU_SLO_MS": "abc"})
+    refused("envVars.write_timeout", envVars={"write_timeout": "soon"})
 
 
 def test_secret_names_are_bounded():
