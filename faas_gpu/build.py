@@ -9,6 +9,7 @@ stack's `configuration.copy` paths copied into `build/<fn>/<handler_folder>/<pat
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 
 from faas_gpu import paths
 from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore
-from faas_gpu.stack import FunctionSpec
+from faas_gpu.stack import FunctionSpec, StackError, resolve_inside
 
 SKIP_IN_HANDLER = ("build", "template")
 _IGNORE = shutil.ignore_patterns("__pycache__", ".pytest_cache")
@@ -86,6 +87,28 @@ def _copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+def _inside(stack_dir: Path, value: str, where: str) -> Path:
+    try:
+        return resolve_inside(stack_dir, value, where)
+    except StackError as exc:
+        raise BuildError(str(exc)) from None
+
+
+def _refuse_links_outside(src: Path, stack_dir: Path, where: str) -> None:
+    """A link in the handler folder to /etc would be copied as /etc: refuse any that leaves the project."""
+    if not src.is_dir():
+        return
+    root = stack_dir.resolve()
+    for folder, dirs, files in os.walk(src):
+        for name in dirs + files:
+            entry = Path(folder) / name
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                raise BuildError(
+                    f"{where}: {entry.relative_to(src)} links outside the stack file's folder ({root}); "
+                    "copy what it needs into the project"
+                )
+
+
 def shrinkwrap(spec: FunctionSpec, stack_dir: Path | str | None = None, out_dir: Path | str = "build") -> Path:
     """Write `<out_dir>/<fn>/` exactly as `faas-cli build --shrinkwrap` does; returns that folder.
 
@@ -99,9 +122,12 @@ def shrinkwrap(spec: FunctionSpec, stack_dir: Path | str | None = None, out_dir:
         raise BuildError(f"functions.{spec.name}.lang: is required to build")
     if not spec.handler:
         raise BuildError(f"functions.{spec.name}.handler: is required to build")
-    handler = (stack_dir / spec.handler).resolve()
+    handler = _inside(stack_dir, spec.handler, f"functions.{spec.name}.handler")
     if not handler.is_dir():
         raise BuildError(f"functions.{spec.name}.handler: folder {spec.handler!r} not found in {stack_dir}")
+    _refuse_links_outside(handler, stack_dir, f"functions.{spec.name}.handler")
+    for extra in spec.copy:  # checked before anything is written
+        _refuse_links_outside(_inside(stack_dir, extra, "configuration.copy"), stack_dir, "configuration.copy")
     out_root = Path(out_dir) if Path(out_dir).is_absolute() else stack_dir / out_dir
     out = out_root / spec.name
     if out.exists() or out.is_symlink():
@@ -124,9 +150,7 @@ def shrinkwrap(spec: FunctionSpec, stack_dir: Path | str | None = None, out_dir:
             continue
         _copy(entry, handler_folder_path / entry.name)
     for extra in spec.copy:
-        src = (stack_dir / extra).resolve()
-        if not src.is_relative_to(stack_dir.resolve()):
-            raise BuildError(f"configuration.copy: {extra!r} is outside the stack file's folder")
+        src = _inside(stack_dir, extra, "configuration.copy")
         if not src.exists():
             raise BuildError(f"configuration.copy: {extra!r} not found in {stack_dir}")
         _copy(src, handler_folder_path / extra)

@@ -887,8 +887,23 @@ def _fail(exc: BaseException) -> int:
     return 1
 
 
+PROJECT_COMMANDS = ("new", "template")
+"""Commands that write only into the user's project; every other one may write the state folder."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    private = not argv or argv[0] not in PROJECT_COMMANDS
+    previous = os.umask(paths.PRIVATE_UMASK) if private else None
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            os.umask(previous)  # called in-process (tests), the caller's umask comes back
+
+
+def _main(argv: list[str]) -> int:
+    """Every command; state.db, logs, pid files and images come out 0700 / 0600, like the secrets."""
     try:
         if argv and argv[0] in DELEGATED:  # everything after the word goes to the other module
             module, func, _ = DELEGATED[argv[0]]

@@ -178,6 +178,7 @@ class ImageStore:
             record_json = {"image": image, "fprocess": fprocess, "lang": lang, "created": created}
             (staging / RECORD).write_text(json.dumps(record_json, indent=2) + "\n")
             _relocate_venv(staging / "venv", version / "venv")
+            paths.make_tree_private(staging)  # the copied context kept the build folder's 0644s
             staging.rename(version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

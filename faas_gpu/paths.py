@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import stat
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -42,3 +44,57 @@ def run_dir() -> Path:
 def state_db() -> Path:
     """The embedded datastore's file."""
     return home() / "state.db"
+
+
+STATE_ENTRIES = (
+    "state.db*", "queue.db*", "history.db*", "profiles.db*", "logs", "images", "run", "secrets",
+    "function-secrets", "models", "scheduler-models", "mps", "nodes", "*.json", "*.log", "*.pid",
+)  # fmt: skip
+"""What faas-gpu itself writes in the state folder (the only entries a start tightens)."""
+PRIVATE_UMASK = 0o077
+"""The state folder holds credentials, function records, logs and request bodies: like the secrets,
+only its user reads it (0700 folders, 0600 files)."""
+
+
+def private_umask() -> None:
+    """Make everything this process (and the replicas it starts) creates private to its user."""
+    os.umask(PRIVATE_UMASK)
+
+
+def make_private(path: Path) -> None:
+    """chmod one entry: folders 0700, files 0600 (0700 when the owner may execute them)."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return
+    if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR:
+        os.chmod(path, 0o700)
+    else:
+        os.chmod(path, 0o600)
+
+
+def make_tree_private(root: Path) -> None:
+    """`make_private` over a whole tree (an image copied in from a build folder keeps its 0644s)."""
+    make_private(root)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            make_private(Path(folder) / name)
+
+
+def ensure_private_home(path: Path | None = None) -> Path:
+    """Create the state folder 0700, and tighten what an older version left readable in it.
+
+    Only the folder and the top-level entries faas-gpu writes (STATE_ENTRIES) are changed, so a
+    $FAAS_GPU_HOME shared with other files keeps theirs; what lies deeper is out of reach once the
+    folder is 0700, and new files follow the daemons' umask.
+    """
+    path = Path(path) if path is not None else home()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private(path)
+    for entry in path.iterdir():
+        if not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in STATE_ENTRIES):
+            continue
+        try:
+            make_private(entry)
+        except OSError:  # gone meanwhile, or not ours
+            pass
+    return path

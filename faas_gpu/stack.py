@@ -50,6 +50,7 @@ FUNCTION_KEYS = (
     "platforms",
 )
 RESOURCE_KEYS = ("memory", "cpu")
+LANG_RE = re.compile(r"^[A-Za-z0-9][-._A-Za-z0-9]*$")  # a template folder's name, never a path
 GPU_ANNOTATION = "com.faas-gpu.gpu"
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:=default}, ${VAR=default} and $VAR (drone/envsubst,
@@ -215,6 +216,21 @@ def find_stack_file(explicit: str | os.PathLike | None = None, cwd: Path | None 
     return None
 
 
+def resolve_inside(stack_dir: Path, value: str, where: str) -> Path:
+    """`value` (relative to the stack file's folder, or absolute) resolved, links followed; a
+    StackError naming `where` when it lies outside that folder.
+
+    The one rule for every path a stack file names (handler, environment_file, build_secrets,
+    configuration.copy): `handler: ../../../../etc` once copied /etc into build/, and an
+    `environment_file: [/etc/shadow]` error quoted the file's first line.
+    """
+    root = Path(stack_dir).resolve()
+    target = (root / value).resolve()
+    if not target.is_relative_to(root):
+        raise StackError(f"{where}: {value!r} is outside the stack file's folder ({root}); paths must stay inside it")
+    return target
+
+
 def _display(path: Path) -> str:
     """The file as a user would name it: relative to the working folder when inside it."""
     try:
@@ -344,6 +360,8 @@ def load_stack(path: Path | str, *, env: Mapping[str, str] | None = None, substi
         r.keys(t, TEMPLATE_SOURCE_KEYS, where)
         templates.append({"name": r.str_(t, "name", where, required=True), "source": r.str_(t, "source", where) or ""})
     copy = r.list_(config, "copy", "configuration")
+    for i, extra in enumerate(copy):
+        resolve_inside(path.parent, extra, f"{file}: configuration.copy[{i}]")
 
     functions_raw = data.get("functions")
     if not isinstance(functions_raw, dict) or not functions_raw:
@@ -388,7 +406,7 @@ def _environment_files(r: _Reader, fn: dict, where: str, stack_dir: Path) -> dic
     environment: dict[str, str] = {}
     for i, name in enumerate(r.list_(fn, "environment_file", where)):
         key = f"{where}.environment_file[{i}]"
-        env_path = stack_dir / name
+        env_path = resolve_inside(stack_dir, name, f"{r.file}: {key}")
         try:
             text = env_path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
@@ -402,8 +420,9 @@ def _environment_files(r: _Reader, fn: dict, where: str, stack_dir: Path) -> dic
         if not isinstance(loaded, dict) or not isinstance(loaded.get("environment") or {}, dict):
             r.fail(key, f"{name} must hold `environment: {{KEY: value}}`")
         unknown = [str(k) for k in loaded if k != "environment"]
-        if unknown:
-            r.fail(key, f"{name}: unknown key {unknown[0]} (only environment)")
+        if unknown:  # the key only when it is plainly a key: never a line of some other file
+            shown = unknown[0] if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", unknown[0]) else "(not shown)"
+            r.fail(key, f"{name}: unknown key {shown} (only environment)")
         environment.update(r.map_(loaded, "environment", f"{key}:{name}"))
     return environment
 
@@ -414,7 +433,14 @@ def _function(r: _Reader, name: str, fn: dict, where: str, stack_dir: Path, copy
     lang = r.str_(fn, "lang", where, required=not skip_build)
     if lang == "Dockerfile":  # faas-cli accepts both spellings
         lang = "dockerfile"
+    if lang is not None and not LANG_RE.match(lang):
+        r.fail(_join(where, "lang"), f"{lang!r} must name a template (letters, digits, '-', '.', '_'), not a path")
     handler = r.str_(fn, "handler", where, required=not skip_build)
+    if handler is not None:
+        resolve_inside(stack_dir, handler, f"{r.file}: {where}.handler")
+    build_secrets = r.map_(fn, "build_secrets", where)
+    for secret_id, src in build_secrets.items():
+        resolve_inside(stack_dir, src, f"{r.file}: {where}.build_secrets.{secret_id}")
     image = r.str_(fn, "image", where, required=True)
     limits = _resources(r, fn, "limits", where)
     requests = _resources(r, fn, "requests", where)
@@ -439,7 +465,7 @@ def _function(r: _Reader, name: str, fn: dict, where: str, stack_dir: Path, copy
         skip_build=skip_build,
         build_args=r.map_(fn, "build_args", where),
         build_options=r.list_(fn, "build_options", where),
-        build_secrets=r.map_(fn, "build_secrets", where),
+        build_secrets=build_secrets,
         platforms=r.str_(fn, "platforms", where),
         stack_dir=stack_dir,
         copy=list(copy),

@@ -17,6 +17,7 @@ import socket
 import threading
 from pathlib import Path
 
+from faas_gpu import paths
 from faas_gpu.datastore import open_datastore
 from faas_gpu.serving import OneWorkerServer
 
@@ -210,6 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
+    paths.private_umask()  # state, logs and replicas' files: 0700 / 0600, like the secrets
     daemon = _Daemon(args)
     OneWorkerServer(
         [f"{args.bind}:{args.port}"], daemon.load, daemon.close, threads=args.threads, timeout_s=300, name="gpu-manager"

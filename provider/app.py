@@ -8,6 +8,7 @@ import socket
 
 from flask import Flask
 
+from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
@@ -34,8 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def build_provider(config: ProviderConfig) -> Provider:
-    home = config.home
-    home.mkdir(parents=True, exist_ok=True)
+    home = paths.ensure_private_home(config.home)
     credentials = ensure_credentials(config.secrets_dir)
     datastore = open_datastore(config.etcd_url, home / "state.db")
     store = FunctionStore(datastore)

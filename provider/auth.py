@@ -24,14 +24,19 @@ class Credentials:
         return f"Basic {token}"
 
     def check(self, authorization: str | None) -> bool:
-        """True for a matching `Basic` header; `Bearer` (faas-cli with no login) never matches."""
+        """True for a matching `Basic` header; `Bearer` (faas-cli with no login) never matches.
+
+        Compared as UTF-8 bytes: `hmac.compare_digest` refuses non-ASCII str with TypeError, which
+        turned a header such as `admin:pässword` into a 500 instead of a 401.
+        """
         if not authorization or not authorization.startswith("Basic "):
             return False
         try:
-            user, _, password = base64.b64decode(authorization[6:].strip()).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
+            raw = base64.b64decode(authorization[6:].strip())
+        except ValueError:
             return False
-        return hmac.compare_digest(user, self.user) & hmac.compare_digest(password, self.password)
+        user, _, password = raw.partition(b":")
+        return hmac.compare_digest(user, self.user.encode()) & hmac.compare_digest(password, self.password.encode())
 
 
 def _write_private(path: Path, text: str) -> None:

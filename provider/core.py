@@ -22,6 +22,7 @@ from .logs import LogStore
 from .runtime import LaunchError, Runtime
 from .store import FunctionStore, SecretStore
 from .types import FunctionDeployment, FunctionRecord, ValidationError
+from .validation import clamp_replicas
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class Provider:
         if self.fn_credentials is not None:  # after its replicas stopped: none restarts with it
             self.fn_credentials.revoke(ns, name)
 
-    def scale(self, path_name: str, body: object, namespace_query: str | None) -> FunctionRecord:
+    def scale(self, path_name: str, body: object, namespace_query: str | None) -> tuple[FunctionRecord, str | None]:
+        """Scale within com.openfaas.scale.min/max; the message says so when the request was clamped."""
         if not isinstance(body, dict):
             raise ValidationError("body: must be a ScaleServiceRequest JSON object")
         replicas = body.get("replicas")
@@ -118,14 +120,13 @@ class Provider:
             record = self.store.get(ns, name)
             if record is None:
                 raise NotFoundError(f"function {name}.{ns} not found")
-            lo, hi = record.deployment.scale_bounds()
-            record.replicas = min(max(replicas, lo), hi)
+            record.replicas, clamped = clamp_replicas(replicas, record.deployment.scale_bounds())
             self.store.put(record)
         if self.autoscaler is not None and self.autoscaler.manages(record.key):
-            self.autoscaler.scale_to(record.key, replicas)  # per-instance configs; it updates replicas
-            return self.store.get(ns, name) or record
+            self.autoscaler.scale_to(record.key, record.replicas)  # per-instance configs; it updates replicas
+            return self.store.get(ns, name) or record, clamped
         self.runtime.apply(record)
-        return record
+        return record, clamped
 
     def scale_from_zero(self, key: tuple[str, str]) -> None:
         if self.autoscaler is not None and self.autoscaler.scale_from_zero(key):

@@ -20,7 +20,7 @@ import urllib3
 from faas_gpu.policies.protean.classes import parse_class, parse_slo_ms
 
 from .core import Provider
-from .harmony import BadApp
+from .harmony import APP_HEADER, APPS, BadApp, parse_apps
 from .invoke import NotFound, Result
 from .metrics import GatewayMetrics
 
@@ -187,8 +187,12 @@ class InvocationApp:
             key = self.invoker.resolve(raw_name)
         except ValueError:
             key = None
-        if key is None or self.provider.store.get(*key) is None:
+        record = self.provider.store.get(*key) if key is not None else None
+        if record is None:
             return plain(start_response, 404, f"function {raw_name} not found")
+        problem = _async_header_problem(headers, record.deployment.annotations or {})
+        if problem:  # refused now: after a 202 the caller would only learn it in the callback
+            return plain(start_response, 400, problem)
         call_id = headers.setdefault("X-Call-Id", str(uuid.uuid4()))
         headers.setdefault("X-Start-Time", str(time.time_ns()))
         message = {
@@ -205,6 +209,24 @@ class InvocationApp:
         self.provider.queue.put(message)
         start_response("202 Accepted", [("X-Call-Id", call_id), ("Content-Length", "0")])
         return []
+
+
+def _async_header_problem(headers: dict[str, str], annotations: dict[str, str]) -> str | None:
+    """Why the request-class headers of an async call would be refused when it runs, or None."""
+    try:
+        parse_class(headers.get("X-Faas-Gpu-Class"))
+        parse_slo_ms(headers.get("X-Faas-Gpu-Slo-Ms"))
+    except ValueError as exc:
+        return str(exc)
+    app = headers.get(APP_HEADER)
+    if app is not None and APPS in annotations:
+        try:
+            apps = parse_apps(annotations[APPS])
+        except ValueError:  # the deploy was validated; a bad declaration is the call's to report
+            return None
+        if app not in apps:
+            return f"{APP_HEADER}: {app[:40]!r} is not an app of this function ({', '.join(apps)})"
+    return None
 
 
 def _error(code: int, message: str) -> Result:

@@ -17,7 +17,6 @@ so one loop decides for every function.
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,13 +37,14 @@ from faas_gpu.policies.infless import WeightedSplitter
 
 from .runtime.local import InstanceSpec
 from .types import FunctionRecord, ValidationError
+from .validation import APP_NAME_RE
 
 APPS = "com.faas-gpu.apps"
 MODEL = "com.faas-gpu.harmony-model"
 STRATEGY = "com.faas-gpu.harmony-strategy"
 APP_HEADER = "X-Faas-Gpu-App"
 SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
-_APP_NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+_APP_NAME = APP_NAME_RE
 MIN_RATE = 0.05  # an app with no traffic yet is planned as a trickle, not left out
 
 

@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+from faas_gpu import paths
 from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig, parse_duration
@@ -104,6 +105,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = parse_args(argv)
+    paths.private_umask()  # state, logs and replicas' files: 0700 / 0600, like the secrets
     signal.signal(signal.SIGINT, signal.default_int_handler)
     daemon = _Daemon(cfg)
     binds = [f"{cfg.bind}:{cfg.gateway_port}", f"{cfg.bind}:{cfg.provider_port}"]

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 
 from faas_gpu.datastore import Datastore
 
-from .types import SECRET_NAME_RE, FunctionRecord, ValidationError
+from .types import FunctionRecord, ValidationError
+from .validation import validate_secret_name
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/faas-gpu/functions/"
 
@@ -21,14 +25,31 @@ class FunctionStore:
     def __init__(self, datastore: Datastore):
         self.ds = datastore
         self._lock = threading.Lock()
+        self.invalid: dict[str, str] = {}
+        """Stored records that fail today's validation (key -> why): skipped, logged once, never raised."""
 
     @staticmethod
     def _key(namespace: str, name: str) -> str:
         return f"{PREFIX}{namespace}/{name}"
 
+    def _load(self, key: str, value: str | bytes) -> FunctionRecord | None:
+        """A stored record, validated as a deploy is: one written by an older, laxer provider (a
+        300-character name, a 3 MB envProcess) must not stop the others from loading or starting."""
+        try:
+            record = FunctionRecord.from_json(json.loads(value))
+        except (ValidationError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            why = str(exc) or type(exc).__name__
+            if self.invalid.get(key) != why:
+                log.error("skipping the stored function %s: %s (delete it and deploy it again)", key[:200], why)
+            self.invalid[key] = why
+            return None
+        self.invalid.pop(key, None)
+        return record
+
     def get(self, namespace: str, name: str) -> FunctionRecord | None:
-        kv = self.ds.get(self._key(namespace, name))
-        return FunctionRecord.from_json(json.loads(kv.value)) if kv else None
+        key = self._key(namespace, name)
+        kv = self.ds.get(key)
+        return self._load(key, kv.value) if kv else None
 
     def put(self, record: FunctionRecord) -> None:
         self.ds.put(self._key(record.namespace, record.name), json.dumps(record.to_json()))
@@ -38,7 +59,8 @@ class FunctionStore:
 
     def list(self, namespace: str | None = None) -> list[FunctionRecord]:
         prefix = PREFIX + (f"{namespace}/" if namespace else "")
-        return [FunctionRecord.from_json(json.loads(kv.value)) for kv in self.ds.get_prefix(prefix)]
+        records = (self._load(kv.key, kv.value) for kv in self.ds.get_prefix(prefix))
+        return [r for r in records if r is not None]
 
     def set_replicas(self, namespace: str, name: str, replicas: int) -> FunctionRecord | None:
         with self._lock:
@@ -66,9 +88,7 @@ class SecretStore:
         """(name, value or None, namespace) from a Secret JSON body."""
         if not isinstance(body, dict):
             raise ValidationError("body: must be a Secret JSON object")
-        name = body.get("name")
-        if not isinstance(name, str) or not SECRET_NAME_RE.match(name):
-            raise ValidationError(f"name: {name!r} is not a valid secret name")
+        name = validate_secret_name(body.get("name"), "name")
         namespace = body.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
             raise ValidationError("namespace: must be a string")

@@ -33,6 +33,7 @@ def accepted() -> Response:
 
 
 def _json_body() -> object:
+    """The request's JSON: every /system/* route reads its body here, so bad JSON is one 400."""
     raw = request.get_data(cache=False)
     if not raw:
         raise ValidationError("body: is required")
@@ -40,6 +41,8 @@ def _json_body() -> object:
         return json.loads(raw)
     except ValueError as exc:
         raise ValidationError(f"body: invalid JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise ValidationError("body: invalid JSON (nested too deeply)") from None
 
 
 def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
@@ -105,8 +108,8 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
 
     @bp.post("/system/scale-function/<name>")
     def scale(name: str):
-        provider.scale(name, _json_body(), ns_query())
-        return accepted()
+        _record, clamped = provider.scale(name, _json_body(), ns_query())
+        return text(clamped, 202) if clamped else accepted()
 
     # -- info, namespaces ----------------------------------------------------------------
     @bp.get("/system/info")

@@ -5,28 +5,31 @@ Field names are exactly those of faas-provider/types (function_deployment.go, fu
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-SECRET_NAME_RE = re.compile(r"^[a-zA-Z0-9]([-._a-zA-Z0-9]*[a-zA-Z0-9])?$")
-RESOURCE_KEYS = ("memory", "cpu", "nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu")
-CE_FORBIDDEN_LABELS = (
-    "com.openfaas.scale.zero",
-    "com.openfaas.scale.zero-duration",
-    "com.openfaas.scale.target",
-    "com.openfaas.scale.type",
+from .validation import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_REPLICAS,
+    SCALE_MAX_LABEL,
+    SCALE_MIN_LABEL,
+    ValidationError,
+    validate_deployment,
+    validate_name,
 )
-SCALE_MIN_LABEL = "com.openfaas.scale.min"
-SCALE_MAX_LABEL = "com.openfaas.scale.max"
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MAX_REPLICAS = 20
+from .validation import scale_bounds as _scale_bounds
 
-
-class ValidationError(ValueError):
-    """Bad input from a client: answered 400 with this message, which names the field."""
+__all__ = [
+    "DEFAULT_MAX_REPLICAS",
+    "DEFAULT_MIN_REPLICAS",
+    "SCALE_MAX_LABEL",
+    "SCALE_MIN_LABEL",
+    "FunctionDeployment",
+    "FunctionRecord",
+    "ValidationError",
+    "validate_name",
+]
 
 
 def _str_map(body: dict, key: str) -> dict[str, str] | None:
@@ -45,26 +48,6 @@ def _str_list(body: dict, key: str) -> list[str] | None:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValidationError(f"{key}: must be an array of strings")
     return list(value)
-
-
-def _resources(body: dict, key: str) -> dict[str, str] | None:
-    value = _str_map(body, key)
-    if value is None:
-        return None
-    unknown = sorted(set(value) - set(RESOURCE_KEYS))
-    if unknown:
-        raise ValidationError(f"{key}: unknown resource {unknown[0]!r} (known: {', '.join(RESOURCE_KEYS)})")
-    return value
-
-
-def validate_name(name: Any, field_name: str = "service") -> str:
-    if not isinstance(name, str) or not name:
-        raise ValidationError(f"{field_name}: is required")
-    if not NAME_RE.match(name):
-        raise ValidationError(
-            f"{field_name}: {name!r} is not a valid function name (lower case letters, digits and '-', RFC 1123)"
-        )
-    return name
 
 
 def split_namespace(name: str, namespace: str | None) -> tuple[str, str | None]:
@@ -107,14 +90,6 @@ class FunctionDeployment:
         ro = body.get("readOnlyRootFilesystem")
         if ro is not None and not isinstance(ro, bool):
             raise ValidationError("readOnlyRootFilesystem: must be a boolean")
-        labels = _str_map(body, "labels")
-        for forbidden in CE_FORBIDDEN_LABELS:
-            if labels and forbidden in labels:
-                raise ValidationError(f"labels: {forbidden} is not supported in OpenFaaS CE")
-        secrets = _str_list(body, "secrets")
-        for s in secrets or ():
-            if not SECRET_NAME_RE.match(s):
-                raise ValidationError(f"secrets: {s!r} is not a valid secret name")
         dep = cls(
             service=service,
             image=image.strip(),
@@ -122,14 +97,25 @@ class FunctionDeployment:
             envProcess=env_process or None,
             envVars=_str_map(body, "envVars"),
             constraints=_str_list(body, "constraints"),
-            secrets=secrets,
-            labels=labels,
+            secrets=_str_list(body, "secrets"),
+            labels=_str_map(body, "labels"),
             annotations=_str_map(body, "annotations"),
-            limits=_resources(body, "limits"),
-            requests=_resources(body, "requests"),
+            limits=_str_map(body, "limits"),
+            requests=_str_map(body, "requests"),
             readOnlyRootFilesystem=ro,
         )
-        dep.scale_bounds()  # validates the scale labels now, not at the first scale
+        validate_deployment(
+            service=dep.service,
+            namespace=dep.namespace,
+            env_process=dep.envProcess,
+            env_vars=dep.envVars,
+            secrets=dep.secrets,
+            constraints=dep.constraints,
+            labels=dep.labels,
+            annotations=dep.annotations,
+            limits=dep.limits,
+            requests=dep.requests,
+        )
         return dep
 
     def to_json(self) -> dict[str, Any]:
@@ -138,24 +124,7 @@ class FunctionDeployment:
 
     def scale_bounds(self) -> tuple[int, int]:
         """(min, max) replicas from com.openfaas.scale.min/max (OpenFaaS defaults 1 and 20)."""
-        labels = self.labels or {}
-
-        def read(key: str, default: int) -> int:
-            raw = labels.get(key)
-            if raw is None:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ValidationError(f"labels: {key} must be an integer, got {raw!r}") from None
-            if value < 1:
-                raise ValidationError(f"labels: {key} must be at least 1, got {value}")
-            return value
-
-        lo, hi = read(SCALE_MIN_LABEL, DEFAULT_MIN_REPLICAS), read(SCALE_MAX_LABEL, DEFAULT_MAX_REPLICAS)
-        if lo > hi:
-            raise ValidationError(f"labels: {SCALE_MIN_LABEL} ({lo}) exceeds {SCALE_MAX_LABEL} ({hi})")
-        return lo, hi
+        return _scale_bounds(self.labels)
 
 
 def now_rfc3339() -> str:

@@ -155,3 +155,20 @@ def test_dockerfile_lang_is_the_handler_folder(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["Dockerfile"]
     with pytest.raises(BuildError, match="dockerfile functions cannot be built"):
         build(spec, ImageStore(tmp_path / "images"))
+
+
+def test_a_link_in_the_handler_folder_to_outside_the_project_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("do not copy\n")
+    project = tmp_path / "project"
+    (project / "fn").mkdir(parents=True)
+    (project / "fn" / "handler.py").write_text("def handle(event, context):\n    return 'x'\n")
+    (project / "fn" / "etc").symlink_to(outside)
+    (project / "stack.yml").write_text(
+        "version: 1.0\nprovider: {name: openfaas}\nfunctions: {fn: {lang: python3-gpu, handler: ./fn, image: fn}}\n"
+    )
+    spec = load_stack(project / "stack.yml").functions["fn"]
+    with pytest.raises(BuildError, match=r"^functions.fn.handler: etc links outside the stack file's folder"):
+        shrinkwrap(spec)
+    assert not list(project.rglob("secret"))

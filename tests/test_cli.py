@@ -21,6 +21,7 @@ from werkzeug.serving import make_server
 
 from faas_gpu import cli
 from faas_gpu.paths import TEMPLATES_DIR
+from faas_gpu.stack import StackError
 
 STACK = """\
 version: 1.0
@@ -533,3 +534,21 @@ def test_console_script_entry_point_runs(env):
         "version",
     ):
         assert word in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["build", "up"])
+def test_build_and_up_refuse_a_handler_outside_the_stack_folder(env, capsys, command):
+    (env / "stack.yml").write_text(
+        "version: 1.0\nprovider: {name: openfaas}\n"
+        "functions: {f: {lang: python3-gpu, handler: ../../../../etc, image: f}}\n"
+    )
+    if command == "build":
+        assert run("build") == 1
+        err = capsys.readouterr().err
+    else:  # what `faas-gpu up -f` runs once the daemons serve: the same parser, before any copy
+        with pytest.raises(StackError) as exc:
+            cli.up_deploy(str(env / "stack.yml"), "http://127.0.0.1:9")
+        err = str(exc.value)
+    assert "functions.f.handler" in err and "outside the stack file's folder" in err, err
+    assert "Traceback" not in err
+    assert not (env / "build").exists()

@@ -203,6 +203,11 @@ def test_bad_input_is_400_naming_the_field(classify, body, headers, field):
     assert res["headers"]["Content-Type"] == "text/plain"
 
 
+def test_json_nested_100000_deep_is_400(classify):
+    res = classify.handle(Event(b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"}), None)
+    assert res["statusCode"] == 400 and res["body"].startswith("body:"), res
+
+
 def test_too_large_a_batch_is_413(classify):
     res = classify.handle(Event(b"\x00" * (4 * 3 * 32 * 32) * 65, {"Content-Type": "application/octet-stream"}), None)
     assert res["statusCode"] == 413 and res["body"].startswith("inputs:")

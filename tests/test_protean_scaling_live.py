@@ -211,7 +211,7 @@ def test_each_function_has_exactly_one_policy(scaler):
         ({"com.faas-gpu.scaling": "fastest"}, {}, "com.faas-gpu.scaling must be one of infless, harmonybatch, protean"),
         ({"com.faas-gpu.scaling": "protean"}, {}, "com.faas-gpu.max-batch"),
         ({**PROTEAN, "com.faas-gpu.max-batch": "many"}, {}, "com.faas-gpu.max-batch must be a whole batch size"),
-        ({**PROTEAN, "com.faas-gpu.max-batch": "0"}, {}, "com.faas-gpu.max-batch must be at least 1"),
+        ({**PROTEAN, "com.faas-gpu.max-batch": "0"}, {}, "com.faas-gpu.max-batch must be a whole batch size from 1"),
         (PROTEAN, {"FAAS_GPU_MAX_BATCH": "x"}, "envVars.FAAS_GPU_MAX_BATCH"),
         ({**PROTEAN, "com.faas-gpu.keep-alive": "lsth"}, {}, "com.faas-gpu.keep-alive applies to INFless"),
         ({**PROTEAN, "com.faas-gpu.scale-zero": "true"}, {}, "com.faas-gpu.scale-zero"),

@@ -279,3 +279,50 @@ def test_missing_file_and_filter(tmp_path):
     assert [s.name for s in stack.select("f")] == ["f"] and len(stack.select()) == 1
     with pytest.raises(StackError, match=r"^s.yml: functions.g: no such function \(have: f\)"):
         stack.select("g")
+
+
+# -- paths the stack names stay inside its folder ---------------------------------------------
+SECRET_LINE = "root:*:19000:0:99999:7:::"
+
+
+@pytest.mark.parametrize(
+    ("fn", "key"),
+    [
+        ("{lang: python3-gpu, handler: ../../../../etc, image: x}", "functions.f.handler"),
+        ("{lang: python3-gpu, handler: /etc, image: x}", "functions.f.handler"),
+        ("{image: x, skip_build: true, environment_file: [/etc/passwd]}", "functions.f.environment_file[0]"),
+        ("{image: x, skip_build: true, environment_file: [../outside/env.yml]}", "functions.f.environment_file[0]"),
+        ("{image: x, skip_build: true, build_secrets: {k: ../outside/env.yml}}", "functions.f.build_secrets.k"),
+        ("{lang: ../../etc, handler: ./f, image: x}", "functions.f.lang"),
+    ],
+)
+def test_paths_outside_the_stack_folder_are_refused(tmp_path, fn, key):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "env.yml").write_text(SECRET_LINE + "\n")
+    project = tmp_path / "project"
+    (project / "f").mkdir(parents=True)
+    with pytest.raises(StackError) as err:
+        load_stack(write(project, BASE + f"functions: {{f: {fn}}}\n", "s.yml"))
+    assert str(err.value).startswith(f"s.yml: {key}:"), str(err.value)
+    assert "root:" not in str(err.value) and "19000" not in str(err.value)
+
+
+def test_configuration_copy_outside_the_stack_folder_is_refused(tmp_path):
+    body = BASE + "configuration: {copy: [../../etc]}\nfunctions: {f: {image: x, skip_build: true}}\n"
+    with pytest.raises(StackError, match=r"^s.yml: configuration.copy\[0\]: .* outside"):
+        load_stack(write(tmp_path, body, "s.yml"))
+
+
+def test_environment_file_errors_never_quote_a_line_of_the_file(tmp_path):
+    (tmp_path / "a.yml").write_text(SECRET_LINE + "\n")  # a copied /etc/shadow inside the project
+    body = BASE + "functions: {f: {image: x, skip_build: true, environment_file: [a.yml]}}"
+    with pytest.raises(StackError) as err:
+        load_stack(write(tmp_path, body, "s.yml"))
+    assert str(err.value).startswith("s.yml: functions.f.environment_file[0]")
+    assert "root" not in str(err.value) and "19000" not in str(err.value)
+
+
+def test_handler_inside_the_stack_folder_is_accepted(tmp_path):
+    (tmp_path / "fns" / "f").mkdir(parents=True)
+    body = BASE + "functions: {f: {lang: python3-gpu, handler: ./fns/f/../f, image: x}}\n"
+    assert load_stack(write(tmp_path, body, "s.yml")).functions["f"].handler == "./fns/f/../f"

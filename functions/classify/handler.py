@@ -69,6 +69,8 @@ def _raw(body: bytes) -> torch.Tensor:
 def _json(body: bytes) -> torch.Tensor:
     try:
         data = json.loads(body or b"{}")
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise BadInput("body: JSON nested too deeply") from None
     except ValueError:
         if body and len(body) % IMAGE_BYTES == 0:  # raw floats sent without a content type
             return _raw(body)

@@ -26,6 +26,9 @@ T = TypeVar("T")
 
 CLASS_HEADER = "X-Faas-Gpu-Class"
 SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
+MAX_SLO_MS = 3_600_000.0
+"""The largest SLO anything accepts (one hour): longer than any watchdog timeout, so a larger one
+is a mistake, and a bound keeps deadlines (arrival + SLO) ordinary finite times."""
 
 
 class RequestClass(StrEnum):
@@ -45,15 +48,17 @@ def parse_class(value: str | None) -> RequestClass | None:
 
 
 def parse_slo_ms(value: str | None) -> float | None:
-    """`X-Faas-Gpu-Slo-Ms` → milliseconds (> 0, finite); None when absent or empty."""
+    """`X-Faas-Gpu-Slo-Ms` → milliseconds (> 0, at most MAX_SLO_MS); None when absent or empty."""
     if value is None or not value.strip():
         return None
-    problem = f"{SLO_HEADER}: expected a positive number of milliseconds, got {value.strip()[:40]!r}"
+    problem = (
+        f"{SLO_HEADER}: expected a positive number of milliseconds up to {MAX_SLO_MS:.0f}, got {value.strip()[:40]!r}"
+    )
     try:
         ms = float(value.strip())
     except ValueError:
         raise ValueError(problem) from None
-    if not math.isfinite(ms) or ms <= 0:
+    if not math.isfinite(ms) or ms <= 0 or ms > MAX_SLO_MS:
         raise ValueError(problem)
     return ms
 

@@ -1,0 +1,381 @@
+"""Deploy-time validation of a FunctionDeployment: names, sizes, labels, annotations, resources.
+
+Why a module of its own: a deploy that the provider accepts but cannot run (a 300-character
+name that no file system stores, a 3 MB `envProcess` that `execve` refuses with E2BIG, an SLO of
+`abc` the replica's GPU client crashes on) used to be stored with 202 and then broke every start
+after it, even across restarts. Everything a replica will be built from is checked here, before
+anything is stored, and again when records are read back (old records are never trusted).
+
+Pure: no clock, files or network; every rule reads from the tables below, and each failure is a
+`ValidationError` whose message starts with the field it names (`annotations: com.faas-gpu.slo-ms
+...`), answered 400 by the provider.
+
+Limits and why:
+- names (`service`, `namespace`): RFC 1123 labels, at most 63 characters, as Kubernetes and
+  faas-netes; secret names: RFC 1123 subdomain-like, at most 253 characters, as Kubernetes.
+- environment: every `NAME=value` string (and `envProcess`, which the watchdog receives as
+  `fprocess`) at most 64 KiB, all of them together at most 256 KiB. Linux refuses one string above
+  128 KiB (MAX_ARG_STRLEN) and the whole of argv + env above ARG_MAX (2 MiB by default), so these
+  leave room for the daemon's own environment.
+- `com.openfaas.scale.max` (and `.min`) at most MAX_REPLICAS (1000): faas-netes has no cap, but one
+  node of local processes (or a cluster of GPU instances) cannot run more; a larger value is a typo.
+- SLOs and batch timeouts at most MAX_SLO_MS (one hour, the policies' bound on any SLO), batch
+  sizes at most MAX_BATCH.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from faas_gpu.policies.harmony.planner import STRATEGIES
+from faas_gpu.policies.protean.classes import MAX_SLO_MS
+from faas_gpu.profiling.operators import DTYPES
+
+from .config import parse_duration
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LEN = 63
+SECRET_NAME_RE = re.compile(r"^[a-zA-Z0-9]([-._a-zA-Z0-9]*[a-zA-Z0-9])?$")
+MAX_SECRET_NAME_LEN = 253
+ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")  # Kubernetes' rule for env var names
+MAX_ENV_ENTRY_BYTES = 64 * 1024
+MAX_ENV_TOTAL_BYTES = 256 * 1024
+MAX_METADATA_BYTES = 256 * 1024  # labels and annotations together, as Kubernetes bounds annotations
+MAX_LIST_ITEMS = 256  # secrets, constraints
+MAX_ITEM_LEN = 1024  # one constraint
+MAX_REPLICAS = 1000
+MAX_BATCH = 1024
+MAX_GPUS = 64
+APP_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")  # as provider/harmony.py reads app names
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][-._A-Za-z0-9]{0,252}$")
+RESOURCE_KEYS = ("memory", "cpu", "nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu")
+# A Kubernetes quantity (apimachinery resource.Quantity): a number, then a binary suffix (Ki..Ei),
+# a decimal one (n u m k M G T P E) or an exponent (e3, E-2).
+QUANTITY_RE = re.compile(r"^\+?(?P<num>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?\d+)?$")
+CE_FORBIDDEN_LABELS = (
+    "com.openfaas.scale.zero",
+    "com.openfaas.scale.zero-duration",
+    "com.openfaas.scale.target",
+    "com.openfaas.scale.type",
+)
+SCALE_MIN_LABEL = "com.openfaas.scale.min"
+SCALE_MAX_LABEL = "com.openfaas.scale.max"
+SCALE_FACTOR_LABEL = "com.openfaas.scale.factor"
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 20
+OURS = "com.faas-gpu."
+
+
+class ValidationError(ValueError):
+    """Bad input from a client: answered 400 with this message, which names the field."""
+
+
+Check = Callable[[str, str], None]
+"""A rule for one value: (where, raw) -> None, or ValidationError naming `where`."""
+
+
+def _show(raw: str) -> str:
+    return repr(raw if len(raw) <= 40 else raw[:40] + "…")
+
+
+def _number(lo: float, hi: float, *, lo_open: bool = True, unit: str = "") -> Check:
+    def check(where: str, raw: str) -> None:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = math.nan
+        low_ok = value > lo if lo_open else value >= lo
+        if not (math.isfinite(value) and low_ok and value <= hi):
+            bound = f"{'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
+            raise ValidationError(f"{where} must be a number{unit} {bound}, got {_show(raw)}")
+
+    return check
+
+
+def _integer(lo: int, hi: int, what: str = "an integer") -> Check:
+    def check(where: str, raw: str) -> None:
+        text = raw.strip()
+        if not re.fullmatch(r"[+-]?\d{1,19}", text) or not lo <= int(text) <= hi:
+            raise ValidationError(f"{where} must be {what} from {lo} to {hi}, got {_show(raw)}")
+
+    return check
+
+
+def _one_of(*choices: str, fold: bool = False) -> Check:
+    def check(where: str, raw: str) -> None:
+        value = raw.strip().lower() if fold else raw
+        if value not in choices:
+            raise ValidationError(f"{where} must be one of {', '.join(choices)}, got {_show(raw)}")
+
+    return check
+
+
+def _flag(where: str, raw: str) -> None:
+    if raw.strip().lower() not in ("true", "false", "1", "0"):
+        raise ValidationError(f"{where} must be true or false, got {_show(raw)}")
+
+
+def _model(where: str, raw: str) -> None:
+    if not MODEL_NAME_RE.match(raw.strip()):
+        raise ValidationError(
+            f"{where} must name a model (letters, digits, '-', '.', '_'; at most 253 characters), got {_show(raw)}"
+        )
+
+
+def _is_duration(raw: str) -> bool:
+    try:
+        return math.isfinite(parse_duration(raw.strip()))
+    except ValueError:
+        return False
+
+
+def _duration(where: str, raw: str) -> None:
+    if not _is_duration(raw):
+        raise ValidationError(f"{where} must be a duration such as 10s, 1m30s or 500ms, got {_show(raw)}")
+
+
+def _keep_alive(where: str, raw: str) -> None:
+    text = raw.strip().lower()
+    if text in ("lsth", "hhp"):
+        return
+    if not _is_duration(text.removeprefix("fixed:")):
+        raise ValidationError(f"{where} must be lsth, hhp or a duration (300s, fixed:5m), got {_show(raw)}")
+
+
+def _apps(where: str, raw: str) -> None:
+    """HarmonyBatch's `name=slo_ms,name=slo_ms` (provider/harmony.py parses it; this bounds it)."""
+    slo = _number(0, MAX_SLO_MS, unit=" of milliseconds")
+    seen: set[str] = set()
+    for item in raw.split(","):
+        name, sep, ms = item.partition("=")
+        name = name.strip()
+        if not sep or not APP_NAME_RE.match(name):
+            raise ValidationError(f"{where} must be name=slo_ms pairs separated by commas, got {_show(raw)}")
+        if name in seen:
+            raise ValidationError(f"{where}: app {name!r} is declared twice")
+        seen.add(name)
+        slo(f"{where}: SLO of app {name!r}", ms)
+
+
+def _shape(where: str, raw: str) -> None:
+    if not re.fullmatch(r"\s*[1-9]\d{0,6}(\s*,\s*[1-9]\d{0,6}){0,7}\s*", raw):
+        raise ValidationError(f"{where} must be one input's shape without the batch, like 3,32,32, got {_show(raw)}")
+
+
+def _text(max_len: int) -> Check:
+    def check(where: str, raw: str) -> None:
+        if not raw.strip() or len(raw) > max_len:
+            raise ValidationError(f"{where} must be non-empty text of at most {max_len} characters")
+
+    return check
+
+
+_SLO = _number(0, MAX_SLO_MS, unit=" of milliseconds")
+_BATCH = _integer(1, MAX_BATCH, "a whole batch size")
+_BATCH_TIMEOUT = _number(0, MAX_SLO_MS, lo_open=False, unit=" of milliseconds")
+_CLASS = _one_of("strict", "best-effort")
+
+ANNOTATIONS: dict[str, Check] = {
+    "com.faas-gpu.slo-ms": _SLO,
+    "com.faas-gpu.max-batch": _BATCH,
+    "com.faas-gpu.batch-timeout-ms": _BATCH_TIMEOUT,
+    "com.faas-gpu.class": _CLASS,
+    "com.faas-gpu.model": _model,
+    "com.faas-gpu.protean-model": _model,
+    "com.faas-gpu.harmony-model": _model,
+    "com.faas-gpu.harmony-strategy": _one_of(*STRATEGIES),
+    "com.faas-gpu.apps": _apps,
+    "com.faas-gpu.best-effort": _flag,
+    "com.faas-gpu.scale-zero": _flag,
+    "com.faas-gpu.keep-alive": _keep_alive,
+    "com.faas-gpu.scaling": _one_of("infless", "harmonybatch", "protean", fold=True),
+    "com.faas-gpu.gpu": _integer(0, MAX_GPUS, "a whole number of GPUs"),
+    "com.faas-gpu.model-source": _text(1024),
+    "com.faas-gpu.input-shape": _shape,
+    "com.faas-gpu.input-dtype": _one_of(*DTYPES),
+}
+"""Every `com.faas-gpu.*` key the stack reads (annotations; the same rules hold in labels).
+An unknown `com.faas-gpu.*` key is refused: a typo (`slo_ms`) would otherwise be silently ignored."""
+
+SCALE_LABELS: dict[str, Check] = {
+    SCALE_MIN_LABEL: _integer(1, MAX_REPLICAS, "a whole number of replicas"),
+    SCALE_MAX_LABEL: _integer(1, MAX_REPLICAS, "a whole number of replicas"),
+    SCALE_FACTOR_LABEL: _integer(0, 100, "a percentage"),
+}
+"""The OpenFaaS scaling labels CE honours; CE_FORBIDDEN_LABELS are refused outright."""
+
+ENV_VARS: dict[str, Check] = {
+    "FAAS_GPU_SLO_MS": _SLO,
+    "FAAS_GPU_MAX_BATCH": _BATCH,
+    "FAAS_GPU_BATCH_TIMEOUT_MS": _BATCH_TIMEOUT,
+    "FAAS_GPU_CLASS": _CLASS,
+    "read_timeout": _duration,
+    "write_timeout": _duration,
+    "exec_timeout": _duration,
+}
+"""envVars the replica reads at start: the same rules as the annotations they override."""
+
+
+def validate_name(name: Any, field_name: str = "service") -> str:
+    """An RFC 1123 label of at most 63 characters: it becomes a folder and a process name."""
+    if not isinstance(name, str) or not name:
+        raise ValidationError(f"{field_name}: is required")
+    if len(name) > MAX_NAME_LEN:
+        raise ValidationError(f"{field_name}: must be at most {MAX_NAME_LEN} characters, got {len(name)}")
+    if not NAME_RE.match(name):
+        raise ValidationError(
+            f"{field_name}: {_show(name)} is not a valid name (lower case letters, digits and '-', RFC 1123)"
+        )
+    return name
+
+
+def validate_secret_name(name: Any, field_name: str = "name") -> str:
+    if not isinstance(name, str) or not name:
+        raise ValidationError(f"{field_name}: is required")
+    if len(name) > MAX_SECRET_NAME_LEN:
+        raise ValidationError(f"{field_name}: a secret name must be at most {MAX_SECRET_NAME_LEN} characters")
+    if not SECRET_NAME_RE.match(name):
+        raise ValidationError(f"{field_name}: {_show(name)} is not a valid secret name")
+    return name
+
+
+def parse_quantity(where: str, raw: str) -> Decimal:
+    """A Kubernetes quantity (`512Mi`, `0.5`, `250m`, `1e3`) as a plain number; negative refused."""
+    m = QUANTITY_RE.match(raw.strip())
+    if not m:
+        raise ValidationError(f"{where} must be a Kubernetes quantity such as 512Mi, 1Gi, 500m or 2, got {_show(raw)}")
+    suffix = m.group("suffix") or ""
+    binary = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+    decimal = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+    try:
+        number = Decimal(m.group("num"))
+        if suffix in binary:
+            return number * (2 ** binary[suffix])
+        exponent = decimal[suffix] if suffix in decimal else int(suffix[1:])
+        if abs(exponent) > 30:
+            raise InvalidOperation
+        return number.scaleb(exponent)
+    except (InvalidOperation, ValueError):
+        raise ValidationError(f"{where} is out of range, got {_show(raw)}") from None
+
+
+def _resources(where: str, values: Mapping[str, str]) -> None:
+    for key, raw in values.items():
+        if key not in RESOURCE_KEYS:
+            raise ValidationError(f"{where}: unknown resource {key!r} (known: {', '.join(RESOURCE_KEYS)})")
+        value = parse_quantity(f"{where}.{key}", raw)
+        if key.endswith("/gpu") and (value != value.to_integral_value() or value > MAX_GPUS):
+            raise ValidationError(f"{where}.{key} must be a whole number of GPUs up to {MAX_GPUS}, got {_show(raw)}")
+
+
+def _environment(env_vars: Mapping[str, str], env_process: str | None) -> None:
+    total = 0
+    for name, value in env_vars.items():
+        where = f"envVars.{name[:40]}"
+        if not ENV_NAME_RE.match(name):
+            raise ValidationError(f"{where}: {_show(name)} is not a valid environment variable name")
+        if "\0" in value:
+            raise ValidationError(f"{where} must not contain a NUL character")
+        size = len(name.encode()) + 1 + len(value.encode())
+        if size > MAX_ENV_ENTRY_BYTES:
+            raise ValidationError(f"{where} is {size} bytes; at most {MAX_ENV_ENTRY_BYTES} bytes per variable")
+        if name in ENV_VARS:
+            ENV_VARS[name](where, value)
+        total += size
+    if env_process is not None:
+        size = len(env_process.encode())
+        if "\0" in env_process:
+            raise ValidationError("envProcess: must not contain a NUL character")
+        if size > MAX_ENV_ENTRY_BYTES:
+            raise ValidationError(f"envProcess: is {size} bytes; at most {MAX_ENV_ENTRY_BYTES} bytes")
+        total += size
+    if total > MAX_ENV_TOTAL_BYTES:
+        raise ValidationError(
+            f"envVars: with envProcess, {total} bytes of environment; at most {MAX_ENV_TOTAL_BYTES} bytes in all"
+        )
+
+
+def _metadata(field_name: str, values: Mapping[str, str]) -> int:
+    size = 0
+    for key, raw in values.items():
+        where = f"{field_name}: {key[:80]}"
+        if not key or "\0" in key or "\0" in raw:
+            raise ValidationError(f"{where}: keys must be non-empty and neither key nor value may contain NUL")
+        if key.startswith(OURS):
+            check = ANNOTATIONS.get(key)
+            if check is None:
+                known = ", ".join(sorted(ANNOTATIONS))
+                raise ValidationError(f"{where} is not a faas-gpu key (known: {known})")
+            check(where, raw)
+        if field_name == "labels":
+            if key in CE_FORBIDDEN_LABELS:
+                raise ValidationError(f"labels: {key} is not supported in OpenFaaS CE")
+            if key in SCALE_LABELS:
+                SCALE_LABELS[key](where, raw)
+        size += len(key.encode()) + len(raw.encode())
+    return size
+
+
+def scale_bounds(labels: Mapping[str, str] | None) -> tuple[int, int]:
+    """(min, max) replicas from com.openfaas.scale.min/max (OpenFaaS defaults 1 and 20)."""
+    labels = labels or {}
+    bounds = []
+    for key, default in ((SCALE_MIN_LABEL, DEFAULT_MIN_REPLICAS), (SCALE_MAX_LABEL, DEFAULT_MAX_REPLICAS)):
+        raw = labels.get(key)
+        if raw is None:
+            bounds.append(default)
+            continue
+        SCALE_LABELS[key](f"labels: {key}", raw)
+        bounds.append(int(raw.strip()))
+    lo, hi = bounds
+    if lo > hi:
+        raise ValidationError(f"labels: {SCALE_MIN_LABEL} ({lo}) exceeds {SCALE_MAX_LABEL} ({hi})")
+    return lo, hi
+
+
+def validate_deployment(
+    *,
+    service: str,
+    namespace: str | None,
+    env_process: str | None,
+    env_vars: Mapping[str, str] | None,
+    secrets: list[str] | None,
+    constraints: list[str] | None,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    limits: Mapping[str, str] | None,
+    requests: Mapping[str, str] | None,
+) -> None:
+    """Every rule above, in the order a reader of the JSON meets the fields; the first failure raises."""
+    validate_name(service, "service")
+    if namespace:
+        validate_name(namespace, "namespace")
+    _environment(env_vars or {}, env_process)
+    for field_name, items in (("secrets", secrets), ("constraints", constraints)):
+        if items and len(items) > MAX_LIST_ITEMS:
+            raise ValidationError(f"{field_name}: at most {MAX_LIST_ITEMS} entries, got {len(items)}")
+    for s in secrets or ():
+        validate_secret_name(s, "secrets")
+    for c in constraints or ():
+        if len(c) > MAX_ITEM_LEN or "\0" in c:
+            raise ValidationError(f"constraints: each must be at most {MAX_ITEM_LEN} characters, without NUL")
+    size = _metadata("labels", labels or {}) + _metadata("annotations", annotations or {})
+    if size > MAX_METADATA_BYTES:
+        raise ValidationError(f"annotations: labels and annotations are {size} bytes; at most {MAX_METADATA_BYTES}")
+    scale_bounds(labels)
+    _resources("limits", limits or {})
+    _resources("requests", requests or {})
+
+
+def clamp_replicas(requested: int, bounds: tuple[int, int]) -> tuple[int, str | None]:
+    """`requested` held within (min, max), and a message saying so when it had to be moved."""
+    lo, hi = bounds
+    if requested > hi:
+        return hi, f"replicas: {requested} is above {SCALE_MAX_LABEL} ({hi}); scaled to {hi}"
+    if requested < lo:
+        return lo, f"replicas: {requested} is below {SCALE_MIN_LABEL} ({lo}); scaled to {lo}"
+    return requested, None
