@@ -15,7 +15,7 @@ from tests.stack_process import StackProcess
 
 # an http-mode handler that listens on the watchdog's upstream port and stays up
 LISTENER = (
-    "python3 -c \"import os, socket, time; s = socket.socket(); "
+    'python3 -c "import os, socket, time; s = socket.socket(); '
     "s.bind(('127.0.0.1', int(os.environ['upstream_url'].rsplit(':', 1)[1]))); s.listen(); time.sleep(600)\""
 )
 
@@ -114,3 +114,21 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
+    home = tmp_path / "home"
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "orphan", "image": "x", "envProcess": LISTENER, "envVars": {"mode": "http"}}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        s.wait_ready("orphan")
+        (watchdog,) = replica_pids(home)
+        group = [watchdog, *children(watchdog)]
+        assert len(group) == 2
+    finally:
+        s.stop(signal.SIGKILL)  # the provider's own group: replicas run in sessions of their own
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(p) for p in group):
+        time.sleep(0.05)
+    assert not any(alive(p) for p in group), "replica processes outlived the provider"

@@ -517,6 +517,7 @@ class LocalRuntime(Runtime):
             HOSTNAME=rid,
             secret_mount_path=str(secrets_dir),
             FAAS_GPU_FUNCTION=record.name,
+            FAAS_GPU_PARENT_PID=str(os.getpid()),  # the watchdog dies with this provider
             FAAS_GPU_NAMESPACE=record.namespace,
         )
         if spec.http_mode and "upstream_url" not in spec.env:

@@ -464,7 +464,18 @@ class Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+def die_with_launcher() -> None:
+    """Under faas-gpu's runtime (FAAS_GPU_PARENT_PID): this replica dies with the provider that
+    started it, even by kill -9, and its handler with it (a restarted provider starts anew)."""
+    parent = os.environ.get("FAAS_GPU_PARENT_PID", "")
+    if parent.isdigit():
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != int(parent):
+            os._exit(1)
+
+
 def serve(cfg: Config) -> None:
+    die_with_launcher()
     wd = Watchdog(cfg)
     Handler.wd = wd
     server = Server((cfg.bind_address, cfg.port), Handler)
