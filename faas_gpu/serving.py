@@ -44,11 +44,20 @@ class OneWorkerServer(BaseApplication):
             "loglevel": "info",
             "proc_name": self._name,
             "worker_exit": lambda _server, _worker: self._close(),
+            "post_fork": _die_with_master,
         }.items():
             self.cfg.set(key, value)
 
     def load(self):
         return self._load()
+
+
+def _die_with_master(server, _worker) -> None:
+    """The worker dies with its master, even by kill -9: no orphan keeps the daemon's port, or
+    its model workers and replicas' state, while the supervisor starts a new one."""
+    from faas_gpu.procs import die_with_parent
+
+    die_with_parent(parent_pid=server.pid)
 
 
 def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:
