@@ -199,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  gateway:      {gateway_url}")
     print(f"  provider API: http://{host}:{args.provider_port}")
     if not args.no_gpu:
+        scheduler_urls = ", ".join(f"http://{host}:{args.scheduler_port + i}" for i in range(args.schedulers))
         print(
-            f"  GPU path:     scheduler http://{host}:{args.scheduler_port}, "
+            f"  GPU path:     scheduler {scheduler_urls}, "
             f"GPU Manager ({args.backend}) http://{host}:{args.gpu_manager_port}"
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
