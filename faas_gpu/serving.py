@@ -53,11 +53,14 @@ class OneWorkerServer(BaseApplication):
 
 
 def _die_with_master(server, _worker) -> None:
-    """The worker dies with its master, even by kill -9: no orphan keeps the daemon's port, or
-    its model workers and replicas' state, while the supervisor starts a new one."""
+    """The worker stops with its master, even one killed with -9: SIGTERM at once, so it
+    finishes its in-flight requests (nothing lost), closes its app (model workers, replicas)
+    and frees the port for the master the supervisor starts next."""
+    import signal
+
     from faas_gpu.procs import die_with_parent
 
-    die_with_parent(parent_pid=server.pid)
+    die_with_parent(signal.SIGTERM, parent_pid=server.pid)
 
 
 def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:
