@@ -14,6 +14,7 @@ from faas_gpu.history import open_history
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.profiling.predictor import LatencyPredictor
 from faas_gpu.profiling.store import ProfileStore
+from faas_gpu.schedulers import Directory
 
 from .auth import ensure_credentials
 from .autoscaler import Autoscaler
@@ -47,7 +48,8 @@ def build_provider(config: ProviderConfig) -> Provider:
             "FAAS_GPU_SCHEDULER_URL": config.scheduler_url,
             "FAAS_GPU_TOKEN": token_file.read_text().strip() if token_file.exists() else "",
         }
-    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env)
+    schedulers = Directory(datastore).start() if config.scheduler_url else None  # + those announced
+    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers)
     invoker = Invoker(
         store,
         runtime,

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from faas_gpu import paths
 from faas_gpu.imagestore import ImageStore
+from faas_gpu.schedulers import Directory
+from faas_gpu.schedulers import merge as merge_schedulers
 
 from ..config import parse_duration
 from ..logs import LogStore
@@ -140,9 +142,11 @@ class LocalRuntime(Runtime):
         secrets: SecretStore,
         logs: LogStore,
         gpu_env: dict[str, str] | None = None,
+        schedulers: Directory | None = None,
     ):
         self.home = home
         self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
+        self.schedulers = schedulers  # the replicas announced in the datastore, beside gpu_env's
         self.images = images
         self.secrets = secrets
         self.logs = logs
@@ -326,6 +330,8 @@ class LocalRuntime(Runtime):
 
     def close(self) -> None:
         self._closed.set()
+        if self.schedulers is not None:
+            self.schedulers.close()
         with self._lock:
             fns = list(self._fns.values())
             self._fns.clear()
@@ -520,6 +526,8 @@ class LocalRuntime(Runtime):
             FAAS_GPU_PARENT_PID=str(os.getpid()),  # the watchdog dies with this provider
             FAAS_GPU_NAMESPACE=record.namespace,
         )
+        if env.get("FAAS_GPU_SCHEDULER_URL") and self.schedulers is not None:  # every scheduler
+            env["FAAS_GPU_SCHEDULER_URL"] = merge_schedulers(env["FAAS_GPU_SCHEDULER_URL"], self.schedulers.urls())
         if spec.http_mode and "upstream_url" not in spec.env:
             env["upstream_url"] = f"http://127.0.0.1:{free_port()}"
         proc = subprocess.Popen(
