@@ -67,6 +67,19 @@ def running_pid(home: Path, d: Daemon) -> int | None:
     return pid if pid is not None and procs.runs(pid, d.module, home) else None
 
 
+def find_running(home: Path, d: Daemon) -> int | None:
+    """The daemon's pid from its pid file or, when that lies, from the live command lines
+    (the same module, home and arguments): a daemon that runs is adopted, never started twice."""
+    pid = running_pid(home, d)
+    if pid is not None:
+        return pid
+    for other in procs.find(d.module, home):
+        if procs.cmdline(other)[1:] == d.argv(home)[1:]:
+            pid_file(home, d.name).write_text(str(other))
+            return other
+    return None
+
+
 def supervisor_pid(home: Path) -> int | None:
     pid = procs.read_pid(pid_file(home, "supervisor"))
     return pid if pid is not None and procs.runs(pid, MODULE, home) else None
@@ -107,7 +120,7 @@ class Supervisor:
         for r in self.daemons:  # in order: each once the one before serves (or gave up trying)
             if self.stopping.is_set():
                 break
-            pid = running_pid(self.home, r.daemon)
+            pid = find_running(self.home, r.daemon)
             if pid is not None:
                 r.pid, r.started = pid, time.monotonic()
                 log.info("%s already runs (pid %d): adopted", r.daemon.name, pid)

@@ -83,6 +83,7 @@ def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
     if sup is not None:
         procs.stop(sup, timeout_s)
         stopped.append("supervisor")
+    (home / "supervisor.pid").unlink(missing_ok=True)
     for name in DAEMON_NAMES:
         pids = set(procs.find(MODULES[name], home))
         pid = procs.read_pid(home / f"{name}.pid")
