@@ -4,6 +4,9 @@ other function keeps starting and serving. Real stack processes over real HTTP."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import requests
@@ -103,5 +106,14 @@ def test_a_crash_looping_function_answers_503_at_once_and_describe_says_so(tmp_p
             assert r.status_code == 503 and "crash-looping" in r.text and "/system/logs?name=crasher" in r.text
         s.wait_ready("fine")
         assert requests.post(f"{s.url}/function/fine", data=b"ok", timeout=10).content == b"ok"
+        out = subprocess.run(
+            [sys.executable, "-m", "faas_gpu.cli", "describe", "crasher", "--gateway", s.url],
+            env={**os.environ, "FAAS_GPU_HOME": str(s.home), "OPENFAAS_CONFIG": str(tmp_path / "ofcfg")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        status_line = next(line for line in out.stdout.splitlines() if line.startswith("Status:"))
+        assert "CrashLooping" in status_line and "faas-gpu logs crasher" in status_line, out.stdout + out.stderr
     finally:
         s.stop()
