@@ -86,6 +86,11 @@ def test_functions_that_cannot_start_never_stall_the_others_even_after_a_restart
         # logged once per change of reason, not once per supervisor tick
         time.sleep(2)
         assert s.log_path.read_text().count("huge-env.openfaas-fn cannot start") == 1
+        # and the operator can remove what cannot start
+        for name in (LONG_NAME, "huge-env", "no-image"):
+            r = requests.delete(f"{s.url}/system/functions", json={"functionName": name}, auth=s.auth, timeout=10)
+            assert r.status_code == 202, r.text
+            assert requests.get(f"{s.url}/system/function/{name}", auth=s.auth, timeout=10).status_code == 404
     finally:
         s.stop()
 
