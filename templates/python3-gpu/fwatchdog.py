@@ -124,7 +124,12 @@ class Metrics:
 
 
 PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux; looked up before any fork
+
+
+def _set_death_signal() -> None:
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _die_with_watchdog(watchdog_pid: int):
@@ -133,7 +138,7 @@ def _die_with_watchdog(watchdog_pid: int):
     the child: the main thread for the http child, the request's thread for a per-request one)."""
 
     def set_death_signal() -> None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _set_death_signal()
         if os.getppid() != watchdog_pid:  # it died before the prctl took effect
             os._exit(1)
 
@@ -469,7 +474,7 @@ def die_with_launcher() -> None:
     started it, even by kill -9, and its handler with it (a restarted provider starts anew)."""
     parent = os.environ.get("FAAS_GPU_PARENT_PID", "")
     if parent.isdigit():
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _set_death_signal()
         if os.getppid() != int(parent):
             os._exit(1)
 
