@@ -46,6 +46,10 @@ class Daemon:
         return [sys.executable, "-m", self.module, "--home", str(home), *self.args]
 
 
+def _backoff(failures: int) -> float:
+    return min(MAX_BACKOFF_S, 0.5 * 2 ** min(max(failures - 1, 0), 16))
+
+
 def write_stack(home: Path, daemons: list[Daemon]) -> None:
     (home / STACK_FILE).write_text(json.dumps([asdict(d) for d in daemons], indent=1))
 
@@ -128,22 +132,29 @@ class Supervisor:
                 self._start(r)
             self._wait_healthy(r, 60.0)
         while not self.stopping.wait(CHECK_EVERY_S):
-            now = time.monotonic()
             for r in self.daemons:
-                if r.alive():
-                    if r.failures and now - r.started >= HEALTHY_RESET_S:
-                        r.failures = 0
-                    continue
-                if r.pid is not None:
-                    code = r.proc.returncode if r.proc is not None else None
-                    log.warning("%s (pid %d) died (exit %s); restarting", r.daemon.name, r.pid, code)
-                    procs.kill_group(r.pid)  # what it left behind in its group (workers)
-                    r.pid, r.proc = None, None
+                try:
+                    self._check(r, time.monotonic())
+                except Exception:  # the supervisor outlives any one daemon's trouble
+                    log.exception("supervising %s failed; trying again", r.daemon.name)
                     r.failures += 1
-                    r.next_start = now + min(MAX_BACKOFF_S, 0.5 * 2 ** (r.failures - 1))
-                if now >= r.next_start and not self.stopping.is_set():
-                    self._start(r)
+                    r.next_start = time.monotonic() + _backoff(r.failures)
         self._stop_all()
+
+    def _check(self, r: _Running, now: float) -> None:
+        if r.alive():
+            if r.failures and now - r.started >= HEALTHY_RESET_S:
+                r.failures = 0
+            return
+        if r.pid is not None:
+            code = r.proc.returncode if r.proc is not None else None
+            log.warning("%s (pid %d) died (exit %s); restarting", r.daemon.name, r.pid, code)
+            procs.kill_group(r.pid)  # what it left behind in its group (workers)
+            r.pid, r.proc = None, None
+            r.failures += 1
+            r.next_start = now + _backoff(r.failures)
+        if now >= r.next_start and not self.stopping.is_set():
+            self._start(r)
 
     def _start(self, r: _Running) -> None:
         d = r.daemon
@@ -160,7 +171,7 @@ class Supervisor:
             except OSError as exc:
                 log.error("cannot start %s: %s", d.name, exc)
                 r.failures += 1
-                r.next_start = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** (r.failures - 1))
+                r.next_start = time.monotonic() + _backoff(r.failures)
                 return
         r.pid, r.proc, r.started = proc.pid, proc, time.monotonic()
         pid_file(self.home, d.name).write_text(str(proc.pid))

@@ -149,8 +149,8 @@ def _deploy_cat(stack: Up, name: str) -> None:
 
 def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path):
     stack = Up(tmp_path / "home", "--schedulers", "2")
-    stack.up()
     try:
+        stack.up()
         # the gateway got every scheduler, and so do the replicas it starts
         sched = [f"http://127.0.0.1:{stack.ports['scheduler'] + i}" for i in range(2)]
         argv = procs.cmdline(stack.pid("faas-gpu"))
@@ -189,8 +189,8 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
 
 def test_up_recognises_a_busy_stack_and_down_stops_what_actually_runs(tmp_path):
     stack = Up(tmp_path / "home", "--no-gpu")
-    stack.up()
     try:
+        stack.up()
         gateway = stack.pid("faas-gpu")
         group = [gateway, *_descendants(gateway)]
         for p in group:  # busy: its /healthz answers nothing for a while
@@ -224,8 +224,8 @@ def test_up_recognises_a_busy_stack_and_down_stops_what_actually_runs(tmp_path):
 
 def test_a_killed_gateway_is_restarted_by_the_supervisor(tmp_path):
     stack = Up(tmp_path / "home", "--no-gpu")
-    stack.up()
     try:
+        stack.up()
         _deploy_cat(stack, "cat")
         old = stack.pid("faas-gpu")
         os.kill(old, signal.SIGKILL)
