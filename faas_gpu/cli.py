@@ -351,7 +351,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     suffix = f".{args.namespace}" if args.namespace else ""
     rows: list[tuple[str, object]] = [
         ("Name", f.get("name", args.name)),
-        ("Status", "Ready" if (f.get("availableReplicas") or 0) > 0 else "Not Ready"),
+        ("Status", _status_text(f)),
         ("Replicas", f.get("replicas") or 0),
         ("Available Replicas", f.get("availableReplicas") or 0),
         ("Invocations", int(invocations)),
@@ -386,6 +386,14 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if resp.status_code == 200:
         _print_instances(_json(resp, "describe instances"))
     return 0
+
+
+def _status_text(f: dict) -> str:
+    """Ready / Not Ready as faas-cli, or faas-gpu's state of a function that cannot serve."""
+    problem = f.get("faasGpuStatus")
+    if isinstance(problem, dict) and problem.get("state"):
+        return f"{problem['state']} ({problem.get('message', '')})"
+    return "Ready" if (f.get("availableReplicas") or 0) > 0 else "Not Ready"
 
 
 def _print_instances(d: dict) -> None:

@@ -44,6 +44,7 @@ class OneWorkerServer(BaseApplication):
             "loglevel": "info",
             "proc_name": self._name,
             "worker_exit": lambda _server, _worker: self._close(),
+            "post_fork": _die_with_master,
         }.items():
             self.cfg.set(key, value)
 
@@ -70,6 +71,17 @@ def unauthorized(message: str = "invalid token") -> Response:
     resp = Response(message + "\n", status=401, mimetype="text/plain")
     resp.headers["WWW-Authenticate"] = 'Bearer realm="faas-gpu"'
     return resp
+
+
+def _die_with_master(server, _worker) -> None:
+    """The worker stops with its master, even one killed with -9: SIGTERM at once, so it
+    finishes its in-flight requests (nothing lost), closes its app (model workers, replicas)
+    and frees the port for the master the supervisor starts next."""
+    import signal
+
+    from faas_gpu.procs import die_with_parent
+
+    die_with_parent(signal.SIGTERM, parent_pid=server.pid)
 
 
 def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:

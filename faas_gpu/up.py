@@ -3,98 +3,107 @@
 Like `faasd install` + `faas-cli up`: the daemons run in the background (pid and log files in
 the state folder) so that the command returns once the functions serve. Three daemons, started
 in this order and stopped in the reverse one: the GPU Manager (cpu back end here), the
-scheduler, and the stack (gateway + provider), whose replicas reach the scheduler.
+scheduler(s), and the stack (gateway + provider), whose replicas reach every scheduler. A
+supervisor (`faas_gpu.supervise`) starts them and restarts any that dies; `down` stops it first.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
-from faas_gpu import paths
-
-
-@dataclass(frozen=True)
-class Daemon:
-    name: str  # pid and log files: <name>.pid, <name>.log
-    module: str
-    args: tuple[str, ...]
-    health_url: str
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _read_pid(home: Path, name: str) -> int | None:
-    try:
-        pid = int((home / f"{name}.pid").read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def start_daemon(home: Path, d: Daemon, timeout_s: float = 60) -> int:
-    """Start a daemon in the background unless it already serves; returns its pid."""
-    pid = _read_pid(home, d.name)
-    if pid is not None and _healthy(d.health_url):
-        return pid
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / f"{d.name}.log"
-    log = open(log_path, "ab")  # noqa: SIM115 — handed to the daemon
-    proc = subprocess.Popen(
-        [sys.executable, "-m", d.module, "--home", str(home), *d.args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd=paths.REPO_ROOT,
-    )
-    (home / f"{d.name}.pid").write_text(str(proc.pid))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"faas-gpu: {d.name} exited at start-up; see {log_path}")
-        if _healthy(d.health_url):
-            return proc.pid
-        time.sleep(0.2)
-    raise SystemExit(f"faas-gpu: {d.name} did not serve within {timeout_s:.0f}s; see {log_path}")
-
-
-def stop_daemon(home: Path, name: str, timeout_s: float = 45) -> bool:
-    pid = _read_pid(home, name)
-    if pid is None:
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        os.killpg(pid, signal.SIGKILL)
-    (home / f"{name}.pid").unlink(missing_ok=True)
-    return True
-
+from faas_gpu import paths, procs
+from faas_gpu.supervise import Daemon, healthy, read_stack, running_pid, supervisor_pid, write_stack
 
 DAEMON_NAMES = ("faas-gpu", "scheduler", "gpu-manager")  # the order they stop in
+MODULES = {"faas-gpu": "provider.server", "scheduler": "scheduler", "gpu-manager": "gpu_manager"}
+
+
+def stack_pids(home: Path) -> dict[str, int]:
+    """The daemons running for `home`, by name (pid files checked against live command lines)."""
+    out = {}
+    try:
+        stack = read_stack(home)
+    except (OSError, ValueError, KeyError):
+        stack = []
+    for d in stack:
+        pid = running_pid(home, d)
+        if pid is not None:
+            out[d.name] = pid
+    return out
+
+
+def start_stack(home: Path, wanted: list[Daemon], timeout_s: float = 60) -> dict[str, int]:
+    """Start the supervisor (which starts the daemons) unless one runs; wait until all serve.
+
+    A running stack is recognised by the supervisor's pid file and live process, never by a
+    health probe: a busy gateway is waited for, never started a second time."""
+    home.mkdir(parents=True, exist_ok=True)
+    sup = supervisor_pid(home)
+    if sup is None:
+        write_stack(home, wanted)
+        log_path = home / "supervisor.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "faas_gpu.supervise", "--home", str(home)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=paths.REPO_ROOT,
+            )
+        sup = proc.pid
+    else:
+        running = read_stack(home)
+        if [d.name for d in running] != [d.name for d in wanted] or running != wanted:
+            print(f"faas-gpu: a stack already runs for {home} (supervisor pid {sup}); using it as it is")
+        wanted = running
+    for d in wanted:
+        deadline = time.monotonic() + timeout_s
+        while not (running_pid(home, d) is not None and healthy(d.health_url)):
+            if not procs.alive(sup):
+                raise SystemExit(f"faas-gpu: the supervisor exited; see {home / 'supervisor.log'}")
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"faas-gpu: {d.name} did not serve {d.health_url} within {timeout_s:.0f}s "
+                    f"(it is restarted with back-off meanwhile); see {home / (d.name + '.log')}"
+                )
+            time.sleep(0.2)
+    return stack_pids(home)
+
+
+def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
+    """Stop the supervisor first (it stops its daemons in order), then whatever still runs for
+    this home: daemons found by command line (a pid file may be stale) and replicas in run/."""
+    stopped = []
+    sup = supervisor_pid(home)
+    if sup is not None:
+        procs.stop(sup, timeout_s)
+        stopped.append("supervisor")
+    (home / "supervisor.pid").unlink(missing_ok=True)
+    for name in DAEMON_NAMES:
+        pids = set(procs.find(MODULES[name], home))
+        pid = procs.read_pid(home / f"{name}.pid")
+        if pid is not None and procs.runs(pid, MODULES[name], home):
+            pids.add(pid)
+        for other in sorted(pids):
+            procs.stop(other, 45)
+        (home / f"{name}.pid").unlink(missing_ok=True)
+        if pids and name not in stopped:
+            stopped.append(name)
+    for pid_path in (home / "run").glob("*/*/pid"):
+        pid = procs.read_pid(pid_path)
+        if pid is not None and any("fwatchdog" in a for a in procs.cmdline(pid)):
+            procs.kill_group(pid)
+    for extra in home.glob("scheduler-*.pid"):
+        pid = procs.read_pid(extra)
+        if pid is not None and procs.runs(pid, "scheduler", home):
+            procs.stop(pid, 45)
+        extra.unlink(missing_ok=True)
+    return stopped
 
 
 def daemons(args: argparse.Namespace) -> list[Daemon]:
@@ -131,15 +140,13 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
                 f"http://{host}:{args.gpu_manager_port}/healthz",
             )
         )
-        out.append(
-            Daemon(
-                "scheduler",
-                "scheduler",
-                ("--port", str(args.scheduler_port), *store),
-                f"http://{host}:{args.scheduler_port}/healthz",
-            )
-        )
-        stack_args += ["--scheduler", f"http://{host}:{args.scheduler_port}"]
+        urls = []
+        for i in range(args.schedulers):  # replicas: one leads, the others take over when it dies
+            port = args.scheduler_port + i
+            name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
+            out.append(Daemon(name, "scheduler", ("--port", str(port), *store), f"http://{host}:{port}/healthz"))
+            urls.append(f"http://{host}:{port}")
+        stack_args += ["--scheduler", ",".join(urls)]  # every replica: the GPU client fails over
     out.append(Daemon("faas-gpu", "provider.server", tuple(stack_args), f"http://{host}:{args.gateway_port}/healthz"))
     return out
 
@@ -152,6 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--provider-port", type=int, default=8081)
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)
+    p.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        help="scheduler replicas, on --scheduler-port and the ports after it (default 1)",
+    )
     p.add_argument(
         "--backend",
         choices=["auto", "cpu", "cuda"],
@@ -169,9 +182,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.schedulers < 1:
+        parser.error("--schedulers: must be at least 1")
     home = paths.home()
-    started = {d.name: start_daemon(home, d) for d in daemons(args)}
+    started = start_stack(home, daemons(args))
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     gateway_url = f"http://{host}:{args.gateway_port}"
     deployed: list[str] = []
@@ -184,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  gateway:      {gateway_url}")
     print(f"  provider API: http://{host}:{args.provider_port}")
     if not args.no_gpu:
+        scheduler_urls = ", ".join(f"http://{host}:{args.scheduler_port + i}" for i in range(args.schedulers))
         print(
-            f"  GPU path:     scheduler http://{host}:{args.scheduler_port}, "
+            f"  GPU path:     scheduler {scheduler_urls}, "
             f"GPU Manager ({args.backend}) http://{host}:{args.gpu_manager_port}"
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
@@ -194,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print("Try: echo hello | .venv/bin/faas-gpu invoke echo    Stop: .venv/bin/faas-gpu down")
     if args.foreground:
         try:
-            while _alive(started["faas-gpu"]):
+            while supervisor_pid(home) is not None:
                 time.sleep(1)
         except KeyboardInterrupt:
             down_main([])
@@ -203,6 +220,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def down_main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(prog="faas-gpu down", description="Stop the stack.").parse_args(argv)
-    stopped = [name for name in DAEMON_NAMES if stop_daemon(paths.home(), name)]
+    stopped = stop_stack(paths.home())
     print(f"faas-gpu stopped ({', '.join(stopped)})" if stopped else "faas-gpu was not running")
     return 0

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from faas_gpu.procs import die_with_parent
+
 from .model_store import Artifact
 
 _CTX = mp.get_context("spawn")  # no fork of a threaded manager; CUDA needs spawn anyway
@@ -68,6 +70,7 @@ def _load(path: str, device: str):
 
 
 def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str, str]) -> None:
+    die_with_parent(parent_pid=mp.parent_process().pid)  # a killed manager leaves no worker behind
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 

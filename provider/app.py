@@ -16,6 +16,7 @@ from faas_gpu.history import open_history
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.profiling.predictor import LatencyPredictor
 from faas_gpu.profiling.store import ProfileStore
+from faas_gpu.schedulers import Directory
 
 from .auth import ensure_credentials
 from .autoscaler import Autoscaler
@@ -46,7 +47,8 @@ def build_provider(config: ProviderConfig) -> Provider:
         # replicas get their function's own token (faas_gpu.fn_credentials), never the cluster's
         gpu_env = {"FAAS_GPU_SCHEDULER_URL": config.scheduler_url}
         fn_credentials = FunctionCredentials(datastore, config.secrets_dir / "function-tokens")
-    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, fn_credentials)
+    schedulers = Directory(datastore).start() if config.scheduler_url else None  # + those announced
+    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)
     invoker = Invoker(
         store,
         runtime,

@@ -153,12 +153,18 @@ class Provider:
         return record
 
     def status(self, record: FunctionRecord, usage: bool = False) -> dict:
+        """OpenFaaS's FunctionStatus, plus `faasGpuStatus` ({state, message}) while the function
+        cannot serve for a reason of its own (faas-cli ignores fields it does not know)."""
         key = record.key
-        return record.status(
+        out = record.status(
             available=len(self.runtime.endpoints(*key)),
             invocations=self.invoker.counts.get(key, 0),
             usage=self.runtime.usage(*key) if usage else None,
         )
+        problem = self.runtime.problem(*key)
+        if problem is not None:
+            out["faasGpuStatus"] = problem
+        return out
 
     def instances(self, record: FunctionRecord) -> dict:
         """The autoscaler's view of a managed function, or the plain replicas of another."""

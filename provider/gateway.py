@@ -21,7 +21,7 @@ from faas_gpu.policies.protean.classes import parse_class, parse_slo_ms
 
 from .core import Provider
 from .harmony import APP_HEADER, APPS, BadApp, parse_apps
-from .invoke import NotFound, Result
+from .invoke import NotFound, Result, Unavailable
 from .metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,8 @@ class InvocationApp:
                 self.invoker.done(key)
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
+        except Unavailable as exc:  # crash-looping or failing to start: say so at once
+            result = _error(503, f"No endpoints available for: {raw_name}: {exc}")
         except BadApp as exc:  # a request class the function does not have (X-Faas-Gpu-App)
             result = _error(400, str(exc))
         except urllib3.exceptions.TimeoutError:

@@ -45,6 +45,10 @@ class NotFound(Exception):
     pass
 
 
+class Unavailable(Exception):
+    """The function cannot serve for a reason of its own (crash-looping, failing to start): 503."""
+
+
 class Invoker:
     def __init__(
         self,
@@ -117,6 +121,8 @@ class Invoker:
                 scale_up(key)
                 if self.runtime.wait_ready(*key, self.ready_timeout_s):
                     url = self.pick(key, headers)
+                elif (problem := self.runtime.problem(*key)) is not None:
+                    raise Unavailable(problem["message"])
         except BaseException:
             self.done(key)
             raise

@@ -32,6 +32,8 @@ class _Daemon:
         self.parts: tuple = ()
 
     def load(self):
+        from faas_gpu.schedulers import Announcement
+
         from .api import create_app
         from .core import Scheduler
         from .leader import LeaderElection
@@ -56,7 +58,9 @@ class _Daemon:
             distributor=distributor,
         )
         identity = f"{a.advertise or a.bind}:{a.port}/{socket.gethostname()}/{uuid.uuid4().hex[:6]}"
-        election = LeaderElection(ds, identity, ttl_s=a.leader_ttl)
+        host = a.advertise or ("127.0.0.1" if a.bind in ("0.0.0.0", "::") else a.bind)
+        announcement = Announcement(ds, identity, f"http://{host}:{a.port}", ttl_s=a.leader_ttl)
+        election = LeaderElection(ds, identity, ttl_s=a.leader_ttl, announcement=announcement)
         election.step()
         election.start()
         scheduler.start()

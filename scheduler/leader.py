@@ -10,14 +10,23 @@ import logging
 import threading
 
 from faas_gpu.datastore import Datastore
+from faas_gpu.schedulers import Announcement
 
 log = logging.getLogger(__name__)
 LEADER_KEY = "/faas-gpu/scheduler/leader"
 
 
 class LeaderElection:
-    def __init__(self, ds: Datastore, identity: str, ttl_s: int = 3, key: str = LEADER_KEY):
+    def __init__(
+        self,
+        ds: Datastore,
+        identity: str,
+        ttl_s: int = 3,
+        key: str = LEADER_KEY,
+        announcement: Announcement | None = None,
+    ):
         self.ds, self.identity, self.ttl_s, self.key = ds, identity, ttl_s, key
+        self.announcement = announcement  # leader or follower: the provider finds every replica
         self.is_leader = threading.Event()
         self._lease = None
         self._stop = threading.Event()
@@ -31,7 +40,12 @@ class LeaderElection:
         return kv.value.decode() if kv else None
 
     def step(self) -> None:
-        """One round: refresh leadership, or try to take it."""
+        """One round: refresh leadership, or try to take it (and the replica's announcement)."""
+        if self.announcement is not None:
+            try:
+                self.announcement.step()
+            except Exception as exc:  # the datastore restarting: the next round announces again
+                log.warning("scheduler announcement failed: %s", exc)
         if self.is_leader.is_set():
             try:
                 self._lease.refresh()
@@ -58,6 +72,8 @@ class LeaderElection:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.announcement is not None:
+            self.announcement.withdraw()
         if self.is_leader.is_set() and self._lease is not None:
             try:
                 self._lease.revoke()  # hand over at once rather than after the ttl

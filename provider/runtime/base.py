@@ -36,6 +36,11 @@ class Runtime(ABC):
     def usage(self, namespace: str, name: str) -> dict | None:
         return None
 
+    def problem(self, namespace: str, name: str) -> dict[str, str] | None:
+        """Why the function cannot serve, when the reason is its own ({"state", "message"}):
+        requests answer 503 with the message at once and describe shows it."""
+        return None
+
     def ready_instances(self, namespace: str, name: str) -> list[tuple[str, str]]:
         """(instance id, base URL) of the ready replicas, for a dispatcher that weighs instances."""
         return [(url, url) for url in self.endpoints(namespace, name)]

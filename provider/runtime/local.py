@@ -1,7 +1,9 @@
 """Local-process runtime: each replica is a watchdog process on a free loopback port.
 
 A supervisor thread restarts crashed replicas (with back-off), probes `/_/ready` until a new
-replica serves, and keeps the count at the record's desired replicas.
+replica serves, and keeps the count at the record's desired replicas. Whatever goes wrong with
+one function (a spec that no longer plans, a start that raises, replicas that crash-loop) is
+that function's state, backed off and shown by `describe`; the others keep starting and serving.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 from faas_gpu import paths
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
+from faas_gpu.schedulers import Directory
+from faas_gpu.schedulers import merge as merge_schedulers
 
 from ..config import parse_duration
 from ..logs import LogStore
@@ -37,8 +41,20 @@ log = logging.getLogger(__name__)
 
 CLASSIC_WATCHDOG = paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py"
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "OMP_NUM_THREADS", "PYTHONPATH")
-MAX_BACKOFF_S = 30.0
+MAX_BACKOFF_S = 60.0
 SUPERVISE_EVERY_S = 0.1
+MAX_ARG_STRLEN = 131072  # Linux: one exec argument or environment string (`fprocess=...`)
+DEFAULT_STOP_TIMEOUT_S = 35.0  # the default write_timeout (30 s) and 5 s to exit
+CRASH_LOOP_EXITS = 3
+"""Exits in a row without a replica becoming ready: the function is crash-looping and
+requests get a prompt 503 instead of waiting for a replica that will not come."""
+CRASH_LOOPING = "CrashLooping"
+START_FAILED = "StartFailed"
+
+
+def backoff_s(failures: int) -> float:
+    """0.5 s after the first failure, doubling, at most MAX_BACKOFF_S."""
+    return min(MAX_BACKOFF_S, 0.5 * 2 ** min(max(failures - 1, 0), 16))
 
 
 def free_port() -> int:
@@ -89,12 +105,34 @@ class Replica:
 @dataclass
 class _Function:
     record: FunctionRecord
-    spec: LaunchSpec
+    spec: LaunchSpec | None
+    """None while the record does not plan (missing image or secret): retried with back-off."""
     replicas: list[Replica] = field(default_factory=list)
     failures: int = 0
+    """Failed starts and exits since a replica last became ready: the back-off's exponent."""
+    exits: int = 0
+    """Replica exits since a replica last became ready: the crash-loop count."""
     next_start: float = 0.0
     plan: list[InstanceSpec] | None = None
     """When set, the replicas are exactly these instances (and record.replicas is ignored)."""
+    start_error: str | None = None
+    """Why the last attempt to plan or start a replica failed (cleared by the next success)."""
+
+    @property
+    def problem(self) -> dict[str, str] | None:
+        """The function's faas-gpu state when it cannot serve for a reason of its own."""
+        if self.start_error is not None:
+            return {"state": START_FAILED, "message": self.start_error}
+        if self.exits >= CRASH_LOOP_EXITS and not any(r.ready for r in self.replicas):
+            ref = f"{self.record.name}.{self.record.namespace}"
+            return {
+                "state": CRASH_LOOPING,
+                "message": (
+                    f"function {ref} is crash-looping: its replicas exited {self.exits} times in a row "
+                    f"before serving; see `faas-gpu logs {self.record.name}` or /system/logs?name={ref}"
+                ),
+            }
+        return None
 
 
 class LocalRuntime(Runtime):
@@ -105,12 +143,14 @@ class LocalRuntime(Runtime):
         secrets: SecretStore,
         logs: LogStore,
         gpu_env: dict[str, str] | None = None,
+        schedulers: Directory | None = None,
         credentials: FunctionCredentials | None = None,
     ):
         """`gpu_env`: how replicas reach the scheduler (GPU client); `credentials`: each function's
         own token for it (FAAS_GPU_TOKEN), never the cluster token, which stays with the daemons."""
         self.home = home
-        self.gpu_env = dict(gpu_env or {})
+        self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
+        self.schedulers = schedulers  # the replicas announced in the datastore, beside gpu_env's
         self.credentials = credentials
         self.images = images
         self.secrets = secrets
@@ -128,6 +168,12 @@ class LocalRuntime(Runtime):
     # -- planning ------------------------------------------------------------------------
     def plan(self, record: FunctionRecord) -> LaunchSpec:
         dep = record.deployment
+        if dep.envProcess and len(dep.envProcess.encode()) >= MAX_ARG_STRLEN - len("fprocess="):
+            # checked before shlex, which is quadratic in the length (minutes for 3 MB)
+            raise LaunchError(
+                f"envProcess: {len(dep.envProcess.encode())} bytes is over Linux's limit of "
+                f"{MAX_ARG_STRLEN} bytes for one argument or environment string"
+            )
         env_vars = dict(dep.envVars or {})
         base_env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         image = self.images.get(dep.image)
@@ -193,16 +239,29 @@ class LocalRuntime(Runtime):
 
     # -- desired state -------------------------------------------------------------------
     def apply(self, record: FunctionRecord) -> None:
-        spec = self.plan(record)
+        """Take the record as desired state. A record that does not plan is still kept (its
+        state shows why, and the supervisor retries it); the error is raised for the caller."""
+        try:
+            spec: LaunchSpec | None = self.plan(record)
+            error = None
+        except Exception as exc:  # noqa: BLE001 — any bad record is its own function's problem
+            spec, error = None, _reason(exc)
         with self._lock:
             fn = self._fns.get(record.key)
             if fn is None:
-                self._fns[record.key] = _Function(record, spec, plan=self._plans.get(record.key))
+                fn = self._fns[record.key] = _Function(record, spec, plan=self._plans.get(record.key))
             else:
+                changed = spec is None or fn.spec is None or any(r.digest != spec.digest for r in fn.replicas)
                 fn.record, fn.spec = record, spec
-                if any(r.digest != spec.digest for r in fn.replicas):
-                    fn.failures, fn.next_start = 0, 0.0
+                if changed:
+                    fn.failures, fn.exits, fn.next_start = 0, 0, 0.0
+            if error is not None:
+                self._failed(fn, error, time.monotonic())
+            else:
+                fn.start_error = None
             self._changed.notify_all()
+        if error is not None:
+            raise LaunchError(error)
 
     def set_plan(self, namespace: str, name: str, plan: list[InstanceSpec] | None) -> None:
         """Run exactly these instances (None: back to record.replicas identical replicas)."""
@@ -229,7 +288,7 @@ class LocalRuntime(Runtime):
             self._plans.pop((namespace, name), None)
             fn = self._fns.pop((namespace, name), None)
         if fn:
-            self._stop_all(fn.replicas, fn.spec.stop_timeout_s)
+            self._stop_all(fn.replicas, _stop_timeout(fn))
 
     def endpoints(self, namespace: str, name: str) -> list[str]:
         fn = self._fns.get((namespace, name))
@@ -245,14 +304,20 @@ class LocalRuntime(Runtime):
         return len(self.endpoints(namespace, name))
 
     def wait_ready(self, namespace: str, name: str, timeout_s: float) -> bool:
+        """Wait for a ready replica; give up at once when the function cannot start or crash-loops."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while not self.endpoints(namespace, name):
                 left = deadline - time.monotonic()
-                if left <= 0 or (namespace, name) not in self._fns:
+                fn = self._fns.get((namespace, name))
+                if left <= 0 or fn is None or fn.problem is not None:
                     return False
                 self._changed.wait(min(left, 0.5))
             return True
+
+    def problem(self, namespace: str, name: str) -> dict[str, str] | None:
+        fn = self._fns.get((namespace, name))
+        return fn.problem if fn is not None else None
 
     def usage(self, namespace: str, name: str) -> dict | None:
         fn = self._fns.get((namespace, name))
@@ -270,11 +335,13 @@ class LocalRuntime(Runtime):
 
     def close(self) -> None:
         self._closed.set()
+        if self.schedulers is not None:
+            self.schedulers.close()
         with self._lock:
             fns = list(self._fns.values())
             self._fns.clear()
             self._changed.notify_all()
-        threads = [threading.Thread(target=self._stop_all, args=(fn.replicas, fn.spec.stop_timeout_s)) for fn in fns]
+        threads = [threading.Thread(target=self._stop_all, args=(fn.replicas, _stop_timeout(fn))) for fn in fns]
         for t in threads:
             t.start()
         for t in threads:
@@ -290,34 +357,67 @@ class LocalRuntime(Runtime):
             self._closed.wait(SUPERVISE_EVERY_S)
 
     def _tick(self) -> None:
-        now = time.monotonic()
         with self._lock:
             items = list(self._fns.items())
         for _key, fn in items:
-            to_stop: list[Replica] = []
-            with self._lock:
-                for r in list(fn.replicas):
-                    code = r.proc.poll()
-                    if code is not None and not r.stopping:
-                        fn.replicas.remove(r)
-                        self._log(fn, r.id, f"replica exited with code {code}")
-                        fn.failures += 1
-                        fn.next_start = now + min(MAX_BACKOFF_S, 0.5 * 2 ** (fn.failures - 1))
-                        shutil.rmtree(r.run_dir, ignore_errors=True)
-                if fn.plan is not None:
-                    to_stop += self._reconcile_plan(fn, now)
-                else:
-                    to_stop += self._reconcile_count(fn, now)
-                if to_stop:
+            try:
+                self._tick_one(fn, time.monotonic())
+            except Exception as exc:  # noqa: BLE001 — isolated to this function, backed off
+                with self._lock:
+                    self._failed(fn, _reason(exc), time.monotonic())
                     self._changed.notify_all()
+
+    def _tick_one(self, fn: _Function, now: float) -> None:
+        to_stop: list[Replica] = []
+        with self._lock:
+            for r in list(fn.replicas):
+                code = r.proc.poll()
+                if code is not None and not r.stopping:
+                    fn.replicas.remove(r)
+                    _signal_group(r.proc, signal.SIGKILL)  # the leader died: so does its group
+                    fn.failures += 1
+                    fn.exits += 1
+                    fn.next_start = now + backoff_s(fn.failures)
+                    self._log(fn, r.id, f"replica exited with code {code}")
+                    if fn.exits == CRASH_LOOP_EXITS:
+                        self._log(fn, r.id, fn.problem["message"] if fn.problem else "crash-looping")
+                        log.warning("%s.%s is crash-looping", fn.record.name, fn.record.namespace)
+                        self._changed.notify_all()  # waiting requests give up now
+                    shutil.rmtree(r.run_dir, ignore_errors=True)
+            if fn.spec is None:
+                if now < fn.next_start:
+                    return
+                try:
+                    fn.spec = self.plan(fn.record)
+                except Exception as exc:  # noqa: BLE001
+                    self._failed(fn, _reason(exc), now)
+                    return
+            if fn.plan is not None:
+                to_stop += self._reconcile_plan(fn, now)
+            else:
+                to_stop += self._reconcile_count(fn, now)
             if to_stop:
-                threading.Thread(target=self._stop_all, args=(to_stop, fn.spec.stop_timeout_s), daemon=True).start()
-            for r in [r for r in fn.replicas if not r.ready and r.proc.poll() is None]:
-                if self._probe(r, fn.spec.http_mode):
-                    with self._lock:
-                        r.ready = True
-                        fn.failures = 0
-                        self._changed.notify_all()
+                self._changed.notify_all()
+        spec = fn.spec
+        if to_stop:
+            threading.Thread(target=self._stop_all, args=(to_stop, spec.stop_timeout_s), daemon=True).start()
+        for r in [r for r in fn.replicas if not r.ready and r.proc.poll() is None]:
+            if self._probe(r, spec.http_mode):
+                with self._lock:
+                    r.ready = True
+                    fn.failures = fn.exits = 0
+                    self._changed.notify_all()
+
+    def _failed(self, fn: _Function, error: str, now: float) -> None:
+        """A plan or start of `fn` failed: back off, and say so once per change of reason."""
+        fn.failures += 1
+        fn.next_start = now + backoff_s(fn.failures)
+        if error != fn.start_error:
+            log.error(
+                "%s.%s cannot start (retrying with back-off): %s", fn.record.name[:80], fn.record.namespace, error
+            )
+            self._log(fn, "supervisor", f"cannot start: {error}")
+        fn.start_error = error
 
     def _reconcile_count(self, fn: _Function, now: float) -> list[Replica]:
         """Replace replicas of an old spec (new ones first), then match record.replicas."""
@@ -333,7 +433,8 @@ class LocalRuntime(Runtime):
         self._detach(fn, to_stop)
         if len(current) < want and now >= fn.next_start:
             for _ in range(want - len(current)):
-                fn.replicas.append(self._start(fn))
+                if not self._try_start(fn, now):
+                    break
         return to_stop
 
     def _reconcile_plan(self, fn: _Function, now: float) -> list[Replica]:
@@ -355,8 +456,8 @@ class LocalRuntime(Runtime):
             old = [r for r in mine if r.digest != digests[slot]]
             if old and (not current or current[0].ready):
                 to_stop += old
-            if not current and now >= fn.next_start:
-                fn.replicas.append(self._start(fn, inst, digests[slot]))
+            if not current and now >= fn.next_start and not self._try_start(fn, now, inst, digests[slot]):
+                break
         self._detach(fn, to_stop)
         return to_stop
 
@@ -377,10 +478,38 @@ class LocalRuntime(Runtime):
         finally:
             conn.close()
 
+    def _try_start(
+        self, fn: _Function, now: float, inst: InstanceSpec | None = None, digest: str | None = None
+    ) -> bool:
+        """Start one replica; a failure (ENAMETOOLONG, E2BIG, a vanished image) backs `fn` off."""
+        try:
+            fn.replicas.append(self._start(fn, inst, digest))
+        except Exception as exc:  # noqa: BLE001 — any failure is this function's alone
+            self._failed(fn, _reason(exc), now)
+            return False
+        fn.start_error = None
+        return True
+
     def _start(self, fn: _Function, inst: InstanceSpec | None = None, digest: str | None = None) -> Replica:
         record, spec = fn.record, fn.spec
+        assert spec is not None
         rid = f"{inst.id if inst else record.name}-{uuid.uuid4().hex[:8]}"
         run_dir = self.run_root / record.namespace / rid
+        try:
+            return self._spawn(record, spec, rid, run_dir, inst, digest)
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    def _spawn(
+        self,
+        record: FunctionRecord,
+        spec: LaunchSpec,
+        rid: str,
+        run_dir: Path,
+        inst: InstanceSpec | None,
+        digest: str | None,
+    ) -> Replica:
         tmp = run_dir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         secrets_dir = run_dir / "secrets"
@@ -399,8 +528,11 @@ class LocalRuntime(Runtime):
             HOSTNAME=rid,
             secret_mount_path=str(secrets_dir),
             FAAS_GPU_FUNCTION=record.name,
+            FAAS_GPU_PARENT_PID=str(os.getpid()),  # the watchdog dies with this provider
             FAAS_GPU_NAMESPACE=record.namespace,
         )
+        if env.get("FAAS_GPU_SCHEDULER_URL") and self.schedulers is not None:  # every scheduler
+            env["FAAS_GPU_SCHEDULER_URL"] = merge_schedulers(env["FAAS_GPU_SCHEDULER_URL"], self.schedulers.urls())
         if self.gpu_env and self.credentials is not None:
             env["FAAS_GPU_TOKEN"] = self.credentials.token(record.namespace, record.name)
         if spec.http_mode and "upstream_url" not in spec.env:
@@ -426,7 +558,17 @@ class LocalRuntime(Runtime):
             self.logs.append(namespace, name, rid, raw.decode("utf-8", "replace").rstrip("\n"))
 
     def _log(self, fn: _Function, rid: str, text: str) -> None:
-        self.logs.append(fn.record.namespace, fn.record.name, rid, text)
+        try:
+            self.logs.append(fn.record.namespace, fn.record.name, rid, text)
+        except OSError as exc:  # a name the file system refuses: the provider's own log has it
+            log.warning(
+                "%s.%s (%s): %s [function log not written: %s]",
+                fn.record.name[:80],
+                fn.record.namespace,
+                rid,
+                text,
+                exc.strerror,
+            )
 
     def _stop_all(self, replicas: list[Replica], timeout_s: float) -> None:
         for r in replicas:
@@ -476,6 +618,18 @@ GPU_ANNOTATIONS = {
 def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
     """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
     return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
+
+
+def _stop_timeout(fn: _Function) -> float:
+    return fn.spec.stop_timeout_s if fn.spec is not None else DEFAULT_STOP_TIMEOUT_S
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for describe and the logs (an OSError's path can be kilobytes long)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}"
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 500 else text[:500] + "…"
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -15,6 +15,7 @@ Only the standard library, plus prometheus_client when the metrics server is on.
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import re
@@ -122,6 +123,28 @@ class Metrics:
             self.duration.labels(str(code), method.lower()).observe(seconds)
 
 
+PR_SET_PDEATHSIG = 1
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux; looked up before any fork
+
+
+def _set_death_signal() -> None:
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _die_with_watchdog(watchdog_pid: int):
+    """A `preexec_fn`: the child gets SIGKILL when the watchdog dies, even by kill -9, so no
+    handler is left reparented to PID 1 holding its port (the thread that forks must outlive
+    the child: the main thread for the http child, the request's thread for a per-request one)."""
+
+    def set_death_signal() -> None:
+        _set_death_signal()
+        if os.getppid() != watchdog_pid:  # it died before the prctl took effect
+            os._exit(1)
+
+    return set_death_signal
+
+
 class Watchdog:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -151,6 +174,7 @@ class Watchdog:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_watchdog(os.getpid()),  # noqa: PLW1509 — only prctl runs there
         )
         for stream, name in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr")):
             threading.Thread(target=self._pipe, args=(stream, name), daemon=True).start()
@@ -403,6 +427,7 @@ class Handler(BaseHTTPRequestHandler):
                 stderr=stderr,
                 env=self._cgi_env(body),
                 start_new_session=True,
+                preexec_fn=_die_with_watchdog(os.getpid()),  # noqa: PLW1509
             )
         except OSError as exc:
             self._send(500, f"Can't start fprocess: {exc}\n".encode())
@@ -444,7 +469,18 @@ class Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+def die_with_launcher() -> None:
+    """Under faas-gpu's runtime (FAAS_GPU_PARENT_PID): this replica dies with the provider that
+    started it, even by kill -9, and its handler with it (a restarted provider starts anew)."""
+    parent = os.environ.get("FAAS_GPU_PARENT_PID", "")
+    if parent.isdigit():
+        _set_death_signal()
+        if os.getppid() != int(parent):
+            os._exit(1)
+
+
 def serve(cfg: Config) -> None:
+    die_with_launcher()
     wd = Watchdog(cfg)
     Handler.wd = wd
     server = Server((cfg.bind_address, cfg.port), Handler)

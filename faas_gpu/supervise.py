@@ -1,0 +1,222 @@
+"""`python -m faas_gpu.supervise --home H`: keeps the stack's daemons running.
+
+`faas-gpu up` writes the daemons to run (H/stack.json) and starts this supervisor, which starts
+them in order (each once the previous one serves), restarts any that dies with back-off, and
+keeps H/<name>.pid holding the pid that really runs. SIGTERM (`faas-gpu down`) stops them in the
+reverse order and then the supervisor itself. A daemon already running for this state folder
+(its pid file names a live process with its command line) is adopted, never started twice; so
+is a supervisor: a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+
+from faas_gpu import paths, procs
+
+log = logging.getLogger("faas-gpu.supervise")
+MODULE = "faas_gpu.supervise"
+STACK_FILE = "stack.json"
+MAX_BACKOFF_S = 30.0
+HEALTHY_RESET_S = 30.0  # a daemon that ran this long since its start has its back-off forgotten
+STOP_TIMEOUT_S = 45.0
+CHECK_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str  # pid and log files: <name>.pid, <name>.log
+    module: str
+    args: tuple[str, ...]
+    health_url: str
+
+    def argv(self, home: Path) -> list[str]:
+        return [sys.executable, "-m", self.module, "--home", str(home), *self.args]
+
+
+def _backoff(failures: int) -> float:
+    return min(MAX_BACKOFF_S, 0.5 * 2 ** min(max(failures - 1, 0), 16))
+
+
+def write_stack(home: Path, daemons: list[Daemon]) -> None:
+    (home / STACK_FILE).write_text(json.dumps([asdict(d) for d in daemons], indent=1))
+
+
+def read_stack(home: Path) -> list[Daemon]:
+    return [
+        Daemon(d["name"], d["module"], tuple(d["args"]), d["health_url"])
+        for d in json.loads((home / STACK_FILE).read_text())
+    ]
+
+
+def pid_file(home: Path, name: str) -> Path:
+    return home / f"{name}.pid"
+
+
+def running_pid(home: Path, d: Daemon) -> int | None:
+    """The daemon's pid when its pid file names a live process that runs it for this home."""
+    pid = procs.read_pid(pid_file(home, d.name))
+    return pid if pid is not None and procs.runs(pid, d.module, home) else None
+
+
+def find_running(home: Path, d: Daemon) -> int | None:
+    """The daemon's pid from its pid file or, when that lies, from the live command lines
+    (the same module, home and arguments): a daemon that runs is adopted, never started twice."""
+    pid = running_pid(home, d)
+    if pid is not None:
+        return pid
+    for other in procs.find(d.module, home):
+        if procs.cmdline(other)[1:] == d.argv(home)[1:]:
+            pid_file(home, d.name).write_text(str(other))
+            return other
+    return None
+
+
+def supervisor_pid(home: Path) -> int | None:
+    pid = procs.read_pid(pid_file(home, "supervisor"))
+    return pid if pid is not None and procs.runs(pid, MODULE, home) else None
+
+
+def healthy(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return requests.get(url, timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@dataclass
+class _Running:
+    daemon: Daemon
+    pid: int | None = None
+    proc: subprocess.Popen | None = None  # None for an adopted daemon (not our child)
+    started: float = 0.0
+    failures: int = 0
+    next_start: float = 0.0
+    restarts: list[float] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return procs.alive(self.pid)
+
+
+class Supervisor:
+    def __init__(self, home: Path, daemons: list[Daemon]):
+        self.home = home
+        self.daemons = [_Running(d) for d in daemons]
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        for r in self.daemons:  # in order: each once the one before serves (or gave up trying)
+            if self.stopping.is_set():
+                break
+            pid = find_running(self.home, r.daemon)
+            if pid is not None:
+                r.pid, r.started = pid, time.monotonic()
+                log.info("%s already runs (pid %d): adopted", r.daemon.name, pid)
+            else:
+                self._start(r)
+            self._wait_healthy(r, 60.0)
+        while not self.stopping.wait(CHECK_EVERY_S):
+            for r in self.daemons:
+                try:
+                    self._check(r, time.monotonic())
+                except Exception:  # the supervisor outlives any one daemon's trouble
+                    log.exception("supervising %s failed; trying again", r.daemon.name)
+                    r.failures += 1
+                    r.next_start = time.monotonic() + _backoff(r.failures)
+        self._stop_all()
+
+    def _check(self, r: _Running, now: float) -> None:
+        if r.alive():
+            if r.failures and now - r.started >= HEALTHY_RESET_S:
+                r.failures = 0
+            return
+        if r.pid is not None:
+            code = r.proc.returncode if r.proc is not None else None
+            log.warning("%s (pid %d) died (exit %s); restarting", r.daemon.name, r.pid, code)
+            procs.kill_group(r.pid)  # what it left behind in its group (workers)
+            r.pid, r.proc = None, None
+            r.failures += 1
+            r.next_start = now + _backoff(r.failures)
+        if now >= r.next_start and not self.stopping.is_set():
+            self._start(r)
+
+    def _start(self, r: _Running) -> None:
+        d = r.daemon
+        with open(self.home / f"{d.name}.log", "ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    d.argv(self.home),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own group: stopped with whatever it started
+                    cwd=paths.REPO_ROOT,
+                )
+            except OSError as exc:
+                log.error("cannot start %s: %s", d.name, exc)
+                r.failures += 1
+                r.next_start = time.monotonic() + _backoff(r.failures)
+                return
+        r.pid, r.proc, r.started = proc.pid, proc, time.monotonic()
+        pid_file(self.home, d.name).write_text(str(proc.pid))
+        log.info("started %s (pid %d)", d.name, proc.pid)
+
+    def _wait_healthy(self, r: _Running, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stopping.is_set() and r.alive():
+            if healthy(r.daemon.health_url):
+                return
+            self.stopping.wait(0.2)
+
+    def _stop_all(self) -> None:
+        for r in reversed(self.daemons):
+            if r.pid is None:
+                continue
+            log.info("stopping %s (pid %d)", r.daemon.name, r.pid)
+            procs.stop(r.pid, STOP_TIMEOUT_S)
+            if r.proc is not None:
+                r.proc.wait()
+            pid_file(self.home, r.daemon.name).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="faas-gpu supervise", description=__doc__)
+    p.add_argument("--home", type=Path, required=True)
+    args = p.parse_args(argv)
+    home = args.home.resolve()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    other = supervisor_pid(home)
+    if other is not None and other != os.getpid():
+        log.info("a supervisor already runs for %s (pid %d)", home, other)
+        return 0
+    pid_file(home, "supervisor").write_text(str(os.getpid()))
+    sup = Supervisor(home, read_stack(home))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stopping.set())
+    try:
+        sup.run()
+    finally:
+        if procs.read_pid(pid_file(home, "supervisor")) == os.getpid():
+            pid_file(home, "supervisor").unlink(missing_ok=True)
+    log.info("supervisor stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Replica processes live and die as a group: kill -9 of a replica's watchdog takes its handler
+with it (no `python` reparented to PID 1 still listening), and the runtime starts a new replica."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import requests
+
+from tests.stack_process import StackProcess
+
+# an http-mode handler that listens on the watchdog's upstream port and stays up
+LISTENER = (
+    'python3 -c "import os, socket, time; s = socket.socket(); '
+    "s.bind(('127.0.0.1', int(os.environ['upstream_url'].rsplit(':', 1)[1]))); s.listen(); time.sleep(600)\""
+)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def replica_pids(home: Path) -> list[int]:
+    return [int(p.read_text()) for p in (home / "run").glob("*/*/pid")]
+
+
+def test_kill_9_of_a_watchdog_takes_its_handler_with_it(tmp_path):
+    home = tmp_path / "home"
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "holder", "image": "x", "envProcess": LISTENER, "envVars": {"mode": "http"}}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (replica_pids(home) and children(replica_pids(home)[0])):
+            time.sleep(0.1)
+        (watchdog,) = replica_pids(home)
+        (handler,) = children(watchdog)
+        assert b"socket" in Path(f"/proc/{handler}/cmdline").read_bytes()
+        os.kill(watchdog, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(handler):
+            time.sleep(0.05)
+        assert not alive(handler), "the handler outlived its watchdog"
+        # the supervisor replaces the replica; stopping the stack leaves no replica process
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not [p for p in replica_pids(home) if p != watchdog]:
+            time.sleep(0.1)
+        (new_watchdog,) = replica_pids(home)
+        new_handlers = children(new_watchdog)
+    finally:
+        s.stop()
+    for pid in (new_watchdog, *new_handlers):
+        assert not alive(pid)
+
+
+def test_a_handler_whose_watchdog_dies_before_the_runtime_sees_it_is_gone(tmp_path):
+    """The death signal alone, without the runtime: a watchdog run by hand, then kill -9."""
+    import subprocess
+    import sys
+
+    from faas_gpu import paths
+
+    port, upstream = _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "fprocess": LISTENER,
+        "mode": "http",
+        "port": str(port),
+        "upstream_url": f"http://127.0.0.1:{upstream}",
+        "bind_address": "127.0.0.1",
+        "metrics_port": "0",
+    }
+    wd = subprocess.Popen(
+        [sys.executable, str(paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py")],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not children(wd.pid):
+            time.sleep(0.05)
+        (handler,) = children(wd.pid)
+        wd.kill()
+        wd.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(handler):
+            time.sleep(0.05)
+        assert not alive(handler)
+    finally:
+        try:
+            os.killpg(wd.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
+    home = tmp_path / "home"
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "orphan", "image": "x", "envProcess": LISTENER, "envVars": {"mode": "http"}}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        s.wait_ready("orphan")
+        (watchdog,) = replica_pids(home)
+        group = [watchdog, *children(watchdog)]
+        assert len(group) == 2
+    finally:
+        s.stop(signal.SIGKILL)  # the provider's own group: replicas run in sessions of their own
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in group):
+        time.sleep(0.05)
+    assert not any(alive(p) for p in group), "replica processes outlived the provider"
