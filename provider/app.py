@@ -36,7 +36,9 @@ def build_provider(config: ProviderConfig) -> Provider:
     home = config.home
     home.mkdir(parents=True, exist_ok=True)
     credentials = ensure_credentials(config.secrets_dir)
-    datastore = open_datastore(config.etcd_url, home / "state.db")
+    datastore = open_datastore(
+        config.etcd_url, home / "state.db", timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
+    )
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
@@ -55,6 +57,7 @@ def build_provider(config: ProviderConfig) -> Provider:
         upstream_timeout_s=config.upstream_timeout_s,
         ready_timeout_s=config.ready_timeout_s,
         pool_size=config.threads,
+        threads=config.threads,
     )
     queue = open_queue(config.redis_url, home / "queue.db")
     predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)

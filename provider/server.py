@@ -58,7 +58,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
-    p.add_argument("--threads", type=int, default=32)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=ProviderConfig.threads,
+        help=f"request threads (default {ProviderConfig.threads}); one function holds at most half of them",
+    )
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")

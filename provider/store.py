@@ -16,11 +16,16 @@ PREFIX = "/faas-gpu/functions/"
 
 
 class FunctionStore:
-    """Function records keyed by namespace and name; the datastore is the source of truth."""
+    """Function records keyed by namespace and name; the datastore is the source of truth.
+
+    Every record read or written is also kept in memory (`cached`), so the invocation path can go
+    on from what it last knew while the datastore is unavailable; the control plane never reads
+    the cache (it answers 503 then: a stale deploy or list would be wrong, a stale route is not)."""
 
     def __init__(self, datastore: Datastore):
         self.ds = datastore
         self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], FunctionRecord] = {}
 
     @staticmethod
     def _key(namespace: str, name: str) -> str:
@@ -28,17 +33,38 @@ class FunctionStore:
 
     def get(self, namespace: str, name: str) -> FunctionRecord | None:
         kv = self.ds.get(self._key(namespace, name))
-        return FunctionRecord.from_json(json.loads(kv.value)) if kv else None
+        record = FunctionRecord.from_json(json.loads(kv.value)) if kv else None
+        self._remember((namespace, name), record)
+        return record
+
+    def cached(self, namespace: str, name: str) -> FunctionRecord | None:
+        """The record as last read or written here (None: never seen, or deleted)."""
+        return self._cache.get((namespace, name))
+
+    def _remember(self, key: tuple[str, str], record: FunctionRecord | None) -> None:
+        if record is None:
+            self._cache.pop(key, None)
+        else:
+            self._cache[key] = record
 
     def put(self, record: FunctionRecord) -> None:
         self.ds.put(self._key(record.namespace, record.name), json.dumps(record.to_json()))
+        self._remember(record.key, record)
 
     def delete(self, namespace: str, name: str) -> bool:
-        return self.ds.delete(self._key(namespace, name))
+        deleted = self.ds.delete(self._key(namespace, name))
+        self._remember((namespace, name), None)
+        return deleted
 
     def list(self, namespace: str | None = None) -> list[FunctionRecord]:
         prefix = PREFIX + (f"{namespace}/" if namespace else "")
-        return [FunctionRecord.from_json(json.loads(kv.value)) for kv in self.ds.get_prefix(prefix)]
+        records = [FunctionRecord.from_json(json.loads(kv.value)) for kv in self.ds.get_prefix(prefix)]
+        listed = {r.key for r in records}
+        for key in [k for k in self._cache if (namespace is None or k[0] == namespace) and k not in listed]:
+            self._cache.pop(key, None)
+        for r in records:
+            self._cache[r.key] = r
+        return records
 
     def set_replicas(self, namespace: str, name: str, replicas: int) -> FunctionRecord | None:
         with self._lock:
