@@ -62,3 +62,49 @@ def test_etcd_outage_keeps_invocations_flowing_and_control_plane_answers_503(tmp
     finally:
         s.stop()
         etcd.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(tmp_path):
+    """The manager's status reports (under a lease) and the scheduler's leader election and unit
+    refresh all ride out etcd being away; jobs run again once it is back, nothing restarted."""
+    import torch
+
+    from gpu_manager.daemon import ensure_token
+    from gpu_manager.wire import encode
+    from tests.test_scheduler import Daemon, _artifact, _wait_units
+
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    token = ensure_token(tmp_path / "secrets")
+    auth = {"Authorization": f"Bearer {token}"}
+    profile = tmp_path / "profile.txt"
+    profile.write_text("m 8 50 1 20\nm 8 50 8 20\n")
+    args = ("--etcd", etcd.url)
+    manager = Daemon("gpu_manager", tmp_path, *args, "--backend", "sim", "--sim-profile", str(profile), "--units", "1")
+    sched = Daemon("scheduler", tmp_path, *args)
+    try:
+        _wait_units(sched.url, auth, 1)
+        data, _ = _artifact(1)
+        digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
+        x = encode(torch.zeros(1, 4))
+        assert requests.post(f"{sched.url}/v1/jobs/{digest}", data=x, headers=auth, timeout=30).status_code == 200
+        etcd.stop()
+        time.sleep(10)  # leases run out, gRPC backs off, loops fail round after round
+        etcd.start()
+        deadline = time.monotonic() + 30
+        while True:
+            r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=x, headers=auth, timeout=30)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503, r.text  # not the leader yet, or no unit yet: a clear retry
+            assert time.monotonic() < deadline, "the scheduler did not resume after etcd returned"
+            time.sleep(0.2)
+        assert manager.proc.poll() is None and sched.proc.poll() is None
+        assert _wait_units(sched.url, auth, 1)["leader"]
+    finally:
+        manager.kill()
+        sched.kill()
+        etcd.stop()
