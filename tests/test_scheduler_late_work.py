@@ -98,7 +98,7 @@ def _unit_models(manager_url: str, auth: dict) -> set[str]:
 def test_over_http_a_gone_caller_and_a_late_strict_job_never_reach_the_gpu(cluster, tmp_path):  # noqa: F811
     start, auth = cluster
     profile = tmp_path / "slow-profile.txt"
-    profile.write_text("slow 8 50 1 2000\nslow 8 50 8 2000\n")  # every batch holds the unit 2 s
+    profile.write_text("slow 8 50 1 4000\nslow 8 50 8 4000\n")  # every batch holds the unit 4 s
     manager = start("gpu_manager", "--node", "n1", "--backend", "sim", "--sim-profile", str(profile),
                     "--sim-load-s", "0.05", "--units", "1")  # fmt: skip
     sched = start("scheduler")
