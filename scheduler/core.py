@@ -312,13 +312,13 @@ class Scheduler:
         """Take a waiting job out of the class queue or the policy's queues (under the lock)."""
         if job.id not in self._jobs or not job.queued:
             return False
-        taken = self._admission.remove(job) if not job.admitted else False
-        if not taken and self._policy is not None:
-            taken = self._policy.withdraw(job.id) is not None
-        if taken or not job.admitted:
-            self._jobs.pop(job.id, None)
-            return True
-        return False
+        if not job.admitted:
+            self._admission.remove(job)
+        elif self._policy is not None and self._policy.withdraw(job.id) is None:
+            return False  # not in the policy's queues: it is being dispatched
+        # (admitted with no policy: every unit went away; refresh_units re-submits what is in _jobs)
+        self._jobs.pop(job.id, None)
+        return True
 
     def _miss(self, job: Job, now: float) -> None:
         """A strict job past its deadline before it started: an SLO miss, answered 504, not run."""

@@ -162,6 +162,28 @@ def test_etcd_client_rides_out_an_etcd_restart(etcd_server):
         ds.close()
 
 
+def test_embedded_store_raises_datastore_unavailable_when_sqlite_fails(tmp_path):
+    """The same typed error as etcd's: a write blocked by another process's lock past SQLite's
+    busy timeout is the store being unavailable, not a bare sqlite3 error (a 500 upstream)."""
+    import sqlite3
+
+    from faas_gpu.datastore import DatastoreUnavailable
+
+    ds = open_datastore(None, tmp_path / "state.db")
+    other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        ds.put("/k", "before")
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(DatastoreUnavailable, match="embedded"):
+            ds.put("/k", "blocked")
+        other.execute("ROLLBACK")
+        ds.put("/k", "after")
+        assert ds.get("/k").value == b"after"
+    finally:
+        other.close()
+        ds.close()
+
+
 @pytest.mark.timeout(90)
 def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
     """A private etcd (the session's is shared): stopped, calls raise the typed error, the second
