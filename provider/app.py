@@ -58,6 +58,7 @@ def build_provider(config: ProviderConfig) -> Provider:
         ready_timeout_s=config.ready_timeout_s,
         pool_size=config.threads,
         threads=config.threads,
+        max_inflight_per_function=config.max_inflight_per_function,
     )
     queue = open_queue(config.redis_url, home / "queue.db")
     predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)

@@ -54,7 +54,11 @@ class ProviderConfig:
     async_workers: int = 4
     threads: int = 64
     """Gateway request threads (one gthread worker). Invocations hold at most all but an eighth of
-    them, one function at most half, unless its `max_inflight` allows fewer (`provider.inflight`)."""
+    them, one function at most `max_inflight_per_function`, unless its `max_inflight` allows fewer
+    (`provider.inflight`)."""
+    max_inflight_per_function: int | None = None
+    """One function's in-flight invocations at the gateway; None: half the threads, so one slow
+    function never holds every thread (a single-function load test raises it)."""
     cpus: float = field(default_factory=lambda: float(os.cpu_count() or 1))
     """CPU cores the autoscaler may give to instances of managed functions on this node."""
     gpus: int = 0

@@ -7,8 +7,9 @@ invocation takes a slot before it is forwarded, and gets 429 at once when none i
 
 - all functions together hold at most `threads - reserve` threads, so `reserve` threads are left
   for health checks, the control plane and metrics whatever the invocations do;
-- one function holds at most `per_function` of them (default half the threads), so other
-  functions still get threads while one is slow;
+- one function holds at most `per_function` of them (default half the threads, so other
+  functions still get threads while one is slow; `--max-inflight-per-function` raises it for a
+  node that serves one function);
 - a function whose deployment sets OpenFaaS's `max_inflight` env var (the watchdog's limit per
   replica; 0 or absent: unlimited) holds at most `max_inflight` x its ready replicas, so requests
   the replicas would refuse with 429 are refused at the gateway without holding a thread.

@@ -64,6 +64,7 @@ class Invoker:
         ready_timeout_s: float,
         pool_size: int = 64,
         threads: int = 64,
+        max_inflight_per_function: int | None = None,
     ):
         """`threads`: the gateway's request threads, which the in-flight limits share out."""
         self.store = store
@@ -77,7 +78,7 @@ class Invoker:
         self._lock = threading.Lock()
         self.counts: dict[tuple[str, str], int] = {}
         self.dispatcher = None  # the autoscaler: weighs a managed function's instances
-        self.inflight = InflightLimiter(threads)
+        self.inflight = InflightLimiter(threads, max_inflight_per_function)
 
     def resolve(self, raw_name: str) -> tuple[str, str]:
         name, ns = split_namespace(raw_name, None)

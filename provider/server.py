@@ -62,7 +62,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "--threads",
         type=int,
         default=ProviderConfig.threads,
-        help=f"request threads (default {ProviderConfig.threads}); one function holds at most half of them",
+        help=f"request threads (default {ProviderConfig.threads}); an eighth are kept from invocations",
+    )
+    p.add_argument(
+        "--max-inflight-per-function",
+        type=int,
+        help="in-flight invocations of one function before 429 (default: half the threads)",
     )
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
@@ -75,6 +80,10 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         help="com.faas-gpu.scaling: protean stops containers only after they stayed surplus this long (default 10m)",
     )
     a = p.parse_args(argv)
+    if a.threads < 1:
+        p.error(f"--threads: must be at least 1, got {a.threads}")
+    if a.max_inflight_per_function is not None and a.max_inflight_per_function < 1:
+        p.error(f"--max-inflight-per-function: must be at least 1, got {a.max_inflight_per_function}")
     try:
         surplus_s = parse_duration(a.protean_surplus_window, "--protean-surplus-window")
     except ValueError as exc:
@@ -87,6 +96,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "redis_url": a.redis,
         "scheduler_url": a.scheduler,
         "threads": a.threads,
+        "max_inflight_per_function": a.max_inflight_per_function,
         "gpus": a.gpus,
         "autoscale_period_s": a.autoscale_period,
         "harmony_plan_period_s": a.harmony_plan_period,
