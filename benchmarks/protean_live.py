@@ -149,7 +149,15 @@ class Bench:
         self._daemon("gpu_manager", *sim, "--units", str(a.units), "--node", "local")
         classes = ("--be-max-wait", f"{a.be_max_wait:g}", "--be-share", f"{a.be_share:g}")
         scheduler = self._daemon("scheduler", "--policy", a.policy, *classes, "--threads", str(HTTP_THREADS))
-        self.stack = StackProcess(self.home, "--scheduler", scheduler.url, "--threads", str(HTTP_THREADS))
+        self.stack = StackProcess(
+            self.home,
+            "--scheduler",
+            scheduler.url,
+            "--threads",
+            str(HTTP_THREADS),
+            "--max-inflight-per-function",  # one function under test: all but the reserve
+            str(HTTP_THREADS),
+        )
         self.stack.start()
         env = {**os.environ, "FAAS_GPU_HOME": str(self.home)}
         for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", self.stack.url]):

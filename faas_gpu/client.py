@@ -47,6 +47,8 @@ request_class: contextvars.ContextVar[tuple[str | None, float | None]] = context
 """PROTEAN's class of the request being handled (X-Faas-Gpu-Class, X-Faas-Gpu-Slo-Ms): strict work
 overtakes best-effort work in the scheduler's queue."""
 RETRYABLE = (502, 503, 504)
+DEADLINE_HEADER = "X-Faas-Gpu-Deadline-Ms"  # the budget left, in ms (scheduler.api reads it)
+DEADLINE_MISSED_HEADER = "X-Faas-Gpu-Deadline-Missed"
 
 
 def _batch_timeout_s(env) -> float:
@@ -129,6 +131,7 @@ class _Call:
     result: torch.Tensor | None = None
     error: BaseException | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class BatchQueue:
@@ -214,14 +217,19 @@ class BatchQueue:
             c.done.set()
 
 
-def _batch_class(batch: list[_Call]) -> tuple[str | None, float | None]:
-    """A batch is strict when any of its calls is, with the tightest of their SLOs."""
-    slos = [c.slo_ms for c in batch if c.cls != "best-effort" and c.slo_ms is not None]
-    if any(c.cls == "strict" for c in batch) or slos:
-        return "strict", min(slos) if slos else None
+def _batch_class(batch: list[_Call]) -> tuple[str | None, float | None, float | None]:
+    """A batch is strict when any of its calls is, with the tightest of their SLOs, and (third)
+    when the batch's earliest call arrived: the SLO budget is counted from there, not from now."""
+    arrived = min((c.arrived for c in batch), default=None)
+    timed = [c for c in batch if c.cls != "best-effort" and c.slo_ms is not None]
+    if any(c.cls == "strict" for c in batch) or timed:
+        if not timed:
+            return "strict", None, arrived
+        tightest = min(timed, key=lambda c: c.arrived + c.slo_ms / 1000)
+        return "strict", tightest.slo_ms, tightest.arrived
     if batch and all(c.cls == "best-effort" for c in batch):
-        return "best-effort", None
-    return None, None
+        return "best-effort", None, arrived
+    return None, None, arrived
 
 
 class LocalBatchedModel(torch.nn.Module):
@@ -318,16 +326,22 @@ class RemoteModel(torch.nn.Module):
             raise self._refused from exc
         return buf.getvalue()
 
-    def _request(self, method: str, path: str, **kwargs) -> requests.Response:
+    def _request(self, method: str, path: str, deadline: float | None = None, **kwargs) -> requests.Response:
+        """`deadline` (monotonic): each attempt sends the budget left (`X-Faas-Gpu-Deadline-Ms`), so a
+        retry is not given its whole SLO again; a miss the scheduler reports is not retried."""
         headers = {"Authorization": f"Bearer {self.config.token}", **kwargs.pop("headers", {})}
         last: Exception | None = None
         for attempt in range(self.config.retries):
             for url in self.config.scheduler_urls:
+                if deadline is not None:
+                    headers[DEADLINE_HEADER] = f"{max(0.0, (deadline - time.monotonic()) * 1000):.3f}"
                 try:
                     r = self._http.request(method, url + path, headers=headers, timeout=300, **kwargs)
                 except requests.ConnectionError as exc:
                     last = exc
                     continue
+                if r.headers.get(DEADLINE_MISSED_HEADER) == "true" and r.status_code >= 300:
+                    raise RemoteError(r.status_code, r.text.strip())
                 if r.status_code in RETRYABLE:
                     last = RemoteError(r.status_code, r.text.strip())
                     continue
@@ -341,21 +355,27 @@ class RemoteModel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._queue(x)
 
-    def _run(self, x: torch.Tensor, cls: tuple[str | None, float | None] = (None, None)) -> tuple[torch.Tensor, dict]:
+    def _run(
+        self, x: torch.Tensor, cls: tuple[str | None, float | None, float | None] = (None, None, None)
+    ) -> tuple[torch.Tensor, dict]:
+        t0 = time.monotonic()
         digest = self._ensure_uploaded(x)
-        kind, slo_ms = cls
+        cold_s = time.monotonic() - t0  # the model's one-time export and upload: a cold start, not queueing
+        kind, slo_ms, arrived = cls
         kind = kind or self.config.default_class
         slo_ms = slo_ms or self.config.slo_ms
         headers = {}
+        deadline = None
         if kind == "best-effort":
             headers["X-Faas-Gpu-Class"] = "best-effort"
         elif slo_ms:
-            headers.update({"X-Faas-Gpu-Class": "strict", "X-Faas-Gpu-Deadline-Ms": f"{slo_ms:g}"})
+            headers["X-Faas-Gpu-Class"] = "strict"
+            deadline = (arrived if arrived is not None else t0) + cold_s + slo_ms / 1000
         if self.config.gpu_share:
             headers["X-Faas-Gpu-Share"] = str(self.config.gpu_share)
         if self.config.model_name:
             headers["X-Faas-Gpu-Model"] = self.config.model_name
-        r = self._request("POST", f"/v1/jobs/{digest}", data=encode(x), headers=headers)
+        r = self._request("POST", f"/v1/jobs/{digest}", deadline, data=encode(x), headers=headers)
         return decode(r.content), {k: v for k, v in r.headers.items() if k.startswith("X-Faas-Gpu-")}
 
 

@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 def build_provider(config: ProviderConfig) -> Provider:
     home = paths.ensure_private_home(config.home)
     credentials = ensure_credentials(config.secrets_dir)
-    datastore = open_datastore(config.etcd_url, home / "state.db")
+    datastore = open_datastore(
+        config.etcd_url, home / "state.db", timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
+    )
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
@@ -56,6 +58,8 @@ def build_provider(config: ProviderConfig) -> Provider:
         upstream_timeout_s=config.upstream_timeout_s,
         ready_timeout_s=config.ready_timeout_s,
         pool_size=config.threads,
+        threads=config.threads,
+        max_inflight_per_function=config.max_inflight_per_function,
     )
     queue = open_queue(config.redis_url, home / "queue.db")
     predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from faas_gpu.datastore import Datastore
+from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.history import InvocationHistory
 from faas_gpu.policies.infless import (
     Candidate,
@@ -420,6 +420,8 @@ class Autoscaler:
         while not self._stop.wait(self.period_s):
             try:
                 self.tick()
+            except DatastoreUnavailable as exc:  # an outage: one line a tick, not a traceback
+                log.warning("autoscaler tick skipped: %s", exc)
             except Exception:  # a datastore restart must not end autoscaling
                 log.exception("autoscaler tick failed")
 

@@ -47,8 +47,18 @@ class ProviderConfig:
     upstream_timeout_s: float = 60.0
     ready_timeout_s: float = 60.0
     """How long an invocation waits for a starting replica (scale from zero)."""
+    datastore_timeout_s: float = 1.0
+    datastore_retry_s: float = 1.0
+    """etcd bounds on the request path: a control-plane call answers 503 within about this long when
+    etcd is away (then at once until it returns), and an invocation falls back to cached records."""
     async_workers: int = 4
-    threads: int = 32
+    threads: int = 64
+    """Gateway request threads (one gthread worker). Invocations hold at most all but an eighth of
+    them, one function at most `max_inflight_per_function`, unless its `max_inflight` allows fewer
+    (`provider.inflight`)."""
+    max_inflight_per_function: int | None = None
+    """One function's in-flight invocations at the gateway; None: half the threads, so one slow
+    function never holds every thread (a single-function load test raises it)."""
     cpus: float = field(default_factory=lambda: float(os.cpu_count() or 1))
     """CPU cores the autoscaler may give to instances of managed functions on this node."""
     gpus: int = 0

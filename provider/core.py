@@ -17,6 +17,7 @@ from faas_gpu.fn_credentials import FunctionCredentials
 from .auth import Credentials
 from .autoscaler import Autoscaler
 from .config import ProviderConfig
+from .inflight import max_inflight_of
 from .invoke import Invoker
 from .logs import LogStore
 from .runtime import LaunchError, Runtime
@@ -61,6 +62,10 @@ class Provider:
     # -- functions -----------------------------------------------------------------------
     def deploy(self, body: object, namespace_query: str | None, *, update: bool) -> FunctionRecord:
         dep = FunctionDeployment.from_json(body)
+        try:
+            max_inflight_of(dep.envVars)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
         ns = self.namespace(dep.namespace or namespace_query)
         dep.namespace = ns
         lo, _hi = dep.scale_bounds()

@@ -17,10 +17,12 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.policies.protean.classes import parse_class, parse_slo_ms
 
 from .core import Provider
 from .harmony import APP_HEADER, APPS, BadApp, parse_apps
+from .inflight import TooManyInFlight
 from .invoke import NotFound, Result, Unavailable
 from .metrics import GatewayMetrics
 
@@ -36,6 +38,7 @@ STATUS_TEXT = {
     405: "Method Not Allowed",
     411: "Length Required",
     413: "Payload Too Large",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
     503: "Service Unavailable",
@@ -130,8 +133,22 @@ class InvocationApp:
         start_response(_status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
 
-    def call(self, raw_name: str, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Result:
-        """One invocation through the dispatcher; errors become OpenFaaS's proxy answers."""
+    def call(
+        self,
+        raw_name: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        wait_for_slot: bool = False,
+    ) -> Result:
+        """One invocation through the dispatcher; errors become OpenFaaS's proxy answers.
+
+        Past the function's in-flight limit it answers 429 at once (`provider.inflight`), so a
+        slow function never holds the threads others need; `wait_for_slot` (queued work, which
+        holds no gateway thread) waits for a slot instead."""
         try:
             key = self.invoker.resolve(raw_name)
         except ValueError:
@@ -144,6 +161,22 @@ class InvocationApp:
         label = f"{key[1]}.{key[0]}"
         self.metrics.started(label)
         t0 = time.perf_counter()
+        try:
+            self.invoker.inflight.enter(key, self.invoker.inflight_limit(key), wait=wait_for_slot)
+        except TooManyInFlight as exc:
+            result = _error(429, str(exc))
+            self.metrics.finished(label, result.status, time.perf_counter() - t0)
+            return result
+        try:
+            result = self._forward(key, raw_name, method, path, query, headers, body)
+        finally:
+            self.invoker.inflight.leave(key)
+        self.metrics.finished(label, result.status, time.perf_counter() - t0)
+        return result
+
+    def _forward(
+        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+    ) -> Result:
         try:
             url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
             try:
@@ -160,11 +193,12 @@ class InvocationApp:
             result = _error(503, f"No endpoints available for: {raw_name}: {exc}")
         except BadApp as exc:  # a request class the function does not have (X-Faas-Gpu-App)
             result = _error(400, str(exc))
+        except DatastoreUnavailable as exc:  # a function not known here yet, or one to scale from zero
+            result = _error(503, f"{exc}; retry later")
         except urllib3.exceptions.TimeoutError:
             result = _error(504, f"Timeout reaching service for: {raw_name}.")
         except urllib3.exceptions.HTTPError:
             result = _error(502, f"Can't reach service for: {raw_name}.")
-        self.metrics.finished(label, result.status, time.perf_counter() - t0)
         return result
 
     # -- asynchronous --------------------------------------------------------------------
@@ -189,10 +223,13 @@ class InvocationApp:
             key = self.invoker.resolve(raw_name)
         except ValueError:
             key = None
-        record = self.provider.store.get(*key) if key is not None else None
-        if record is None:
-            return plain(start_response, 404, f"function {raw_name} not found")
-        problem = _async_header_problem(headers, record.deployment.annotations or {})
+        try:
+            if key is None or not self.invoker.exists(key):
+                return plain(start_response, 404, f"function {raw_name} not found")
+        except DatastoreUnavailable as exc:
+            return plain(start_response, 503, f"{exc}; retry later", [("Retry-After", "1")])
+        record = self.provider.store.cached(*key)
+        problem = _async_header_problem(headers, (record.deployment.annotations or {}) if record else {})
         if problem:  # refused now: after a 202 the caller would only learn it in the callback
             return plain(start_response, 400, problem)
         call_id = headers.setdefault("X-Call-Id", str(uuid.uuid4()))
@@ -282,6 +319,7 @@ class AsyncWorker:
             msg.get("QueryString") or "",
             headers,
             body,
+            wait_for_slot=True,
         )
         duration = time.perf_counter() - t0
         callback = msg.get("CallbackUrl")

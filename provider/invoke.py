@@ -7,15 +7,23 @@ This is faasd's InvokeResolver seam: the dispatcher that picks an instance lives
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
 import urllib3
 
+from faas_gpu.datastore import DatastoreUnavailable
+
+from .inflight import InflightLimiter, max_inflight_of
 from .runtime import Runtime
 from .store import FunctionStore
 from .types import split_namespace
+
+log = logging.getLogger(__name__)
+KNOWN_TTL_S = 1.0
+"""How long a function found in the datastore is taken as existing without reading it again."""
 
 HOP_BY_HOP = frozenset(
     h.lower()
@@ -59,7 +67,10 @@ class Invoker:
         upstream_timeout_s: float,
         ready_timeout_s: float,
         pool_size: int = 64,
+        threads: int = 64,
+        max_inflight_per_function: int | None = None,
     ):
+        """`threads`: the gateway's request threads, which the in-flight limits share out."""
         self.store = store
         self.runtime = runtime
         self.default_namespace = namespaces[0]
@@ -71,22 +82,44 @@ class Invoker:
         self._lock = threading.Lock()
         self.counts: dict[tuple[str, str], int] = {}
         self.dispatcher = None  # the autoscaler: weighs a managed function's instances
+        self.inflight = InflightLimiter(threads, max_inflight_per_function)
 
     def resolve(self, raw_name: str) -> tuple[str, str]:
         name, ns = split_namespace(raw_name, None)
         return ns or self.default_namespace, name
 
-    def _exists(self, key: tuple[str, str]) -> bool:
-        """Cached for a second: the hot path must not read the datastore on every call."""
+    def exists(self, key: tuple[str, str]) -> bool:
+        """Cached for a second: the hot path must not read the datastore on every call.
+
+        While the datastore is unavailable a function whose record this provider already knows
+        still exists (its replicas keep serving); it is read again a second later. An unknown one
+        raises DatastoreUnavailable: the caller cannot tell it apart from a missing function."""
         seen = self._known.get(key)
         now = time.monotonic()
-        if seen is not None and now - seen < 1.0:
+        if seen is not None and now - seen < KNOWN_TTL_S:
             return True
-        if self.store.get(*key) is None:
+        try:
+            record = self.store.get(*key)
+        except DatastoreUnavailable as exc:
+            if self.store.cached(*key) is None:
+                raise
+            log.warning("%s.%s: serving from the cached record (%s)", key[1], key[0], exc)
+            self._known[key] = now
+            return True
+        if record is None:
             self._known.pop(key, None)
             return False
         self._known[key] = now
         return True
+
+    def inflight_limit(self, key: tuple[str, str]) -> int:
+        """The function's in-flight slots, from its record as last known (validated at deploy)."""
+        record = self.store.cached(*key)
+        try:
+            per_replica = max_inflight_of(record.deployment.envVars) if record is not None else 0
+        except ValueError:  # a record from before the check: the default share
+            per_replica = 0
+        return self.inflight.limit(per_replica, len(self.runtime.endpoints(*key)) if per_replica else 1)
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted function answers 404 at once, not after the existence cache expires."""
@@ -111,7 +144,7 @@ class Invoker:
         The dispatcher may add to `headers` (the request's application) and raises BadApp for
         a request class it cannot place (the caller answers 400). Once it returns, the caller
         calls `done(key)` when the request is over."""
-        if not self._exists(key):
+        if not self.exists(key):
             raise NotFound(key)
         if self.dispatcher is not None:
             self.dispatcher.arrived(key, headers)

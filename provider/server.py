@@ -59,7 +59,17 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
-    p.add_argument("--threads", type=int, default=32)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=ProviderConfig.threads,
+        help=f"request threads (default {ProviderConfig.threads}); an eighth are kept from invocations",
+    )
+    p.add_argument(
+        "--max-inflight-per-function",
+        type=int,
+        help="in-flight invocations of one function before 429 (default: half the threads)",
+    )
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
@@ -71,6 +81,10 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         help="com.faas-gpu.scaling: protean stops containers only after they stayed surplus this long (default 10m)",
     )
     a = p.parse_args(argv)
+    if a.threads < 1:
+        p.error(f"--threads: must be at least 1, got {a.threads}")
+    if a.max_inflight_per_function is not None and a.max_inflight_per_function < 1:
+        p.error(f"--max-inflight-per-function: must be at least 1, got {a.max_inflight_per_function}")
     try:
         surplus_s = parse_duration(a.protean_surplus_window, "--protean-surplus-window")
     except ValueError as exc:
@@ -83,6 +97,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "redis_url": a.redis,
         "scheduler_url": a.scheduler,
         "threads": a.threads,
+        "max_inflight_per_function": a.max_inflight_per_function,
         "gpus": a.gpus,
         "autoscale_period_s": a.autoscale_period,
         "harmony_plan_period_s": a.harmony_plan_period,

@@ -20,13 +20,18 @@ PREFIX = "/faas-gpu/functions/"
 
 
 class FunctionStore:
-    """Function records keyed by namespace and name; the datastore is the source of truth."""
+    """Function records keyed by namespace and name; the datastore is the source of truth.
+
+    Every record read or written is also kept in memory (`cached`), so the invocation path can go
+    on from what it last knew while the datastore is unavailable; the control plane never reads
+    the cache (it answers 503 then: a stale deploy or list would be wrong, a stale route is not)."""
 
     def __init__(self, datastore: Datastore):
         self.ds = datastore
         self._lock = threading.Lock()
         self.invalid: dict[str, str] = {}
         """Stored records that fail today's validation (key -> why): skipped, logged once, never raised."""
+        self._cache: dict[tuple[str, str], FunctionRecord] = {}
 
     @staticmethod
     def _key(namespace: str, name: str) -> str:
@@ -49,18 +54,39 @@ class FunctionStore:
     def get(self, namespace: str, name: str) -> FunctionRecord | None:
         key = self._key(namespace, name)
         kv = self.ds.get(key)
-        return self._load(key, kv.value) if kv else None
+        record = self._load(key, kv.value) if kv else None
+        self._remember((namespace, name), record)
+        return record
+
+    def cached(self, namespace: str, name: str) -> FunctionRecord | None:
+        """The record as last read or written here (None: never seen, or deleted)."""
+        return self._cache.get((namespace, name))
+
+    def _remember(self, key: tuple[str, str], record: FunctionRecord | None) -> None:
+        if record is None:
+            self._cache.pop(key, None)
+        else:
+            self._cache[key] = record
 
     def put(self, record: FunctionRecord) -> None:
         self.ds.put(self._key(record.namespace, record.name), json.dumps(record.to_json()))
+        self._remember(record.key, record)
 
     def delete(self, namespace: str, name: str) -> bool:
-        return self.ds.delete(self._key(namespace, name))
+        deleted = self.ds.delete(self._key(namespace, name))
+        self._remember((namespace, name), None)
+        return deleted
 
     def list(self, namespace: str | None = None) -> list[FunctionRecord]:
         prefix = PREFIX + (f"{namespace}/" if namespace else "")
-        records = (self._load(kv.key, kv.value) for kv in self.ds.get_prefix(prefix))
-        return [r for r in records if r is not None]
+        loaded = (self._load(kv.key, kv.value) for kv in self.ds.get_prefix(prefix))
+        records = [r for r in loaded if r is not None]
+        listed = {r.key for r in records}
+        for key in [k for k in self._cache if (namespace is None or k[0] == namespace) and k not in listed]:
+            self._cache.pop(key, None)
+        for r in records:
+            self._cache[r.key] = r
+        return records
 
     def set_replicas(self, namespace: str, name: str, replicas: int) -> FunctionRecord | None:
         with self._lock:

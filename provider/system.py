@@ -17,6 +17,8 @@ from datetime import datetime
 from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from faas_gpu.datastore import DatastoreUnavailable
+
 from .auth import REALM_HEADER
 from .core import NotFoundError, Provider
 from .logs import parse_time
@@ -65,6 +67,13 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
     @bp.app_errorhandler(NotFoundError)
     def not_found(exc: NotFoundError):
         return text(str(exc), 404)
+
+    @bp.app_errorhandler(DatastoreUnavailable)
+    def datastore_unavailable(exc: DatastoreUnavailable):
+        """The one place a datastore outage meets the control plane: a prompt 503 that names it."""
+        resp = text(f"{exc}; retry later", 503)
+        resp.headers["Retry-After"] = "1"
+        return resp
 
     @bp.app_errorhandler(HTTPException)
     def http_error(exc: HTTPException):

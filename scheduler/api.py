@@ -3,13 +3,18 @@
 Each function's replicas hold their own token, not the cluster's (`scheduler.credentials` says
 what each may do); uploads are `torch.export` programs or TorchScript, never pickles.
 
-`POST /v1/jobs/<digest>` takes `X-Faas-Gpu-Class`, `X-Faas-Gpu-Deadline-Ms` and
-`X-Faas-Gpu-Model`: the model's name in PROTEAN's assumptions file (`resnet50`, ...), which the
+`POST /v1/jobs/<digest>` takes `X-Faas-Gpu-Class`, `X-Faas-Gpu-Deadline-Ms` (the caller's
+*remaining* budget in milliseconds: a client that retries sends what is left, and 0 or less
+is a miss at once) and `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumptions file (`resnet50`, ...), which the
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
 """
 
 from __future__ import annotations
 
+import math
+import select
+import socket
+import time
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -26,6 +31,35 @@ from .core import Scheduler
 from .leader import LeaderElection
 
 MODEL_HEADER = "X-Faas-Gpu-Model"
+DEADLINE_HEADER = "X-Faas-Gpu-Deadline-Ms"
+CALLER_CHECK_S = 0.1  # how often a waiting job route looks whether its caller has hung up
+
+
+def parse_deadline_ms(value: str | None) -> float | None:
+    """The remaining budget in seconds (None: no deadline); ValueError names the header."""
+    if value is None or not value.strip():
+        return None
+    try:
+        ms = float(value.strip())
+    except ValueError:
+        ms = math.nan
+    if not math.isfinite(ms):
+        raise ValueError(f"{DEADLINE_HEADER}: expected a number of milliseconds, got {value.strip()[:40]!r}")
+    return ms / 1000
+
+
+def caller_gone(sock: socket.socket | None) -> bool:
+    """The client closed its connection (timed out, or its instance died): EOF on the socket.
+    The request body has been read, so anything readable is either EOF or a next request."""
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
 
 
 def _text(message: str, status: int) -> Response:
@@ -53,6 +87,9 @@ def create_app(
                 "leader_id": election.leader(),
                 "queued": scheduler.queued(),
                 "deadline_misses": scheduler.deadline_misses,
+                "late_dropped": scheduler.late_dropped,
+                "abandoned_dropped": scheduler.abandoned_dropped,
+                "abandoned_running": scheduler.abandoned_running,
                 "units": [u.key for u in scheduler._units],
                 "distribution": "protean" if scheduler.distributor is not None else "off",
                 **({"reconfigurator": reconfig.status()} if reconfig is not None else {}),
@@ -84,8 +121,7 @@ def create_app(
         payload = request.get_data(cache=False)
         try:
             decode(payload)
-            deadline_ms = request.headers.get("X-Faas-Gpu-Deadline-Ms")
-            deadline = float(deadline_ms) / 1000 if deadline_ms else None
+            deadline = parse_deadline_ms(request.headers.get(DEADLINE_HEADER))
             klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
             model = (request.headers.get(MODEL_HEADER) or "").strip()[:100] or None
             job = scheduler.submit(
@@ -102,8 +138,15 @@ def create_app(
             return _text(str(exc), 400)
         except LookupError as exc:
             return _text(str(exc), 404)
-        if not job.done.wait(job_timeout_s):
-            return _text(f"job {job.id}: no unit finished it within {job_timeout_s:.0f}s", 504)
+        sock = request.environ.get("gunicorn.socket")
+        give_up = time.monotonic() + job_timeout_s
+        while not job.done.wait(CALLER_CHECK_S):
+            if caller_gone(sock):  # nobody will read the answer: do not start it
+                scheduler.abandon(job)
+                return _text(f"job {job.id}: the caller has gone", 499)
+            if time.monotonic() > give_up:
+                scheduler.abandon(job)
+                return _text(f"job {job.id}: no unit finished it within {job_timeout_s:.0f}s", 504)
         out = job.outcome
         resp = Response(out.body, status=out.status, mimetype=TENSOR if out.status == 200 else "text/plain")
         resp.headers.update(out.headers)

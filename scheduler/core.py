@@ -13,6 +13,12 @@ progresses and a lasting overload does not hand strict work's capacity to it. Th
 sees one job per unit, or for LALB a model load time of work per unit (its look-ahead, `_admit`),
 so under overload strict work overtakes best-effort work instead of queueing behind it.
 
+Late and abandoned work is not run: a strict job whose deadline passes while it waits is taken out
+of the queues and answered 504 as an SLO miss (`deadline_misses`), never started late; a job whose
+caller has gone (`abandon`: the job route saw its connection close) is taken out as well, or, when
+it already runs, counted (`abandoned_running`). Best-effort jobs have no deadline: they run unless
+abandoned. The last check is made as a job is about to be sent to its unit.
+
 PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`, with `--reconfigure`) reads the jobs
 resident per unit (`resident_jobs`) and holds a GPU's units (`hold_units`) while it re-slices
 the GPU: a held unit is busy to the placement policy, so nothing new lands on it. A unit that
@@ -28,6 +34,7 @@ among idle units (`faas_gpu.policies.lalb_job_distribution` says what wins over 
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import threading
@@ -86,6 +93,7 @@ class Job:
     model: str | None = None  # the model's name (X-Faas-Gpu-Model), for PROTEAN's slowdown specs
     unit: str | None = None  # node/unit it runs on, while it runs
     function: str | None = None  # name.namespace of the function that sent it (None: the cluster)
+    abandoned: bool = False  # its caller has gone: not started if it still waits
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome
@@ -135,6 +143,10 @@ class Scheduler:
         self._models: dict[str, Model] = {}
         self._stop = threading.Event()
         self.deadline_misses = 0
+        self.late_dropped = 0  # strict jobs whose deadline passed before they could start (also misses)
+        self.abandoned_dropped = 0  # jobs whose caller left while they waited: never started
+        self.abandoned_running = 0  # jobs whose caller left while they ran
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, job id) of waiting strict jobs
         self.no_units_timeout_s = no_units_timeout_s
         self._no_units_since: float | None = None
         self.be_max_wait_s, self.be_share = be_max_wait_s, be_share
@@ -265,20 +277,79 @@ class Scheduler:
         model: str | None = None,
         function: str | None = None,
     ) -> Job:
-        """`function`: who sent it (the GPU Manager counts jobs by it), None for the cluster."""
+        """`deadline_s`: the caller's remaining budget (None: no deadline); one already spent (<= 0)
+        makes a strict job miss at once, without running. `function`: who sent it (the GPU Manager
+        counts jobs by it), None for the cluster."""
         with self._lock:
             self._model(digest)
             now = self.clock()
-            deadline = None if best_effort or not deadline_s else now + deadline_s
+            deadline = None if best_effort or deadline_s is None else now + deadline_s
             job = Job(
                 self._next_id, digest, payload, now, deadline, best_effort=best_effort, model=model, function=function
             )
             self._next_id += 1
+            if deadline is not None and deadline <= now:
+                self._miss(job, now)
+                return job
             self._jobs[job.id] = job
             self._admission.push(job, now, None if best_effort else (deadline or now + NO_SLO_S))
+            if deadline is not None:
+                heapq.heappush(self._deadlines, (deadline, job.id))
             self._admit(now)
             self._wake.notify_all()
         return job
+
+    def abandon(self, job: Job) -> None:
+        """The caller of `job` has gone: a waiting job is dropped, never started; a running one is counted."""
+        with self._wake:
+            if job.done.is_set() or job.abandoned:
+                return
+            job.abandoned = True
+            if self._withdraw(job):
+                self.abandoned_dropped += 1
+                job.finish(JobOutcome(499, b"the caller has gone; the job was not run\n"))
+                self._wake.notify_all()
+            else:
+                self.abandoned_running += 1
+        log.info("job %d: its caller has gone (%s)", job.id, "dropped" if job.done.is_set() else "running")
+
+    def _withdraw(self, job: Job) -> bool:
+        """Take a waiting job out of the class queue or the policy's queues (under the lock)."""
+        if job.id not in self._jobs or not job.queued:
+            return False
+        if not job.admitted:
+            self._admission.remove(job)
+        elif self._policy is not None and self._policy.withdraw(job.id) is None:
+            return False  # not in the policy's queues: it is being dispatched
+        # (admitted with no policy: every unit went away; refresh_units re-submits what is in _jobs)
+        self._jobs.pop(job.id, None)
+        return True
+
+    def _miss(self, job: Job, now: float) -> None:
+        """A strict job past its deadline before it started: an SLO miss, answered 504, not run."""
+        self.deadline_misses += 1
+        self.late_dropped += 1
+        late_ms = (now - job.deadline) * 1000 if job.deadline is not None else 0.0
+        job.finish(
+            JobOutcome(
+                504,
+                f"job {job.id}: missed its deadline ({late_ms:.0f} ms past it) before a GPU unit could "
+                f"start it; not run\n".encode(),
+                {"X-Faas-Gpu-Deadline-Missed": "true"},
+            )
+        )
+
+    def _drop_late(self, now: float) -> None:
+        """Strict jobs whose deadline has passed while they wait leave the queues (under the lock)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, job_id = heapq.heappop(self._deadlines)
+            job = self._jobs.get(job_id)
+            if job is not None and job.queued and self._withdraw(job):
+                self._miss(job, now)
+
+    def next_deadline_in(self, now: float) -> float | None:
+        """Seconds until the earliest deadline of a waiting job (the loop wakes then to drop it)."""
+        return self._deadlines[0][0] - now if self._deadlines else None
 
     def _admit(self, now: float) -> None:
         """Hand the most urgent waiting jobs to the placement policy, up to its look-ahead.
@@ -297,6 +368,10 @@ class Scheduler:
         n, work = self._policy.queued(), self._policy.queued_work_s()
         while self._admission and (n < units or work < horizon_s):
             job = self._admission.pop(now)
+            if job.deadline is not None and job.deadline <= now:  # late: never handed to placement
+                self._jobs.pop(job.id, None)
+                self._miss(job, now)
+                continue
             job.admitted = True
             self._policy.submit(Request(job.id, job.digest, job.arrival), now)
             n += 1
@@ -364,12 +439,14 @@ class Scheduler:
             with self._wake:
                 decisions, units = self._round()
                 if not decisions:
-                    self._wake.wait(0.5)
+                    until_deadline = self.next_deadline_in(self.clock())
+                    self._wake.wait(0.5 if until_deadline is None else max(0.001, min(0.5, until_deadline)))
             for d in decisions:
                 self._pool.submit(self._execute, d, units[d.unit])
 
     def _round(self) -> tuple[list[Dispatch], list[UnitRef]]:
-        """One placement round (under the lock): admit, apply holds, let the policy place."""
+        """One placement round (under the lock): drop late jobs, admit, apply holds, let the policy place."""
+        self._drop_late(self.clock())
         self._admit(self.clock())
         self._apply_holds()
         if self._policy is None:
@@ -427,6 +504,8 @@ class Scheduler:
 
     def _execute(self, d: Dispatch, unit: UnitRef) -> None:
         job = self._jobs[d.request.id]
+        if self._not_started(d, unit, job):
+            return
         job.attempts += 1
         outcome: JobOutcome | None = None
         retry = False
@@ -461,6 +540,27 @@ class Scheduler:
         job.finish(outcome)
         with self._lock:
             self._jobs.pop(job.id, None)
+
+    def _not_started(self, d: Dispatch, unit: UnitRef, job: Job) -> bool:
+        """The last check before a job goes to its unit: one whose caller left or whose deadline
+        passed since placement is not sent; the unit is given back idle. True when dropped."""
+        with self._wake:
+            now = self.clock()
+            late = job.deadline is not None and now >= job.deadline
+            if not (job.abandoned or late):
+                return False
+            if self._policy is not None and self._units and d.unit < len(self._units) and self._units[d.unit] == unit:
+                self._policy.complete(d.unit, now)
+            self._jobs.pop(job.id, None)
+            job.unit = None
+            if job.abandoned:
+                self.abandoned_running -= 1  # counted as running when it left; it never ran
+                self.abandoned_dropped += 1
+                job.finish(JobOutcome(499, b"the caller has gone; the job was not run\n"))
+            else:
+                self._miss(job, now)
+            self._wake.notify_all()
+        return True
 
     def _forget_unit(self, unit: UnitRef) -> None:
         """A manager that does not answer loses its units until it reports again."""

@@ -72,6 +72,25 @@ def test_concurrent_calls_are_coalesced_into_batches(remote_env):
     assert max(batches) > 1
 
 
+def test_a_strict_batch_whose_slo_ran_out_in_the_instance_is_a_miss_not_run_or_retried(remote_env):
+    """The client sends the budget left (from the call's arrival), not the whole SLO again; the
+    scheduler reports the miss (504) without running it, and the client does not retry a miss."""
+    import os
+    import time
+
+    import requests
+
+    model = client.remote(ResNetMini().eval())
+    x = torch.randn(1, 3, 32, 32)
+    model(x)  # uploads the model: a cold start is not counted against a budget
+    with pytest.raises(client.RemoteError, match="missed its deadline") as err:
+        model._run(x, ("strict", 50.0, time.monotonic() - 1.0))  # arrived 1 s ago with a 50 ms SLO
+    assert err.value.status == 504
+    auth = {"Authorization": f"Bearer {os.environ['FAAS_GPU_TOKEN']}"}
+    status = requests.get(f"{remote_env.url}/v1/status", headers=auth, timeout=10).json()
+    assert status["late_dropped"] == 1 and status["deadline_misses"] == 1  # sent once, never run
+
+
 def test_wrong_input_raises_the_models_message(remote_env):
     model = client.remote(ResNetMini())
     model(torch.randn(1, 3, 32, 32))  # exported at batch 1 ...

@@ -160,3 +160,70 @@ def test_etcd_client_rides_out_an_etcd_restart(etcd_server):
         watch.cancel()
     finally:
         ds.close()
+
+
+def test_embedded_store_raises_datastore_unavailable_when_sqlite_fails(tmp_path):
+    """The same typed error as etcd's: a write blocked by another process's lock past SQLite's
+    busy timeout is the store being unavailable, not a bare sqlite3 error (a 500 upstream)."""
+    import sqlite3
+
+    from faas_gpu.datastore import DatastoreUnavailable
+
+    ds = open_datastore(None, tmp_path / "state.db")
+    other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        ds.put("/k", "before")
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(DatastoreUnavailable, match="embedded"):
+            ds.put("/k", "blocked")
+        other.execute("ROLLBACK")
+        ds.put("/k", "after")
+        assert ds.get("/k").value == b"after"
+    finally:
+        other.close()
+        ds.close()
+
+
+@pytest.mark.timeout(90)
+def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
+    """A private etcd (the session's is shared): stopped, calls raise the typed error, the second
+    at once; a watch and the client both resume by themselves when it returns."""
+    from faas_gpu.datastore import DatastoreUnavailable
+    from tests.servers import EtcdServer
+
+    (tmp_path / "etcd").mkdir()
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    ds = open_datastore(server.url, timeout_s=1.0, retry_s=1.0)
+    try:
+        ds.put("/down/k", "before")
+        watch = ds.watch_prefix("/down/")
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(DatastoreUnavailable, match="etcd"):
+            ds.get("/down/k")
+        first_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        with pytest.raises(DatastoreUnavailable, match="datastore"):
+            ds.get_prefix("/down/")
+        assert time.monotonic() - t1 <= first_s  # known down: no second wait for retries
+        assert first_s < 10  # bounded by retry_s and the call timeout, not the old 30 s
+        time.sleep(3)  # long enough for gRPC's default backoff to grow
+        server.start()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                ds.put("/down/k", "after")
+                break
+            except DatastoreUnavailable:
+                assert time.monotonic() < deadline, "etcd came back but the client never reconnected"
+                time.sleep(0.1)
+        assert ds.get("/down/k").value == b"after"
+        event = watch.get(timeout=20)
+        while event is not None and event.value != b"after":
+            event = watch.get(timeout=20)
+        assert event is not None and event.value == b"after"
+        watch.cancel()
+    finally:
+        ds.close()
+        server.stop()

@@ -84,7 +84,17 @@ def harmony_stack(tmp_path_factory):
     (root / "stack.yml").write_text(yaml.safe_dump(_stack_file(APPS)))
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
-    stack = StackProcess(home, "--scheduler", scheduler.url, "--harmony-plan-period", "2", "--threads", "128")
+    stack = StackProcess(
+        home,
+        "--scheduler",
+        scheduler.url,
+        "--harmony-plan-period",
+        "2",
+        "--threads",
+        "160",
+        "--max-inflight-per-function",
+        "160",
+    )
     stack.start()
     stack.root = root
     cli(stack, "build", "-f", "stack.yml")

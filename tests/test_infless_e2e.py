@@ -95,7 +95,17 @@ def project(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(project):
-    s = StackProcess(project / ".faas-gpu", "--cpus", "4", "--autoscale-period", "0.5", "--threads", "256").start()
+    s = StackProcess(
+        project / ".faas-gpu",
+        "--cpus",
+        "4",
+        "--autoscale-period",
+        "0.5",
+        "--threads",
+        "300",
+        "--max-inflight-per-function",
+        "300",
+    ).start()
     yield s
     s.stop()
 

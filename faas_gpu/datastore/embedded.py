@@ -6,12 +6,18 @@ in a bounded history so that a watch can start from a past revision.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
-from .base import KV, Datastore, Event, Lease, Watch, lease_id, to_bytes
+from .base import KV, Datastore, DatastoreUnavailable, Event, Lease, Watch, lease_id, to_bytes
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 HISTORY_KEEP = 10_000
 
@@ -23,6 +29,20 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS history (rev INTEGER PRIMARY KEY, type TEXT NOT NULL, key TEXT NOT NULL, value BLOB);
 """
+
+
+def _unavailable_on_sqlite_error(method: Callable[P, R]) -> Callable[P, R]:
+    """SQLite failing (disk full or gone, a file locked past its timeout) is the store being
+    unavailable, the same typed error the etcd back end raises, so callers handle one error."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            raise DatastoreUnavailable(f"datastore (embedded SQLite) is unavailable: {exc}") from exc
+
+    return wrapper
 
 
 def _prefix_end(prefix: str) -> str:
@@ -82,11 +102,13 @@ class EmbeddedDatastore(Datastore):
         return _Tx(self)
 
     # -- reads ---------------------------------------------------------------------------
+    @_unavailable_on_sqlite_error
     def get(self, key: str) -> KV | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM kv WHERE key=?", (key,)).fetchone()
         return self._kv(row) if row else None
 
+    @_unavailable_on_sqlite_error
     def get_prefix(self, prefix: str) -> list[KV]:
         with self._lock:
             rows = self._db.execute(
@@ -114,15 +136,18 @@ class EmbeddedDatastore(Datastore):
             self._record(Event("delete", key, None, rev))
         return len(keys)
 
+    @_unavailable_on_sqlite_error
     def put(self, key: str, value: bytes | str, lease: Lease | int | None = None) -> int:
         with self._lock, self._tx():
             return self._put_locked(key, to_bytes(value), lease_id(lease))
 
+    @_unavailable_on_sqlite_error
     def delete(self, key: str) -> bool:
         with self._lock, self._tx():
             exists = self._db.execute("SELECT 1 FROM kv WHERE key=?", (key,)).fetchone()
             return bool(exists) and self._delete_locked([key]) == 1
 
+    @_unavailable_on_sqlite_error
     def delete_prefix(self, prefix: str) -> int:
         with self._lock, self._tx():
             keys = [
@@ -133,6 +158,7 @@ class EmbeddedDatastore(Datastore):
             ]
             return self._delete_locked(keys)
 
+    @_unavailable_on_sqlite_error
     def create(self, key: str, value: bytes | str, lease: Lease | int | None = None) -> bool:
         with self._lock, self._tx():
             if self._db.execute("SELECT 1 FROM kv WHERE key=?", (key,)).fetchone():
@@ -140,6 +166,7 @@ class EmbeddedDatastore(Datastore):
             self._put_locked(key, to_bytes(value), lease_id(lease))
             return True
 
+    @_unavailable_on_sqlite_error
     def _compare_and_swap(
         self, key: str, new_value: bytes, expected_value: bytes | None, expected_mod_revision: int | None
     ) -> bool:
@@ -156,17 +183,20 @@ class EmbeddedDatastore(Datastore):
             return True
 
     # -- leases --------------------------------------------------------------------------
+    @_unavailable_on_sqlite_error
     def lease(self, ttl_s: int) -> Lease:
         with self._lock, self._tx():
             cur = self._db.execute("INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl_s, time.time() + ttl_s))
             return EmbeddedLease(self, cur.lastrowid, ttl_s)
 
+    @_unavailable_on_sqlite_error
     def _refresh_lease(self, lid: int) -> None:
         with self._lock, self._tx():
             cur = self._db.execute("UPDATE leases SET expires = ? + ttl WHERE id=?", (time.time(), lid))
             if cur.rowcount == 0:
                 raise ValueError(f"lease: {lid} has expired or does not exist")
 
+    @_unavailable_on_sqlite_error
     def _revoke_lease(self, lid: int) -> None:
         with self._lock, self._tx():
             keys = [r[0] for r in self._db.execute("SELECT key FROM kv WHERE lease=? ORDER BY key", (lid,))]

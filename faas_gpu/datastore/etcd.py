@@ -2,6 +2,10 @@
 
 Every call retries on connection errors for `retry_s`, so a daemon rides out an etcd restart;
 watches re-subscribe from the last revision they delivered, so no event is lost across one.
+Once a call has spent its retries the store is known to be down: later calls retry only for
+`DOWN_RETRY_S` (no caller waits `retry_s` again) until one succeeds. The gRPC channel reconnects
+within `RECONNECT_MAX_MS` of etcd's return, less than `DOWN_RETRY_S`, so a call made as etcd
+returns still gets through, and the store resumes by itself.
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ from .base import KV, Datastore, DatastoreUnavailable, Event, Lease, Watch, leas
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TIMEOUT_S = 5.0
+"""One etcd call's gRPC deadline (a blackholed etcd costs this much per attempt)."""
+RETRY_S = 5.0
+"""How long a call retries a failing etcd before `DatastoreUnavailable` (only while etcd was up)."""
+DOWN_RETRY_S = 0.5
+"""How long a call retries while the store is known to be down."""
+RECONNECT_MAX_MS = 300
+"""gRPC's reconnect backoff cap (its default, 120 s, would keep a returned etcd unused for minutes)."""
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+]
 _RETRYABLE = (
     etcd_exc.ConnectionFailedError,
     etcd_exc.ConnectionTimeoutError,
@@ -45,6 +62,13 @@ def parse_endpoints(url: str) -> list[tuple[str, int]]:
     return out
 
 
+def _reason(exc: Exception) -> str:
+    """A one-line cause (a gRPC error's own text runs to many lines of debug detail)."""
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return f"{exc.code().name}: {exc.details()}"
+    return type(exc).__name__ + (f": {exc}" if str(exc) else "")
+
+
 class EtcdLease(Lease):
     def __init__(self, store: EtcdDatastore, lease: pyetcd.Lease):
         self.store, self._lease, self.id, self.ttl = store, lease, lease.id, lease.ttl
@@ -59,23 +83,34 @@ class EtcdLease(Lease):
 
 
 class EtcdDatastore(Datastore):
-    def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 30.0):
-        endpoints = [pyetcd.Endpoint(h, p, secure=False, time_retry=1.0) for h, p in parse_endpoints(url)]
+    def __init__(self, url: str, timeout_s: float = TIMEOUT_S, retry_s: float = RETRY_S):
+        self.url = url
+        endpoints = [
+            pyetcd.Endpoint(h, p, secure=False, time_retry=0.2, opts=_CHANNEL_OPTIONS) for h, p in parse_endpoints(url)
+        ]
         self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s, failover=True)
         self.retry_s = retry_s
         self._closed = False
+        self._down = False  # the last call spent its retries and none has succeeded since
 
     def _retry(self, op: Callable[[], T]) -> T:
-        deadline = time.monotonic() + self.retry_s
+        deadline = time.monotonic() + (min(DOWN_RETRY_S, self.retry_s) if self._down else self.retry_s)
         delay = 0.05
         while True:
             try:
-                return op()
+                result = op()
             except _RETRYABLE as exc:
-                if self._closed or time.monotonic() > deadline:
-                    raise DatastoreUnavailable(f"etcd unavailable: {exc}") from exc
+                if self._closed or time.monotonic() + delay > deadline:
+                    self._down = True
+                    reason = _reason(exc)
+                    raise DatastoreUnavailable(f"datastore (etcd at {self.url}) is unavailable: {reason}") from exc
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, 0.5)
+            else:
+                if self._down:
+                    log.info("datastore (etcd at %s) is reachable again", self.url)
+                self._down = False
+                return result
 
     @staticmethod
     def _kv(value: bytes, meta) -> KV:

@@ -146,6 +146,22 @@ class _Base:
         self.idle.add(unit_id)
         return done
 
+    def withdraw(self, request_id: int) -> Request | None:
+        """Take a queued request out (global or local queue) before it is dispatched: its caller
+        left or its deadline passed. None when it is not queued (running, done, or unknown)."""
+        for seq, request in self.queue.items():
+            if request.id == request_id:
+                del self.queue[seq]
+                self._withdrawn(request)
+                return request
+        for unit in self.units.values():
+            for request in unit.local_queue:
+                if request.id == request_id:
+                    unit.local_queue.remove(request)
+                    unit.queued_work_s -= self.models[request.model].infer_s
+                    return request
+        return None
+
     def queued(self) -> int:
         return len(self.queue) + sum(len(u.local_queue) for u in self.units.values())
 
@@ -192,6 +208,9 @@ class _Base:
 
     def _dequeued(self, request: Request) -> None:
         pass
+
+    def _withdrawn(self, request: Request) -> None:
+        """A request left the global queue from anywhere in it (`withdraw`), not in order."""
 
     def _take(self, request: Request) -> None:
         del self.queue[request.seq]
@@ -256,6 +275,12 @@ class LALBScheduler(_Base):
         q = self.by_model[request.model]
         assert q[0] is request, "requests leave their model's list in arrival order"
         q.popleft()
+        if not q:
+            del self.by_model[request.model]
+
+    def _withdrawn(self, request: Request) -> None:
+        q = self.by_model[request.model]
+        q.remove(request)
         if not q:
             del self.by_model[request.model]
 

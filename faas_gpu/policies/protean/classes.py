@@ -184,6 +184,17 @@ class ClassQueue(Generic[T]):
             raise IndexError(f"no {'strict' if strict else 'best-effort'} entry in the ClassQueue")
         return heapq.heappop(heap)[2]
 
+    def remove(self, item: T) -> bool:
+        """Take `item` out wherever it waits (a caller that left, a deadline passed); O(n)."""
+        for heap in (self._strict, self._be):
+            for i, (_, _, e) in enumerate(heap):
+                if e.item is item:
+                    heap[i] = heap[-1]
+                    heap.pop()
+                    heapq.heapify(heap)
+                    return True
+        return False
+
     def pop(self, now: float) -> T:
         return self.pop_entry(now).item
 
