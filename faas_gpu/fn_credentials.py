@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from faas_gpu.datastore import Datastore
+from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.serving import token_matches
 
 CREDENTIALS_PREFIX = "/faas-gpu/fn-credentials/"
@@ -150,7 +150,14 @@ class CredentialResolver:
             hit = self._tokens.get(key)
         if hit is not None and hit[1] > now:
             return hit[0]
-        kv = self.ds.get(CREDENTIALS_PREFIX + key)
+        try:
+            kv = self.ds.get(CREDENTIALS_PREFIX + key)
+        except DatastoreUnavailable:
+            # a token this scheduler has resolved before keeps its last answer while the datastore is
+            # away (a revocation then takes effect when it is back); an unknown one is the caller's 503
+            if hit is not None:
+                return hit[0]
+            raise
         caller = None
         if kv is not None:
             try:
@@ -181,8 +188,13 @@ class CredentialResolver:
             until = self._owned.get((caller, digest))
         if until is not None and until > now:
             return True
-        if self.ds.get(_models_key(caller.namespace, caller.name, digest)) is None:
-            return False
+        try:
+            if self.ds.get(_models_key(caller.namespace, caller.name, digest)) is None:
+                return False
+        except DatastoreUnavailable:
+            if until is not None:  # known before the datastore went away: still its model
+                return True
+            raise
         with self._lock:
             if len(self._owned) >= _CACHE_MAX:
                 self._owned.clear()

@@ -19,6 +19,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.fn_credentials import CredentialResolver
 from faas_gpu.policies import PlacementError
 from faas_gpu.policies.protean.classes import RequestClass, parse_class
@@ -75,16 +76,27 @@ def create_app(
     resolver = CredentialResolver(scheduler.ds, token)
     credentials.install_guard(app, resolver)
 
+    @app.errorhandler(DatastoreUnavailable)
+    def datastore_unavailable(exc: DatastoreUnavailable):
+        resp = _text(f"{exc}; retry later", 503)
+        resp.headers["Retry-After"] = "1"
+        return resp
+
     @app.get("/healthz")
     def healthz():
         return _text("OK", 200)
 
     @app.get("/v1/status")
     def status():
+        try:
+            leader_id, datastore = election.leader(), "ok"
+        except DatastoreUnavailable as exc:  # the status still answers: it is how an operator sees this
+            leader_id, datastore = None, str(exc)
         return jsonify(
             {
                 "leader": election.is_leader.is_set(),
-                "leader_id": election.leader(),
+                "leader_id": leader_id,
+                "datastore": datastore,
                 "queued": scheduler.queued(),
                 "deadline_misses": scheduler.deadline_misses,
                 "late_dropped": scheduler.late_dropped,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from faas_gpu.datastore import Datastore
+from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.schedulers import Announcement
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ class LeaderElection:
         self.announcement = announcement  # leader or follower: the provider finds every replica
         self.is_leader = threading.Event()
         self._lease = None
+        self._unreachable = False  # leading through a datastore outage
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader", daemon=True)
 
@@ -50,9 +51,22 @@ class LeaderElection:
             try:
                 self._lease.refresh()
                 if self.leader() == self.identity:
+                    self._unreachable = False
                     return
+            except DatastoreUnavailable as exc:
+                # Nobody can be elected while the datastore is away, so the leader keeps placing
+                # jobs (its units and queues are in memory) rather than stopping the GPU path for
+                # the whole outage. Its lease has expired by the time the datastore is back: the
+                # next round steps down and stands again. In a partition where only this replica
+                # lost the datastore, two leaders place jobs for a while: that costs cache
+                # locality, not correctness, since each job still runs once on the unit it is sent to.
+                if not self._unreachable:
+                    log.warning("datastore unreachable; keeping scheduler leadership until it is back: %s", exc)
+                self._unreachable = True
+                return
             except Exception as exc:
                 log.warning("lost leadership: %s", exc)
+            self._unreachable = False
             self.is_leader.clear()
             self._lease = None
         lease = self.ds.lease(self.ttl_s)

@@ -68,7 +68,8 @@ def test_etcd_outage_keeps_invocations_flowing_and_control_plane_answers_503(tmp
 @pytest.mark.timeout(180)
 def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(tmp_path):
     """The manager's status reports (under a lease) and the scheduler's leader election and unit
-    refresh all ride out etcd being away; jobs run again once it is back, nothing restarted."""
+    refresh all ride out etcd being away: jobs keep running on the units already known while it
+    is away, and after it is back, nothing restarted."""
     import torch
 
     from gpu_manager.daemon import ensure_token
@@ -92,7 +93,10 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
         x = encode(torch.zeros(1, 4))
         assert requests.post(f"{sched.url}/v1/jobs/{digest}", data=x, headers=auth, timeout=30).status_code == 200
         etcd.stop()
-        time.sleep(10)  # leases run out, gRPC backs off, loops fail round after round
+        time.sleep(5)  # past the leader's lease: nobody can be elected while etcd is away
+        during = requests.post(f"{sched.url}/v1/jobs/{digest}", data=x, headers=auth, timeout=30)
+        assert during.status_code == 200, during.text  # the leader keeps placing on the units it knows
+        time.sleep(5)  # leases run out, gRPC backs off, loops fail round after round
         etcd.start()
         deadline = time.monotonic() + 30
         while True:
@@ -103,7 +107,11 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
             assert time.monotonic() < deadline, "the scheduler did not resume after etcd returned"
             time.sleep(0.2)
         assert manager.proc.poll() is None and sched.proc.poll() is None
-        assert _wait_units(sched.url, auth, 1)["leader"]
+        deadline = time.monotonic() + 30
+        while (st := _wait_units(sched.url, auth, 1))["datastore"] != "ok" or st["leader_id"] is None:
+            assert time.monotonic() < deadline, f"the scheduler did not see etcd again: {st}"
+            time.sleep(0.2)
+        assert st["leader"]
     finally:
         manager.kill()
         sched.kill()

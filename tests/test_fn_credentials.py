@@ -53,3 +53,41 @@ def test_the_scheduler_resolves_tokens_and_a_revoked_one_stops_within_the_cache_
     assert resolver.resolve(token) is None  # ... for at most cache_s
     assert not resolver.owns(me, "a" * 64)  # its uploads are forgotten with it
     assert creds.issue("openfaas-fn", "classify") != token  # a redeploy gets a new token
+
+
+class _Away:
+    """A datastore that has gone away: every read raises, as both back ends do."""
+
+    def __init__(self, ds) -> None:
+        self.ds, self.down = ds, False
+
+    def __getattr__(self, name):
+        if self.down:
+            from faas_gpu.datastore import DatastoreUnavailable
+
+            def unavailable(*_a, **_k):
+                raise DatastoreUnavailable("datastore (test) is unavailable")
+
+            return unavailable
+        return getattr(self.ds, name)
+
+
+def test_a_known_function_keeps_its_access_while_the_datastore_is_away_and_an_unknown_one_is_503(tmp_path):
+    import pytest
+
+    from faas_gpu.datastore import DatastoreUnavailable
+
+    ds = open_datastore(None, tmp_path / "state.db")
+    creds = FunctionCredentials(ds, tmp_path / "tokens")
+    known, unknown = creds.issue("openfaas-fn", "classify"), creds.issue("openfaas-fn", "other")
+    away, clock = _Away(ds), Clock()
+    resolver = CredentialResolver(away, "cluster-secret", cache_s=2.0, clock=clock)
+    caller = resolver.resolve(known)
+    resolver.record_upload(caller, "d" * 64)
+    away.down, clock.now = True, 60.0  # long past the cache time
+    assert resolver.resolve(known) == caller and resolver.owns(caller, "d" * 64)
+    assert resolver.resolve("cluster-secret") is CLUSTER
+    with pytest.raises(DatastoreUnavailable):  # never seen: the caller gets a 503, not a guess
+        resolver.resolve(unknown)
+    with pytest.raises(DatastoreUnavailable):
+        resolver.owns(caller, "e" * 64)
