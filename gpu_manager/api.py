@@ -133,7 +133,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
 
     @app.post("/v1/gpus/<int:index>/geometry")
     def geometry(index: int):
-        body = request.get_json(silent=True)
+        try:
+            body = request.get_json(silent=True)
+        except RecursionError:  # silent= covers ValueError only; JSON nested deeply raises this
+            body = None
         if not isinstance(body, dict) or not isinstance(body.get("profiles"), list):
             return _text('body: a JSON object {"profiles": ["3g.20gb", ...]} is required', 400)
         profiles = body["profiles"]

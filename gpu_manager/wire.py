@@ -53,7 +53,7 @@ def decode(data: bytes | bytearray | memoryview) -> torch.Tensor:
         header = json.loads(bytes(view[8 : 8 + hlen]))
         dtype = DTYPES[header["dtype"]]
         shape = [int(s) for s in header["shape"]]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested ~1000 deep
         raise WireError("header: needs dtype (one of " + ", ".join(DTYPES) + ") and shape") from None
     if any(s < 0 for s in shape):
         raise WireError(f"shape: {shape} has a negative dimension")

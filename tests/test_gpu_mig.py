@@ -347,6 +347,9 @@ def test_post_geometry_answers_400_with_the_valid_geometries(node):
     assert ["4g.20gb", "3g.20gb"] in body["valid_geometries"]
     for bad in ({}, {"profiles": "7g.40gb"}, {"profiles": [7]}, {"profiles": [], "drain_timeout_s": -1}):
         assert client.post("/v1/gpus/0/geometry", json=bad, headers=AUTH).status_code == 400
+    deep = b"[" * 100_000 + b"]" * 100_000
+    r = client.post("/v1/gpus/0/geometry", data=deep, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400
     assert nvml.log == [] and a100.geometry() == ["4g.20gb", "3g.20gb"]
     assert all(s.draining is False for s in mgr.units.values())
 

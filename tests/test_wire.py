@@ -34,6 +34,7 @@ def test_the_payload_is_raw_bytes_not_text():
         (MAGIC + struct.pack("<I", 10) + b"{}", "truncated"),
         (MAGIC + struct.pack("<I", 2) + b"{}", "header"),
         (MAGIC + struct.pack("<I", 30) + b'{"dtype":"float32","shape":[2]}'[:30], "header"),
+        (MAGIC + struct.pack("<I", 4000) + b"[" * 2000 + b"]" * 2000, "header"),  # nested too deep for json
     ],
 )
 def test_malformed_messages_name_the_problem(data, message):
