@@ -4,6 +4,7 @@ other function keeps starting and serving. Real stack processes over real HTTP."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,6 @@ import time
 import requests
 
 from faas_gpu.datastore import open_datastore
-from provider.store import FunctionStore
-from provider.types import FunctionDeployment, FunctionRecord
 from tests.stack_process import StackProcess
 
 NS = "openfaas-fn"
@@ -30,8 +29,9 @@ def _write_record(home, service: str, **deployment) -> None:
     """Straight into the datastore, as a record that got in before deploy-time validation."""
     ds = open_datastore(None, home / "state.db")
     try:
-        dep = FunctionDeployment.from_json({"service": service, "image": f"functions/{service}:latest", **deployment})
-        FunctionStore(ds).put(FunctionRecord(dep, NS, 1))
+        dep = {"service": service, "image": f"functions/{service}:latest", **deployment}
+        record = {"deployment": dep, "namespace": NS, "replicas": 1, "createdAt": "2026-01-01T00:00:00Z"}
+        ds.put(f"/faas-gpu/functions/{NS}/{service}", json.dumps(record))
     finally:
         ds.close()
 
@@ -72,21 +72,25 @@ def test_functions_that_cannot_start_never_stall_the_others_even_after_a_restart
         s.wait_ready("after", timeout_s=30)
         for name in ("before", "after"):
             assert requests.post(f"{s.url}/function/{name}", data=b"still here", timeout=10).content == b"still here"
-        long = _wait_state(s, LONG_NAME, "StartFailed")
-        assert long["availableReplicas"] == 0 and "File name too long" in long["faasGpuStatus"]["message"]
-        huge = _wait_state(s, "huge-env", "StartFailed")
-        assert "envProcess" in huge["faasGpuStatus"]["message"]
-        assert "Argument list too long" in _wait_state(s, "huge-env-vars", "StartFailed")["faasGpuStatus"]["message"]
+        # records that today's deploy would refuse are quarantined: never started, not served
+        names = [f["name"] for f in requests.get(f"{s.url}/system/functions", auth=s.auth, timeout=10).json()]
+        assert sorted(names) == ["after", "before", "no-image"]
+        for name in (LONG_NAME, "huge-env", "huge-env-vars"):
+            t0 = time.monotonic()
+            r = requests.post(f"{s.url}/function/{name}", data=b"x", timeout=30)
+            assert r.status_code == 404 and time.monotonic() - t0 < 3, r.text
+        # a valid record that cannot start is that function's own state, shown by describe
         assert "image" in _wait_state(s, "no-image", "StartFailed")["faasGpuStatus"]["message"]
+        assert _status(s, "no-image")["availableReplicas"] == 0
         healthy = _status(s, "after")
         assert "faasGpuStatus" not in healthy and healthy["availableReplicas"] == 1
         t0 = time.monotonic()
-        r = requests.post(f"{s.url}/function/huge-env", data=b"x", timeout=30)
+        r = requests.post(f"{s.url}/function/no-image", data=b"x", timeout=30)
         assert r.status_code == 503 and time.monotonic() - t0 < 3, r.text
         # logged once per change of reason, not once per supervisor tick
         time.sleep(2)
-        assert s.log_path.read_text().count("huge-env.openfaas-fn cannot start") == 1
-        # and the operator can remove what cannot start
+        assert s.log_path.read_text().count("no-image.openfaas-fn cannot start") == 1
+        # and the operator can remove what cannot start, quarantined or not
         for name in (LONG_NAME, "huge-env", "no-image"):
             r = requests.delete(f"{s.url}/system/functions", json={"functionName": name}, auth=s.auth, timeout=10)
             assert r.status_code == 202, r.text
