@@ -196,7 +196,13 @@ def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
     server.start()
     ds = open_datastore(server.url, timeout_s=1.0, retry_s=1.0)
     try:
-        ds.put("/down/k", "before")
+        ready = time.monotonic() + 30
+        while True:  # a fresh etcd on a loaded machine may take longer than one call's retries
+            try:
+                ds.put("/down/k", "before")
+                break
+            except DatastoreUnavailable:
+                assert time.monotonic() < ready, "etcd did not start"
         watch = ds.watch_prefix("/down/")
         server.stop()
         t0 = time.monotonic()
