@@ -77,15 +77,19 @@ class FunctionCredentials:
         # quoted: a name never becomes a path ("a/../b" is one file name here)
         return self.folder / quote(f"{namespace}.{name}", safe="")
 
+    def _stored(self, namespace: str, name: str) -> str:
+        """The function's token from its file ("" when it has none)."""
+        try:
+            return self._file(namespace, name).read_text().strip()
+        except FileNotFoundError:
+            return ""
+
     def issue(self, namespace: str, name: str) -> str:
         """The function's token (the same one until it is removed); its record is (re)written,
         so a datastore that lost it (a new etcd) learns it again when a replica starts."""
         with self._lock:
             path = self._file(namespace, name)
-            try:
-                token = path.read_text().strip()
-            except FileNotFoundError:
-                token = ""
+            token = self._stored(namespace, name)
             if not token:
                 self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(self.folder, 0o700)
@@ -103,24 +107,16 @@ class FunctionCredentials:
     def token(self, namespace: str, name: str) -> str:
         """The token for a replica's environment: the file alone (a replica restarted while the
         datastore is away still starts), issued first when there is none."""
-        try:
-            token = self._file(namespace, name).read_text().strip()
-        except FileNotFoundError:
-            token = ""
-        return token or self.issue(namespace, name)
+        return self._stored(namespace, name) or self.issue(namespace, name)
 
     def revoke(self, namespace: str, name: str) -> None:
         """The token stops working (within the scheduler's cache time) and its uploads are forgotten."""
         with self._lock:
-            path = self._file(namespace, name)
-            try:
-                token = path.read_text().strip()
-            except FileNotFoundError:
-                token = ""
+            token = self._stored(namespace, name)
             if token:
                 self.ds.delete(CREDENTIALS_PREFIX + token_digest(token))
             self.ds.delete_prefix(_models_key(namespace, name))
-            path.unlink(missing_ok=True)
+            self._file(namespace, name).unlink(missing_ok=True)
 
 
 class CredentialResolver:

@@ -153,13 +153,18 @@ def test_etcd_client_rides_out_an_etcd_restart(etcd_server):
         etcd_server.restart()
         assert ds.get("/restart/k").value == b"before"
         ds.put("/restart/k", "after")
-        event = watch.get(timeout=20)
-        while event is not None and event.value != b"after":
-            event = watch.get(timeout=20)
-        assert event is not None and event.value == b"after"
+        _wait_for_value(watch, b"after")
         watch.cancel()
     finally:
         ds.close()
+
+
+def _wait_for_value(watch, value: bytes) -> None:
+    """The watch delivers `value` (after any events before it)."""
+    event = watch.get(timeout=20)
+    while event is not None and event.value != value:
+        event = watch.get(timeout=20)
+    assert event is not None and event.value == value
 
 
 def test_embedded_store_raises_datastore_unavailable_when_sqlite_fails(tmp_path):
@@ -225,10 +230,7 @@ def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
                 assert time.monotonic() < deadline, "etcd came back but the client never reconnected"
                 time.sleep(0.1)
         assert ds.get("/down/k").value == b"after"
-        event = watch.get(timeout=20)
-        while event is not None and event.value != b"after":
-            event = watch.get(timeout=20)
-        assert event is not None and event.value == b"after"
+        _wait_for_value(watch, b"after")
         watch.cancel()
     finally:
         ds.close()
