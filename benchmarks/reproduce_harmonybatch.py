@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from faas_gpu.paths import SHARED_DATA  # noqa: E402
 from faas_gpu.policies.harmony import (  # noqa: E402
     ALIBABA_FC_CNY,
     App,
@@ -44,7 +45,7 @@ from faas_gpu.policies.harmony import (  # noqa: E402
 from faas_gpu.policies.harmony import planner as planner_mod  # noqa: E402
 from faas_gpu.policies.harmony.simulator import TraceApp, load_app_trace, replay  # noqa: E402
 
-DATA = Path("/work/shared/data/harmonybatch")
+DATA = SHARED_DATA / "harmonybatch"
 STRATEGIES = ("batch", "mbs", "harmony")
 NAMES = {"batch": "BATCH", "mbs": "MBS+", "harmony": "HarmonyBatch"}
 TABLE1_APPS = [App("app0", 0.5, 5.0), App("app1", 0.8, 10.0), App("app2", 1.0, 20.0)]

@@ -3,11 +3,11 @@
 import itertools
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import CpuCoefficients, ExpCurve, load_model, load_models
 from faas_gpu.policies.harmony.fitter import (
     CoefficientError,
@@ -24,7 +24,7 @@ from faas_gpu.policies.harmony.fitter import (
 )
 from faas_gpu.policies.harmony.profiling import profile_cpu
 
-VGG = load_model(Path("/work/shared/data/harmonybatch/model.json"), "VGG19")
+VGG = load_model(SHARED_DATA / "harmonybatch" / "model.json", "VGG19")
 VCPUS = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]
 
 
@@ -125,7 +125,7 @@ def test_a_maximum_below_the_average_is_rejected():
 
 
 def test_published_coefficients_pass_validation_except_videomaes_maximum():
-    models = load_models(Path("/work/shared/data/harmonybatch/model.json"))
+    models = load_models(SHARED_DATA / "harmonybatch" / "model.json")
     for name in ("VGG19", "Bert", "GPT-2"):
         validate_cpu(models[name].cpu, VCPUS)
     # VideoMAE's published maximum for batch 2 lies below its average up to ~2.5 vCPU

@@ -2,10 +2,10 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import (
     ALIBABA_FC_CNY,
     PAPER_PRICES,
@@ -21,7 +21,7 @@ from faas_gpu.policies.harmony import (
 )
 from faas_gpu.policies.harmony.baselines import partition
 
-DATA = Path("/work/shared/data/harmonybatch")
+DATA = SHARED_DATA / "harmonybatch"
 VGG = load_model(DATA / "model.json", "VGG19")
 PLATFORM = load_platform(DATA / "config.json")
 TWELVE = [

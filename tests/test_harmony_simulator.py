@@ -1,10 +1,9 @@
 """The simulator replays arrivals against plans: batching by the per-app timeouts, modelled latency, billing."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Group, Plan, load_model, load_platform, plan
 from faas_gpu.policies.harmony.simulator import (
     TraceApp,
@@ -15,7 +14,7 @@ from faas_gpu.policies.harmony.simulator import (
     simulate_plan,
 )
 
-DATA = Path("/work/shared/data/harmonybatch")
+DATA = SHARED_DATA / "harmonybatch"
 VGG = load_model(DATA / "model.json", "VGG19")
 PLATFORM = load_platform(DATA / "config.json")
 TABLE1 = [App("app0", 0.5, 5.0), App("app1", 0.8, 10.0), App("app2", 1.0, 20.0)]

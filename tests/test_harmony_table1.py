@@ -1,13 +1,12 @@
 """HarmonyBatch's Table I (VGG-19; SLOs 0.5 / 0.8 / 1.0 s; 5 / 10 / 20 req/s), exactly as the
 reference implementation computes it (shared data: harmonybatch/table1_repro.txt)."""
 
-from pathlib import Path
-
 import pytest
 
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Options, load_model, load_platform, plan
 
-DATA = Path("/work/shared/data/harmonybatch")
+DATA = SHARED_DATA / "harmonybatch"
 APPS = [App("app0", 0.5, 5.0), App("app1", 0.8, 10.0), App("app2", 1.0, 20.0)]
 
 

@@ -1,13 +1,13 @@
 """funcProvision's binary searches (Theorems 1-2) give what a brute-force search gives on small ranges."""
 
 import math
-from pathlib import Path
 
 import pytest
 
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import ALIBABA_FC_CNY, PAPER_PRICES, Load, Platform, Provisioner, load_models
 
-DATA = Path("/work/shared/data/harmonybatch")
+DATA = SHARED_DATA / "harmonybatch"
 MODELS = load_models(DATA / "model.json")
 SMALL = Platform(vcpu_min=0.05, vcpu_max=4.0, gpu_min_gb=1, gpu_max_gb=8, gpu_batch_max=16)
 LOADS = [

@@ -6,7 +6,8 @@
 - the Sporadic / Periodic / Bursty 10-minute means (`workload/<Pattern>.txt`);
 - the cluster (`config/clusterCapConfig-dev.yml`).
 
-The folder is an argument everywhere (default `$FAAS_GPU_INFLESS_DATA`, else /work/shared/data/infless):
+The folder is an argument everywhere (default `$FAAS_GPU_INFLESS_DATA`, else `shared/data/infless` beside the checkout,
+`faas_gpu.paths.SHARED_DATA`):
 CI has no shared data, so tests write small files in the same formats.
 """
 
@@ -20,11 +21,12 @@ from pathlib import Path
 import yaml
 
 from faas_gpu.infless_profiles import INFEASIBLE_MS, PROFILE_SUFFIX, ProfileRow, load_profile
+from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.infless import Candidate, Server
 
 __all__ = ["INFEASIBLE_MS", "PROFILE_SUFFIX", "ProfileRow", "load_profile"]  # re-exported for the simulator
 
-DEFAULT_DIR = Path("/work/shared/data/infless")
+DEFAULT_DIR = SHARED_DATA / "infless"
 PATTERNS = ("Sporadic", "Periodic", "Bursty")  # the README: 10-minute means of Azure traces 2, 3, 4
 
 
