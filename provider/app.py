@@ -7,6 +7,7 @@ import os
 import socket
 
 from flask import Flask
+from werkzeug.http import HTTP_STATUS_CODES
 
 from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
@@ -94,7 +95,17 @@ def _flask(provider: Provider, *, gateway: bool) -> Flask:
     app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
     app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
     app.register_blueprint(system_blueprint(provider, gateway=gateway))
+    app.after_request(_go_status_line)
     return app
+
+
+def _go_status_line(response):
+    """Reason phrases as Go's net/http writes them ("202 Accepted"): werkzeug upper-cases them
+    ("202 ACCEPTED"), and faas-cli prints the status line it gets verbatim."""
+    reason = HTTP_STATUS_CODES.get(response.status_code)
+    if reason:
+        response.status = f"{response.status_code} {reason}"
+    return response
 
 
 class Stack:

@@ -171,7 +171,10 @@ class FunctionRecord:
         dep.pop("service")
         labels = dict(self.deployment.labels or {})
         labels["faas_function"] = self.name
-        out: dict[str, Any] = {"name": self.name, **dep, "namespace": self.namespace, "labels": labels}
+        # labels and annotations always as objects, as faasd and faas-netes send them: the certifier
+        # reads `annotations` without a check and stops the whole suite when it is missing
+        out: dict[str, Any] = {"name": self.name, "annotations": {}, **dep, "namespace": self.namespace}
+        out["labels"] = labels
         out.update(
             invocationCount=float(invocations),
             replicas=self.replicas,

@@ -344,3 +344,29 @@ def test_delete_removes_function(stack):
     assert r.status_code == 202
     assert requests.get(f"{stack.url}/system/function/short-lived", auth=stack.auth, timeout=5).status_code == 404
     assert requests.post(f"{stack.url}/function/short-lived", data=b"x", timeout=5).status_code == 404
+
+
+def test_annotations_and_labels_are_always_objects_as_faasd_sends_them(stack):
+    assert deploy(stack, "plain-fn").status_code == 202
+    one = requests.get(f"{stack.url}/system/function/plain-fn", auth=stack.auth, timeout=10).json()
+    assert one["annotations"] == {} and isinstance(one["labels"], dict)
+    listed = requests.get(f"{stack.url}/system/functions", auth=stack.auth, timeout=10).json()
+    assert all(isinstance(f["annotations"], dict) and isinstance(f["labels"], dict) for f in listed)
+
+
+def test_status_lines_carry_gos_reason_phrases(stack):
+    import http.client
+
+    host, port = stack.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    body = json.dumps({"service": "status-line-fn", "image": "functions/x:latest", "envProcess": "cat"})
+    auth = base64.b64encode(":".join(stack.auth).encode()).decode()
+    conn.request("POST", "/system/functions", body, {"Authorization": f"Basic {auth}"})
+    r = conn.getresponse()
+    r.read()
+    assert (r.status, r.reason) == (202, "Accepted")  # faas-cli prints this line verbatim
+    conn.request("GET", "/system/function/no-such-fn", headers={"Authorization": f"Basic {auth}"})
+    r = conn.getresponse()
+    r.read()
+    assert (r.status, r.reason) == (404, "Not Found")
+    conn.close()
