@@ -11,7 +11,7 @@ from faas_gpu.paths import REPO_ROOT
 
 # built from parts, so this file does not match itself
 MACHINE_HOME = re.compile(r"(?<![\w.~-])/(" + "|".join(("wo" + "rk", "ro" + "ot", "Us" + "ers")) + r")/")
-CONTAINER_FILES = ("Dockerfile",)  # /home/app there is the image's own folder (OpenFaaS templates)
+CONTAINER_FILES = ("Dockerfile",)  # the app folder there is the image's own (OpenFaaS templates)
 HOME = re.compile(r"(?<![\w.~-])/ho" + r"me/")
 
 
