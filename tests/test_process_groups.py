@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import requests
 
-from tests.stack_process import StackProcess
+from faas_gpu.procs import alive
+from tests.stack_process import StackProcess, free_port
 
 # an http-mode handler that listens on the watchdog's upstream port and stays up
 LISTENER = (
@@ -25,13 +25,6 @@ def children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def replica_pids(home: Path) -> list[int]:
@@ -74,7 +67,7 @@ def test_a_handler_whose_watchdog_dies_before_the_runtime_sees_it_is_gone(tmp_pa
 
     from faas_gpu import paths
 
-    port, upstream = _free_port(), _free_port()
+    port, upstream = free_port(), free_port()
     env = {
         **os.environ,
         "fprocess": LISTENER,
@@ -108,12 +101,6 @@ def test_a_handler_whose_watchdog_dies_before_the_runtime_sees_it_is_gone(tmp_pa
             os.killpg(wd.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
