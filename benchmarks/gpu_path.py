@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
 from faas_gpu import client  # noqa: E402
-from gpu_manager.daemon import ensure_token  # noqa: E402
-from gpu_manager.wire import encode  # noqa: E402
+from faas_gpu.contract.wire import encode  # noqa: E402
+from faas_gpu.credentials import ensure_token  # noqa: E402
 from tests.test_scheduler import Daemon, _wait_units  # noqa: E402
 
 SIZE = 64  # input side: at 64x64 these widths cost what the ResNet-18-like model does (~25 ms at b1)

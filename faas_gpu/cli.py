@@ -29,6 +29,7 @@ import yaml
 from faas_gpu import __version__, paths
 from faas_gpu.build import build as build_image
 from faas_gpu.build import find_template, load_template, shrinkwrap
+from faas_gpu.contract.duration import parse_duration
 from faas_gpu.imagestore import BuildError
 from faas_gpu.stack import (
     DEFAULT_GATEWAY,
@@ -479,24 +480,13 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     return 0
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_go_duration(text: str) -> float:
-    """A Go duration (`5m`, `1h30m`, `90s`, `1.5h`) in seconds; a bare number means seconds."""
-    text = text.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise CliError(f"--since: {text!r} is not a duration like 30s, 5m or 1h30m")
-    return total
+    """A Go duration (`5m`, `1h30m`, `90s`, `1.5h`) in seconds; a bare number means seconds
+    (`faas_gpu.contract.duration`, the provider's parser too)."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise CliError(f"--since: {text.strip()!r} is not a duration like 30s, 5m or 1h30m") from None
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

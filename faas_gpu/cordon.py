@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import time
 
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore
 
-CORDON_PREFIX = "/faas-gpu/cordon/"
+CORDON_PREFIX = keys.CORDON
 
 
 def cordon(ds: Datastore, node: str, reason: str, **extra: object) -> None:

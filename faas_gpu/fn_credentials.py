@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.serving import token_matches
 
-CREDENTIALS_PREFIX = "/faas-gpu/fn-credentials/"
-MODELS_PREFIX = "/faas-gpu/fn-models/"
+CREDENTIALS_PREFIX = keys.FN_CREDENTIALS
+MODELS_PREFIX = keys.FN_MODELS
 CACHE_S = 2.0
 _CACHE_MAX = 10_000  # random tokens sent by a client must not grow the cache without bound
 

@@ -41,9 +41,10 @@ def run_dir() -> Path:
     return home() / "run"
 
 
-def state_db() -> Path:
-    """The embedded datastore's file."""
-    return home() / "state.db"
+def state_db(state_home: Path | None = None) -> Path:
+    """The embedded datastore's file, in `state_home` (a daemon's --home), else in `home()`.
+    Every daemon opens it through here, so they all meet in one file."""
+    return (home() if state_home is None else state_home) / "state.db"
 
 
 STATE_ENTRIES = (

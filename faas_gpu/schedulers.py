@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, Lease
 
 log = logging.getLogger(__name__)
-MEMBERS_PREFIX = "/faas-gpu/scheduler/members/"
+MEMBERS_PREFIX = keys.SCHEDULER_MEMBERS
 
 
 class Announcement:

@@ -27,18 +27,15 @@ from collections import Counter
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu.contract import headers as h
+from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError, error_headers
+from faas_gpu.contract.wire import TENSOR_TYPE, decode
 from faas_gpu.serving import require_bearer_token
 
 from . import mig
 from .manager import GPUManager, ModelDoesNotFit, UnitDraining, UnknownModel, UnknownUnit
-from .model_store import ArtifactError, ArtifactTooLarge
 from .mps import MPSError
-from .wire import WireError, decode
 from .worker import ModelInputError, ModelLoadError, WorkerDied
-
-TENSOR = "application/x-faas-gpu-tensor"
-FUNCTION_HEADER = "X-Faas-Gpu-Function"  # name.namespace of the function a job came from (accounting)
-UNIT_STATE_HEADER = "X-Faas-Gpu-Unit-State"  # on a job refused because its unit is "draining" or "unknown"
 
 
 def _text(message: str, status: int) -> Response:
@@ -49,7 +46,7 @@ def _unavailable(message: str, status: int, state: str) -> Response:
     """The unit cannot take jobs (draining for a reconfiguration, or gone): the scheduler drops it
     from its view at once and places the job elsewhere, rather than retrying the same unit."""
     resp = _text(message, status)
-    resp.headers[UNIT_STATE_HEADER] = state
+    resp.headers[h.UNIT_STATE] = state
     return resp
 
 
@@ -71,7 +68,7 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
     @app.put("/v1/models")
     def upload():
         try:
-            artifact = manager.store.put(request.stream, request.headers.get("X-Model-Digest"))
+            artifact = manager.store.put(request.stream, request.headers.get(h.MODEL_DIGEST))
         except ArtifactTooLarge as exc:
             return _text(str(exc), 413)
         except ArtifactError as exc:
@@ -95,8 +92,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(f"model: {exc}", 400)
         except UnknownUnit as exc:
             return _unavailable(str(exc), 404, "unknown")
-        except UnknownModel as exc:
-            return _text(str(exc), 404)
+        except UnknownModel as exc:  # the code, not the text, tells the scheduler to upload it
+            resp = _text(str(exc), exc.status)
+            resp.headers.update(error_headers(exc))
+            return resp
         except ModelDoesNotFit as exc:
             return _text(str(exc), 507)
         except ModelLoadError as exc:
@@ -107,17 +106,17 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _unavailable(str(exc), 503, "draining")
         except MPSError as exc:
             return _text(str(exc), 503)
-        function = (request.headers.get(FUNCTION_HEADER) or "").strip()[:200]
+        function = (request.headers.get(h.FUNCTION) or "").strip()[:200]
         if function:
             with counting:
                 jobs_by_function[function] += 1
-        resp = Response(result.payload, mimetype=TENSOR)
+        resp = Response(result.payload, mimetype=TENSOR_TYPE)
         resp.headers.update(
             {
-                "X-Faas-Gpu-Unit": result.unit,
-                "X-Faas-Gpu-Cache": "hit" if result.hit else "miss",
-                "X-Faas-Gpu-Load-Seconds": f"{result.load_s:.6f}",
-                "X-Faas-Gpu-Execute-Seconds": f"{result.execute_s:.6f}",
+                h.UNIT: result.unit,
+                h.CACHE: "hit" if result.hit else "miss",
+                h.LOAD_SECONDS: f"{result.load_s:.6f}",
+                h.EXECUTE_SECONDS: f"{result.execute_s:.6f}",
             }
         )
         return resp

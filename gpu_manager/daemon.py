@@ -11,31 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import secrets
 import socket
 import threading
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.contract import keys
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.serving import OneWorkerServer
 
 from .mps import thread_percentage
 
 log = logging.getLogger("gpu-manager")
-STATUS_PREFIX = "/faas-gpu/units/"
-TOKEN_FILE = "gpu-manager-token"
-
-
-def ensure_token(secrets_dir: Path) -> str:
-    path = secrets_dir / TOKEN_FILE
-    if not path.exists():
-        secrets_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+STATUS_PREFIX = keys.UNITS  # where each unit's status goes (the scheduler reads `keys.UNITS`)
 
 
 class StatusReporter:
@@ -70,7 +59,7 @@ class StatusReporter:
             for unit in self.manager.status():
                 if unit["state"] == "draining":
                     continue
-                key = f"{STATUS_PREFIX}{self.node}/{unit['unit']}"
+                key = keys.unit(self.node, unit["unit"])
                 body = {**unit, "node": self.node, "url": self.url}
                 self.ds.put(key, json.dumps(body), lease=self._lease)
                 keys.add(key)
@@ -100,10 +89,11 @@ class _Daemon:
         self.reporter = None
 
     def load(self):
+        from faas_gpu.models import ModelStore
+
         from .api import create_app
         from .discovery import cpu_units, discover_units, gpu_count
         from .manager import GPUManager
-        from .model_store import ModelStore
         from .mps import MPSControl, MPSError
 
         a = self.args
@@ -148,7 +138,7 @@ class _Daemon:
             self.manager.close()
             raise SystemExit(f"gpu-manager: {exc}") from None
         token = ensure_token(home / "secrets")
-        datastore = open_datastore(a.etcd, home / "state.db")
+        datastore = open_datastore(a.etcd, paths.state_db(home))
         url = f"http://{a.advertise or a.bind}:{a.port}"
         self.reporter = StatusReporter(self.manager, datastore, a.node, url)
         self.manager.on_units_changed.append(self.reporter.report)

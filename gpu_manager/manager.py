@@ -22,19 +22,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from faas_gpu.contract.errors import ModelNotUploaded
+from faas_gpu.models import Artifact, ModelStore
 from faas_gpu.policies import ModelCache, ModelTooLarge
 
 from . import mig
 from .discovery import UnitInfo, discover_units
-from .model_store import Artifact, ModelStore
 from .mps import MPSControl, thread_percentage
 from .worker import Worker, WorkerDied
 
 log = logging.getLogger(__name__)
 
 
-class UnknownModel(LookupError):
-    pass
+class UnknownModel(ModelNotUploaded):
+    """The job's model is not in this node's store: answered 404 with the code the scheduler
+    acts on (it uploads the model, then sends the job again)."""
 
 
 class UnknownUnit(LookupError):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from faas_gpu.contract.wire import decode, encode
 from faas_gpu.infless_profiles import INFEASIBLE_MS, load_profile
 
-from .wire import decode, encode
 from .worker import LoadedInfo, ModelInputError
 
 

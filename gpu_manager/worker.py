@@ -15,9 +15,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
-
-from .model_store import Artifact
 
 _CTX = mp.get_context("spawn")  # no fork of a threaded manager; CUDA needs spawn anyway
 
@@ -53,7 +52,7 @@ def _load(path: str, device: str):
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # any torch.load inside torch's own loaders
     import torch
 
-    from . import safe_formats
+    from faas_gpu.models import safe_formats
 
     with zipfile.ZipFile(path) as z:
         fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
@@ -74,7 +73,7 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
-    from .wire import decode, encode
+    from faas_gpu.contract.wire import decode, encode
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()

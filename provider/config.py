@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.contract.duration import parse_duration
+
+__all__ = ["DEFAULT_NAMESPACE", "ProviderConfig", "parse_duration"]  # parse_duration: the contract's, for callers here
 
 DEFAULT_NAMESPACE = "openfaas-fn"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: str | int | float, field_name: str = "duration") -> float:
-    """Seconds from an int (seconds) or a Go duration ("10s", "1m30s", "500ms"), as OpenFaaS reads them."""
-    if isinstance(value, int | float):
-        return float(value)
-    text = str(value).strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{field_name}: {value!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 @dataclass

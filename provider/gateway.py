@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from faas_gpu.contract import headers as h
+from faas_gpu.contract.slo import parse_request
 from faas_gpu.datastore import DatastoreUnavailable
-from faas_gpu.policies.protean.classes import parse_class, parse_slo_ms
 
 from .core import Provider
 from .harmony import APP_HEADER, APPS, BadApp, parse_apps
@@ -121,12 +122,12 @@ class InvocationApp:
         except BodyTooLarge:
             return plain(start_response, 413, f"body: request body is larger than {self.max_body} bytes")
         headers = request_headers(environ)
-        call_id = headers.setdefault("X-Call-Id", str(uuid.uuid4()))
-        start_ns = headers.setdefault("X-Start-Time", str(time.time_ns()))
+        call_id = headers.setdefault(h.CALL_ID, str(uuid.uuid4()))
+        start_ns = headers.setdefault(h.START_TIME, str(time.time_ns()))
         headers.setdefault("X-Forwarded-Host", environ.get("HTTP_HOST", ""))
         headers.setdefault("X-Forwarded-For", environ.get("REMOTE_ADDR", ""))
         result = self.call(raw_name, method, "/" + sub, environ.get("QUERY_STRING", ""), headers, body)
-        out = result.headers + [("X-Call-Id", call_id), ("X-Start-Time", start_ns)]
+        out = result.headers + [(h.CALL_ID, call_id), (h.START_TIME, start_ns)]
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
         out.append(("Content-Length", str(len(result.body))))
@@ -153,9 +154,8 @@ class InvocationApp:
             key = self.invoker.resolve(raw_name)
         except ValueError:
             return _error(404, f"No endpoints available for: {raw_name}.")
-        try:  # PROTEAN's request class: checked here, honoured by the scheduler's queue
-            parse_class(headers.get("X-Faas-Gpu-Class"))
-            parse_slo_ms(headers.get("X-Faas-Gpu-Slo-Ms"))
+        try:  # PROTEAN's request class and SLO: checked here (400), read by the instance with the same parser
+            parse_request(headers)
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
@@ -214,7 +214,7 @@ class InvocationApp:
         except BodyTooLarge:
             return plain(start_response, 413, f"body: request body is larger than {limit} bytes")
         headers = request_headers(environ)
-        callback = headers.get("X-Callback-Url")
+        callback = headers.get(h.CALLBACK_URL)
         if callback:
             parts = urlsplit(callback)
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -232,8 +232,8 @@ class InvocationApp:
         problem = _async_header_problem(headers, (record.deployment.annotations or {}) if record else {})
         if problem:  # refused now: after a 202 the caller would only learn it in the callback
             return plain(start_response, 400, problem)
-        call_id = headers.setdefault("X-Call-Id", str(uuid.uuid4()))
-        headers.setdefault("X-Start-Time", str(time.time_ns()))
+        call_id = headers.setdefault(h.CALL_ID, str(uuid.uuid4()))
+        headers.setdefault(h.START_TIME, str(time.time_ns()))
         message = {
             "Header": {k: [v] for k, v in headers.items()},
             "Host": environ.get("HTTP_HOST", ""),
@@ -246,15 +246,14 @@ class InvocationApp:
             "CallbackUrl": callback or "",
         }
         self.provider.queue.put(message)
-        start_response("202 Accepted", [("X-Call-Id", call_id), ("Content-Length", "0")])
+        start_response("202 Accepted", [(h.CALL_ID, call_id), ("Content-Length", "0")])
         return []
 
 
 def _async_header_problem(headers: dict[str, str], annotations: dict[str, str]) -> str | None:
     """Why the request-class headers of an async call would be refused when it runs, or None."""
     try:
-        parse_class(headers.get("X-Faas-Gpu-Class"))
-        parse_slo_ms(headers.get("X-Faas-Gpu-Slo-Ms"))
+        parse_request(headers)
     except ValueError as exc:
         return str(exc)
     app = headers.get(APP_HEADER)
@@ -328,10 +327,10 @@ class AsyncWorker:
         out = {k: v for k, v in result.headers if k.lower() not in ("content-length",)}
         out.update(
             {
-                "X-Duration-Seconds": f"{duration:.6f}",
+                h.DURATION_SECONDS: f"{duration:.6f}",
                 "X-Function-Status": str(result.status),
                 "X-Function-Name": msg["Function"],
-                "X-Call-Id": headers.get("X-Call-Id", ""),
+                h.CALL_ID: headers.get(h.CALL_ID, ""),
             }
         )
         try:

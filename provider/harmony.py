@@ -22,6 +22,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faas_gpu.contract import annotations as ann
+from faas_gpu.contract.headers import APP as APP_HEADER
+from faas_gpu.contract.headers import SLO_MS as SLO_HEADER
+from faas_gpu.contract.slo import parse_slo_ms
 from faas_gpu.policies.harmony import (
     ALIBABA_FC_CNY,
     STRATEGIES,
@@ -39,11 +43,9 @@ from .runtime.local import InstanceSpec
 from .types import FunctionRecord, ValidationError
 from .validation import APP_NAME_RE
 
-APPS = "com.faas-gpu.apps"
-MODEL = "com.faas-gpu.harmony-model"
-STRATEGY = "com.faas-gpu.harmony-strategy"
-APP_HEADER = "X-Faas-Gpu-App"
-SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
+APPS = ann.APPS
+MODEL = ann.HARMONY_MODEL
+STRATEGY = ann.HARMONY_STRATEGY
 _APP_NAME = APP_NAME_RE
 MIN_RATE = 0.05  # an app with no traffic yet is planned as a trickle, not left out
 
@@ -201,10 +203,13 @@ class HarmonyPools:
             return name
         raw = headers.get(SLO_HEADER)
         if raw is not None:
-            try:
-                slo = float(raw) / 1000
+            try:  # the gateway has checked it with the same parser; an empty one is still refused here
+                slo_ms = parse_slo_ms(raw)
             except ValueError:
-                raise BadApp(f"{SLO_HEADER}: must be a number of milliseconds, got {raw!r}") from None
+                slo_ms = None
+            if slo_ms is None:
+                raise BadApp(f"{SLO_HEADER}: must be a number of milliseconds, got {raw!r}")
+            slo = slo_ms / 1000
             fits = [n for n, s in state.slos.items() if s <= slo]
             if not fits:
                 raise BadApp(f"{SLO_HEADER}: no app of this function has an SLO within {raw} ms")

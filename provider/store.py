@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore
 
 from .types import FunctionRecord, ValidationError
@@ -16,7 +17,7 @@ from .validation import validate_secret_name
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/faas-gpu/functions/"
+PREFIX = keys.FUNCTIONS
 
 
 class FunctionStore:

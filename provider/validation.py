@@ -8,7 +8,9 @@ anything is stored, and again when records are read back (old records are never 
 
 Pure: no clock, files or network; every rule reads from the tables below, and each failure is a
 `ValidationError` whose message starts with the field it names (`annotations: com.faas-gpu.slo-ms
-...`), answered 400 by the provider.
+...`), answered 400 by the provider. The rules of our own keys (`com.faas-gpu.*` annotations and
+the `FAAS_GPU_*` variables they become) are part of the cross-process contract and live there
+(`faas_gpu.contract.annotations`): the autoscalers, the runtime and the CLI read the same keys.
 
 Limits and why:
 - names (`service`, `namespace`): RFC 1123 labels, at most 63 characters, as Kubernetes and
@@ -20,22 +22,25 @@ Limits and why:
 - `com.openfaas.scale.max` (and `.min`) at most MAX_REPLICAS (1000): faas-netes has no cap, but one
   node of local processes (or a cluster of GPU instances) cannot run more; a larger value is a typo.
 - SLOs and batch timeouts at most MAX_SLO_MS (one hour, the policies' bound on any SLO), batch
-  sizes at most MAX_BATCH.
+  sizes at most MAX_BATCH_SIZE (1024; both in `faas_gpu.contract`).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from faas_gpu.policies.harmony.planner import STRATEGIES
-from faas_gpu.policies.protean.classes import MAX_SLO_MS
-from faas_gpu.profiling.operators import DTYPES
-
-from .config import parse_duration
+from faas_gpu.contract import annotations as ann
+from faas_gpu.contract.annotations import (  # noqa: F401 — the rules' home; names kept for callers
+    APP_NAME_RE,
+    MAX_GPUS,
+    MODEL_NAME_RE,
+    Check,
+)
+from faas_gpu.contract.annotations import show as _show
+from faas_gpu.contract.errors import ValidationError
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LEN = 63
@@ -48,10 +53,6 @@ MAX_METADATA_BYTES = 256 * 1024  # labels and annotations together, as Kubernete
 MAX_LIST_ITEMS = 256  # secrets, constraints
 MAX_ITEM_LEN = 1024  # one constraint
 MAX_REPLICAS = 1000
-MAX_BATCH = 1024
-MAX_GPUS = 64
-APP_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")  # as provider/harmony.py reads app names
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][-._A-Za-z0-9]{0,252}$")
 RESOURCE_KEYS = ("memory", "cpu", "nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu")
 # A Kubernetes quantity (apimachinery resource.Quantity): a number, then a binary suffix (Ki..Ei),
 # a decimal one (n u m k M G T P E) or an exponent (e3, E-2).
@@ -67,157 +68,19 @@ SCALE_MAX_LABEL = "com.openfaas.scale.max"
 SCALE_FACTOR_LABEL = "com.openfaas.scale.factor"
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 20
-OURS = "com.faas-gpu."
+OURS = ann.PREFIX
 
-
-class ValidationError(ValueError):
-    """Bad input from a client: answered 400 with this message, which names the field."""
-
-
-Check = Callable[[str, str], None]
-"""A rule for one value: (where, raw) -> None, or ValidationError naming `where`."""
-
-
-def _show(raw: str) -> str:
-    return repr(raw if len(raw) <= 40 else raw[:40] + "…")
-
-
-def _number(lo: float, hi: float, *, lo_open: bool = True, unit: str = "") -> Check:
-    def check(where: str, raw: str) -> None:
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = math.nan
-        low_ok = value > lo if lo_open else value >= lo
-        if not (math.isfinite(value) and low_ok and value <= hi):
-            bound = f"{'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
-            raise ValidationError(f"{where} must be a number{unit} {bound}, got {_show(raw)}")
-
-    return check
-
-
-def _integer(lo: int, hi: int, what: str = "an integer") -> Check:
-    def check(where: str, raw: str) -> None:
-        text = raw.strip()
-        if not re.fullmatch(r"[+-]?\d{1,19}", text) or not lo <= int(text) <= hi:
-            raise ValidationError(f"{where} must be {what} from {lo} to {hi}, got {_show(raw)}")
-
-    return check
-
-
-def _one_of(*choices: str, fold: bool = False) -> Check:
-    def check(where: str, raw: str) -> None:
-        value = raw.strip().lower() if fold else raw
-        if value not in choices:
-            raise ValidationError(f"{where} must be one of {', '.join(choices)}, got {_show(raw)}")
-
-    return check
-
-
-def _flag(where: str, raw: str) -> None:
-    if raw.strip().lower() not in ("true", "false", "1", "0"):
-        raise ValidationError(f"{where} must be true or false, got {_show(raw)}")
-
-
-def _model(where: str, raw: str) -> None:
-    if not MODEL_NAME_RE.match(raw.strip()):
-        raise ValidationError(
-            f"{where} must name a model (letters, digits, '-', '.', '_'; at most 253 characters), got {_show(raw)}"
-        )
-
-
-def _is_duration(raw: str) -> bool:
-    try:
-        return math.isfinite(parse_duration(raw.strip()))
-    except ValueError:
-        return False
-
-
-def _duration(where: str, raw: str) -> None:
-    if not _is_duration(raw):
-        raise ValidationError(f"{where} must be a duration such as 10s, 1m30s or 500ms, got {_show(raw)}")
-
-
-def _keep_alive(where: str, raw: str) -> None:
-    text = raw.strip().lower()
-    if text in ("lsth", "hhp"):
-        return
-    if not _is_duration(text.removeprefix("fixed:")):
-        raise ValidationError(f"{where} must be lsth, hhp or a duration (300s, fixed:5m), got {_show(raw)}")
-
-
-def _apps(where: str, raw: str) -> None:
-    """HarmonyBatch's `name=slo_ms,name=slo_ms` (provider/harmony.py parses it; this bounds it)."""
-    slo = _number(0, MAX_SLO_MS, unit=" of milliseconds")
-    seen: set[str] = set()
-    for item in raw.split(","):
-        name, sep, ms = item.partition("=")
-        name = name.strip()
-        if not sep or not APP_NAME_RE.match(name):
-            raise ValidationError(f"{where} must be name=slo_ms pairs separated by commas, got {_show(raw)}")
-        if name in seen:
-            raise ValidationError(f"{where}: app {name!r} is declared twice")
-        seen.add(name)
-        slo(f"{where}: SLO of app {name!r}", ms)
-
-
-def _shape(where: str, raw: str) -> None:
-    if not re.fullmatch(r"\s*[1-9]\d{0,6}(\s*,\s*[1-9]\d{0,6}){0,7}\s*", raw):
-        raise ValidationError(f"{where} must be one input's shape without the batch, like 3,32,32, got {_show(raw)}")
-
-
-def _text(max_len: int) -> Check:
-    def check(where: str, raw: str) -> None:
-        if not raw.strip() or len(raw) > max_len:
-            raise ValidationError(f"{where} must be non-empty text of at most {max_len} characters")
-
-    return check
-
-
-_SLO = _number(0, MAX_SLO_MS, unit=" of milliseconds")
-_BATCH = _integer(1, MAX_BATCH, "a whole batch size")
-_BATCH_TIMEOUT = _number(0, MAX_SLO_MS, lo_open=False, unit=" of milliseconds")
-_CLASS = _one_of("strict", "best-effort")
-
-ANNOTATIONS: dict[str, Check] = {
-    "com.faas-gpu.slo-ms": _SLO,
-    "com.faas-gpu.max-batch": _BATCH,
-    "com.faas-gpu.batch-timeout-ms": _BATCH_TIMEOUT,
-    "com.faas-gpu.class": _CLASS,
-    "com.faas-gpu.model": _model,
-    "com.faas-gpu.protean-model": _model,
-    "com.faas-gpu.harmony-model": _model,
-    "com.faas-gpu.harmony-strategy": _one_of(*STRATEGIES),
-    "com.faas-gpu.apps": _apps,
-    "com.faas-gpu.best-effort": _flag,
-    "com.faas-gpu.scale-zero": _flag,
-    "com.faas-gpu.keep-alive": _keep_alive,
-    "com.faas-gpu.scaling": _one_of("infless", "harmonybatch", "protean", fold=True),
-    "com.faas-gpu.gpu": _integer(0, MAX_GPUS, "a whole number of GPUs"),
-    "com.faas-gpu.model-source": _text(1024),
-    "com.faas-gpu.input-shape": _shape,
-    "com.faas-gpu.input-dtype": _one_of(*DTYPES),
-}
-"""Every `com.faas-gpu.*` key the stack reads (annotations; the same rules hold in labels).
-An unknown `com.faas-gpu.*` key is refused: a typo (`slo_ms`) would otherwise be silently ignored."""
+ANNOTATIONS: dict[str, Check] = ann.CHECKS
+"""Every `com.faas-gpu.*` key and its rule: `faas_gpu.contract.annotations.CHECKS`."""
+ENV_VARS: dict[str, Check] = ann.ENV_CHECKS
+"""envVars the replica reads at start: the same rules as the annotations they override."""
 
 SCALE_LABELS: dict[str, Check] = {
-    SCALE_MIN_LABEL: _integer(1, MAX_REPLICAS, "a whole number of replicas"),
-    SCALE_MAX_LABEL: _integer(1, MAX_REPLICAS, "a whole number of replicas"),
-    SCALE_FACTOR_LABEL: _integer(0, 100, "a percentage"),
+    SCALE_MIN_LABEL: ann.integer(1, MAX_REPLICAS, "a whole number of replicas"),
+    SCALE_MAX_LABEL: ann.integer(1, MAX_REPLICAS, "a whole number of replicas"),
+    SCALE_FACTOR_LABEL: ann.integer(0, 100, "a percentage"),
 }
 """The OpenFaaS scaling labels CE honours; CE_FORBIDDEN_LABELS are refused outright."""
-
-ENV_VARS: dict[str, Check] = {
-    "FAAS_GPU_SLO_MS": _SLO,
-    "FAAS_GPU_MAX_BATCH": _BATCH,
-    "FAAS_GPU_BATCH_TIMEOUT_MS": _BATCH_TIMEOUT,
-    "FAAS_GPU_CLASS": _CLASS,
-    "read_timeout": _duration,
-    "write_timeout": _duration,
-    "exec_timeout": _duration,
-}
-"""envVars the replica reads at start: the same rules as the annotations they override."""
 
 
 def validate_name(name: Any, field_name: str = "service") -> str:
@@ -306,11 +169,7 @@ def _metadata(field_name: str, values: Mapping[str, str]) -> int:
         if not key or "\0" in key or "\0" in raw:
             raise ValidationError(f"{where}: keys must be non-empty and neither key nor value may contain NUL")
         if key.startswith(OURS):
-            check = ANNOTATIONS.get(key)
-            if check is None:
-                known = ", ".join(sorted(ANNOTATIONS))
-                raise ValidationError(f"{where} is not a faas-gpu key (known: {known})")
-            check(where, raw)
+            ann.check(where, key, raw)
         if field_name == "labels":
             if key in CE_FORBIDDEN_LABELS:
                 raise ValidationError(f"labels: {key} is not supported in OpenFaaS CE")

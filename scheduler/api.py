@@ -11,7 +11,6 @@ GPU Reconfigurator uses for a best-effort job's memory; any other name is only a
 
 from __future__ import annotations
 
-import math
 import select
 import socket
 import time
@@ -19,34 +18,20 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu.contract import headers as h
+from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, ContractError, WireError, error_headers
+from faas_gpu.contract.slo import RequestClass, parse_budget_ms, parse_class
+from faas_gpu.contract.wire import TENSOR_TYPE as TENSOR
+from faas_gpu.contract.wire import decode
 from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.fn_credentials import CredentialResolver
 from faas_gpu.policies import PlacementError
-from faas_gpu.policies.protean.classes import RequestClass, parse_class
-from gpu_manager.api import TENSOR
-from gpu_manager.model_store import ArtifactError, ArtifactTooLarge
-from gpu_manager.wire import WireError, decode
 
 from . import credentials
 from .core import Scheduler
 from .leader import LeaderElection
 
-MODEL_HEADER = "X-Faas-Gpu-Model"
-DEADLINE_HEADER = "X-Faas-Gpu-Deadline-Ms"
 CALLER_CHECK_S = 0.1  # how often a waiting job route looks whether its caller has hung up
-
-
-def parse_deadline_ms(value: str | None) -> float | None:
-    """The remaining budget in seconds (None: no deadline); ValueError names the header."""
-    if value is None or not value.strip():
-        return None
-    try:
-        ms = float(value.strip())
-    except ValueError:
-        ms = math.nan
-    if not math.isfinite(ms):
-        raise ValueError(f"{DEADLINE_HEADER}: expected a number of milliseconds, got {value.strip()[:40]!r}")
-    return ms / 1000
 
 
 def caller_gone(sock: socket.socket | None) -> bool:
@@ -111,7 +96,7 @@ def create_app(
     @app.put("/v1/models")
     def upload():
         try:
-            a = scheduler.store.put(request.stream, request.headers.get("X-Model-Digest"))
+            a = scheduler.store.put(request.stream, request.headers.get(h.MODEL_DIGEST))
         except ArtifactTooLarge as exc:
             return _text(str(exc), 413)
         except ArtifactError as exc:
@@ -133,13 +118,13 @@ def create_app(
         payload = request.get_data(cache=False)
         try:
             decode(payload)
-            deadline = parse_deadline_ms(request.headers.get(DEADLINE_HEADER))
-            klass = parse_class(request.headers.get("X-Faas-Gpu-Class"))
-            model = (request.headers.get(MODEL_HEADER) or "").strip()[:100] or None
+            budget_ms = parse_budget_ms(request.headers.get(h.BUDGET_MS))  # Scheduler.submit makes it a deadline
+            klass = parse_class(request.headers.get(h.CLASS))
+            model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
             job = scheduler.submit(
                 digest,
                 payload,
-                deadline,
+                None if budget_ms is None else budget_ms / 1000,
                 best_effort=klass is RequestClass.BEST_EFFORT,
                 model=model,
                 function=None if credentials.caller().cluster else credentials.caller().label,
@@ -149,7 +134,10 @@ def create_app(
         except (WireError, ValueError) as exc:
             return _text(str(exc), 400)
         except LookupError as exc:
-            return _text(str(exc), 404)
+            resp = _text(str(exc), 404)
+            if isinstance(exc, ContractError):  # a model not uploaded: its code, for programs
+                resp.headers.update(error_headers(exc))
+            return resp
         sock = request.environ.get("gunicorn.socket")
         give_up = time.monotonic() + job_timeout_s
         while not job.done.wait(CALLER_CHECK_S):

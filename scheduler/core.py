@@ -45,16 +45,18 @@ from dataclasses import dataclass, field
 
 import requests
 
+from faas_gpu.contract.errors import ModelNotUploaded, code_of
+from faas_gpu.contract.headers import FUNCTION as FUNCTION_HEADER
+from faas_gpu.contract.headers import UNIT_STATE as UNIT_STATE_HEADER
+from faas_gpu.contract.keys import UNITS as STATUS_PREFIX
 from faas_gpu.cordon import cordoned_nodes
 from faas_gpu.datastore import Datastore
+from faas_gpu.models import ModelStore
 from faas_gpu.policies import Dispatch, Model, ModelCache, PlacementError, Request, Unit, make_scheduler
 from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPreference, MigSlice, be_footprint
-from faas_gpu.policies.protean.classes import ClassQueue
+from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueue
 from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
 from faas_gpu.policies.protean.mig import InvalidGeometry
-from gpu_manager.api import FUNCTION_HEADER, UNIT_STATE_HEADER
-from gpu_manager.daemon import STATUS_PREFIX
-from gpu_manager.model_store import ModelStore
 
 from .reconfigure import Gpu, gpu_views, resident_counts
 
@@ -64,8 +66,6 @@ DEFAULT_INFER_S = 0.05
 EWMA = 0.3
 MAX_ATTEMPTS = 5
 NO_UNITS_TIMEOUT_S = 10.0  # queued jobs fail with 503 when no GPU Manager has reported for this long
-BE_MAX_WAIT_S = 5.0  # a best-effort job waits at most this long behind strict ones
-BE_SHARE = 0.25  # ... while overdue best-effort jobs take at most this share of admissions from waiting strict ones
 NO_SLO_S = 3600.0  # a strict job without an SLO sorts after those with one
 UNAVAILABLE_HOLD_S = 2.0  # a unit that said it is draining or gone gets no job for this long
 
@@ -257,7 +257,7 @@ class Scheduler:
         if model is None:
             artifact = self.store.get(digest)
             if artifact is None:
-                raise LookupError(f"model: {digest[:12]}… has not been uploaded")
+                raise ModelNotUploaded(f"model: {digest[:12]}… has not been uploaded")
             model = Model(digest, artifact.size / 2**20, DEFAULT_LOAD_S, DEFAULT_INFER_S)
             self._learn(model)
         return model
@@ -576,7 +576,7 @@ class Scheduler:
         headers = {**auth, FUNCTION_HEADER: job.function} if job.function else auth
         for _ in range(2):
             r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=headers, timeout=300)
-            if r.status_code == 404 and "not been uploaded" in r.text:
+            if r.status_code == 404 and code_of(r.headers) == ModelNotUploaded.code:
                 artifact = self.store.get(job.digest)
                 with open(artifact.path, "rb") as fh:
                     up = self.http.put(f"{unit.url}/v1/models", data=fh, headers=auth, timeout=300)

@@ -5,7 +5,7 @@
   as the function's) and `POST /v1/jobs/<digest>` for digests it uploaded itself (403 otherwise);
   status and any other route are cluster-only (403);
 - anything else: 401.
-The function's identity travels to the GPU Manager (`gpu_manager.api.FUNCTION_HEADER`) for accounting only:
+The function's identity travels to the GPU Manager (`faas_gpu.contract.headers.FUNCTION`) for accounting only:
 managers accept nothing but the cluster token, so a function's token never reaches them.
 """
 

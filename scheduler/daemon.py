@@ -16,10 +16,11 @@ import uuid
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
+from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE
 from faas_gpu.serving import OneWorkerServer
-from gpu_manager.daemon import ensure_token
-from gpu_manager.model_store import ModelStore
 
 log = logging.getLogger("scheduler")
 
@@ -39,7 +40,7 @@ class _Daemon:
         from .leader import LeaderElection
 
         a = self.args
-        ds = open_datastore(a.etcd, a.home / "state.db")
+        ds = open_datastore(a.etcd, paths.state_db(a.home))
         token = ensure_token(a.home / "secrets")
         distributor = None
         if a.distribution == "protean":
@@ -122,12 +123,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-units-timeout", type=float, default=10.0, help="fail queued jobs (503) after this long with no unit"
     )
     p.add_argument(
-        "--be-max-wait", type=float, default=5.0, help="longest a best-effort job waits behind strict ones (s)"
+        "--be-max-wait",
+        type=float,
+        default=BE_MAX_WAIT_S,
+        help="longest a best-effort job waits behind strict ones (s)",
     )
     p.add_argument(
         "--be-share",
         type=float,
-        default=0.25,
+        default=BE_SHARE,
         help="past --be-max-wait, the share of admissions best-effort jobs take while strict ones wait (0-1]",
     )
     p.add_argument(

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.schedulers import Announcement
 
 log = logging.getLogger(__name__)
-LEADER_KEY = "/faas-gpu/scheduler/leader"
+LEADER_KEY = keys.SCHEDULER_LEADER
 
 
 class LeaderElection:

@@ -37,6 +37,7 @@ from typing import Any
 
 import requests
 
+from faas_gpu.contract.keys import UNITS as STATUS_PREFIX
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies.protean.mig import Geometry, GpuModel, InvalidGeometry
 from faas_gpu.policies.protean.reconfigurator import (
@@ -45,7 +46,6 @@ from faas_gpu.policies.protean.reconfigurator import (
     Reconfiguration,
     Reconfigurator,
 )
-from gpu_manager.daemon import STATUS_PREFIX
 
 log = logging.getLogger(__name__)
 

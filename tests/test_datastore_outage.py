@@ -72,8 +72,8 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
     is away, and after it is back, nothing restarted."""
     import torch
 
-    from gpu_manager.daemon import ensure_token
-    from gpu_manager.wire import encode
+    from faas_gpu.contract.wire import encode
+    from faas_gpu.credentials import ensure_token
     from tests.test_scheduler import Daemon, _artifact, _wait_units
 
     (tmp_path / "etcd").mkdir()

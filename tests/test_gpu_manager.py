@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
+from faas_gpu.contract.wire import decode, encode
+from faas_gpu.models import ArtifactError, ModelStore
 from faas_gpu.paths import REPO_ROOT
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
-from gpu_manager.model_store import ArtifactError, ModelStore
-from gpu_manager.wire import decode, encode
 from gpu_manager.worker import ModelInputError, ModelLoadError, Worker
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
@@ -118,7 +118,7 @@ def test_an_artifact_that_will_not_load_is_a_clear_error(tmp_path):
 
 def test_torchscript_that_writes_files_is_refused_before_its_first_call(tmp_path):
     """aten::save in forward (a file written as root is code run as root): the worker refuses it."""
-    from gpu_manager.model_store import Artifact
+    from faas_gpu.models import Artifact
     from tests.malicious import SavesAFile, torchscript
 
     marker = tmp_path / "pwned"

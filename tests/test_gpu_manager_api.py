@@ -14,9 +14,9 @@ import pytest
 import requests
 import torch
 
+from faas_gpu.contract.wire import decode, encode
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
-from gpu_manager.wire import decode, encode
 from tests.stack_process import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
@@ -116,10 +116,10 @@ def test_bad_input_answers(daemon, artifact):
 
 def test_model_larger_than_the_unit_is_507(tmp_path, artifact):
     # the module daemon's units hold 2 MB; this manager's only 0.1 MB
+    from faas_gpu.models import ModelStore
     from gpu_manager.api import create_app
     from gpu_manager.discovery import cpu_units
     from gpu_manager.manager import GPUManager
-    from gpu_manager.model_store import ModelStore
 
     store = ModelStore(tmp_path)
     digest = store.put(artifact).digest

@@ -16,14 +16,14 @@ import pynvml
 import pytest
 import torch
 
+from faas_gpu.contract.wire import encode
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
 from gpu_manager import mig
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager, UnitDraining
-from gpu_manager.model_store import ModelStore
-from gpu_manager.wire import encode
 from tests.fake_nvml import FakeGPU, MigNVML
 
 AUTH = {"Authorization": "Bearer t"}

@@ -10,12 +10,12 @@ import zipfile
 import pytest
 import torch
 
+from faas_gpu.contract.wire import decode, encode
+from faas_gpu.models import ModelStore
 from gpu_manager import mig
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager
-from gpu_manager.model_store import ModelStore
 from gpu_manager.mps import CONTROL, MPSControl, MPSDaemon, MPSError, RunResult, subprocess_runner
-from gpu_manager.wire import decode, encode
 from gpu_manager.worker import Worker
 from tests.fake_nvml import FakeGPU, MigNVML
 

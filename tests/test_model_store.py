@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from faas_gpu.models import ArtifactError, ArtifactTooLarge, ModelStore
 from faas_gpu.paths import REPO_ROOT
-from gpu_manager.model_store import ArtifactError, ArtifactTooLarge, ModelStore
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 import requests
 import torch
 
-from gpu_manager.wire import decode, encode
+from faas_gpu.contract.wire import decode, encode
 from tests.malicious import SavesAFile, malicious_pickle, torchscript
 from tests.stack_process import StackProcess
 from tests.test_scheduler import Daemon

@@ -24,13 +24,13 @@ import pytest
 import requests
 
 from faas_gpu.cloud import EmulatedCloud
+from faas_gpu.contract.keys import UNITS as STATUS_PREFIX
 from faas_gpu.cordon import CORDON_PREFIX, cordon, cordoned_nodes, uncordon
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.policies.protean import CostMeter, NodeKind, Procurement
 from faas_gpu.procure import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
-from gpu_manager.daemon import STATUS_PREFIX
-from gpu_manager.model_store import ModelStore
 from scheduler.core import Scheduler
 from tests.stack_process import free_port
 

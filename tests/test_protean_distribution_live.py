@@ -18,7 +18,9 @@ import pytest
 import torch
 from werkzeug.serving import make_server
 
+from faas_gpu.contract.wire import encode
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
 from faas_gpu.policies import LALBScheduler, LBScheduler, Model, ModelCache, Request, Unit
 from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPreference, MigSlice, be_footprint
 from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
@@ -27,8 +29,6 @@ from gpu_manager.api import create_app
 from gpu_manager.daemon import StatusReporter
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager
-from gpu_manager.model_store import ModelStore
-from gpu_manager.wire import encode
 from scheduler.core import Scheduler
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.stack_process import free_port

@@ -18,13 +18,13 @@ import requests
 from werkzeug.serving import make_server
 
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
 from faas_gpu.policies.protean.slowdown import default_assumptions
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import UnitInfo, discover_units
 from gpu_manager.manager import GPUManager
-from gpu_manager.model_store import ModelStore
 from scheduler.core import Scheduler
 from scheduler.reconfigure import (
     ReconfigController,

@@ -1,6 +1,6 @@
 """The GPU Manager refuses artifacts whose loading or running would run the uploader's code.
 
-Static checks (`gpu_manager.safe_formats`), before torch opens the file: each tampered program
+Static checks (`faas_gpu.models.safe_formats`), before torch opens the file: each tampered program
 below was accepted by the store before (anything with a `models/` folder was "export").
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_manager.model_store import ArtifactError, ModelStore
+from faas_gpu.models import ArtifactError, ModelStore
 from tests.malicious import (
     SavesAFileOnLoad,
     edit_json,

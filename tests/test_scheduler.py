@@ -18,10 +18,10 @@ import pytest
 import requests
 import torch
 
+from faas_gpu.contract.wire import decode, encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
-from gpu_manager.daemon import ensure_token
-from gpu_manager.wire import decode, encode
 from tests.stack_process import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))

@@ -11,7 +11,7 @@ import time
 import requests
 import torch
 
-from gpu_manager.wire import encode
+from faas_gpu.contract.wire import encode
 from tests.fake_nvml import FakeGPU
 from tests.test_protean_distribution_live import LiveNode
 from tests.test_scheduler import _artifact, _wait_units, cluster  # noqa: F401 (cluster: a fixture)

@@ -5,12 +5,12 @@ import time
 import pytest
 import torch
 
+from faas_gpu.contract.wire import decode, encode
+from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager
-from gpu_manager.model_store import ModelStore
 from gpu_manager.sim_backend import Profile, SimWorker
-from gpu_manager.wire import decode, encode
 from gpu_manager.worker import ModelInputError
 
 PROFILE = REPO_ROOT.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"

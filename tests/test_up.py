@@ -20,8 +20,8 @@ import requests
 import torch
 
 from faas_gpu import procs
+from faas_gpu.contract.wire import encode
 from faas_gpu.paths import REPO_ROOT
-from gpu_manager.wire import encode
 from tests.stack_process import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))

@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from gpu_manager.wire import MAGIC, WireError, decode, encode
+from faas_gpu.contract.wire import MAGIC, WireError, decode, encode
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool])

@@ -30,10 +30,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from faas_gpu.contract.annotations import INPUT_DTYPES
+
 from .graph import OPS, OpGraph, trace_model
 from .store import ProfileStore
 
-DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
+DTYPES = INPUT_DTYPES  # what com.faas-gpu.input-dtype may name
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 
 

@@ -14,9 +14,12 @@ from waitress import serve
 
 try:  # the GPU client ships with faas-gpu's stack; a plain image runs its models as they are
     from faas_gpu import client as gpu_client
+    from faas_gpu.contract import env as gpu_env
+    from faas_gpu.contract import headers as gpu_headers
+    from faas_gpu.contract.slo import read_request
 except ImportError:
-    gpu_client = None
-if gpu_client is not None and os.getenv("FAAS_GPU_SCHEDULER_URL"):
+    gpu_client = gpu_env = gpu_headers = read_request = None
+if gpu_client is not None and gpu_env.SCHEDULER_URL.is_set():
     # torch.load / torch.jit.load now return models that run on GPU units
     gpu_client.install()
 else:
@@ -27,11 +30,12 @@ from function import handler  # noqa: E402 — after the loaders are swapped
 
 def _apply_instance_resources():
     """The CPU share the autoscaler gave this instance wins over what the handler set at import."""
-    threads = os.getenv("FAAS_GPU_CPU_THREADS")
+    # an image without faas-gpu reads the variable itself; with it, the contract's parser
+    threads = gpu_env.CPU_THREADS.read() if gpu_env is not None else int(os.getenv("FAAS_GPU_CPU_THREADS") or 0)
     if threads:
         import torch
 
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(threads)
 
 
 _apply_instance_resources()
@@ -54,13 +58,17 @@ class Context:
 
 
 def _request_class(headers):
-    """(class, SLO ms) from X-Faas-Gpu-Class / X-Faas-Gpu-Slo-Ms (the gateway answers 400 to bad ones)."""
-    cls = (headers.get("X-Faas-Gpu-Class") or "").strip().lower() or None
-    try:
-        slo = float(headers.get("X-Faas-Gpu-Slo-Ms") or 0) or None
-    except ValueError:
-        slo = None
-    return (cls if cls in ("strict", "best-effort") else None), slo
+    """(class, SLO ms) from X-Faas-Gpu-Class / X-Faas-Gpu-Slo-Ms, by the contract's one parser (the
+    gateway has answered 400 to bad ones; one that reaches the instance directly counts as absent)."""
+    asked = read_request(headers)
+    return (asked.request_class.value if asked.request_class else None), asked.slo_ms
+
+
+def _instance_threads():
+    """A batch of B needs B requests in flight at once (`faas_gpu.contract.env.instance_threads`)."""
+    if gpu_env is not None:
+        return gpu_env.instance_threads()
+    return max(8, 2 * int(os.getenv("FAAS_GPU_MAX_BATCH") or 1))  # an image without faas-gpu
 
 
 def format_status_code(res):
@@ -111,7 +119,7 @@ def call_handler(path):
     context = Context()
     if gpu_client is not None:
         gpu_client.last_job.set(None)
-        gpu_client.current_app.set(request.headers.get("X-Faas-Gpu-App"))
+        gpu_client.current_app.set(request.headers.get(gpu_headers.APP))
         gpu_client.request_class.set(_request_class(request.headers))
     try:
         response_data = handler.handle(event, context)
@@ -126,7 +134,7 @@ def call_handler(path):
     response = app.make_response(format_response(response_data))
     job = gpu_client.last_job.get() if gpu_client is not None else None
     if job:  # which unit ran the model, whether it was a cache hit, and the batch it ran in
-        for key in ("X-Faas-Gpu-Unit", "X-Faas-Gpu-Cache", "X-Faas-Gpu-Batch"):
+        for key in gpu_headers.SHOWN_BY_INSTANCE:
             if key in job:
                 response.headers[key] = job[key]
     return response
@@ -139,7 +147,7 @@ if __name__ == "__main__":
         host=upstream.hostname or "127.0.0.1",
         port=upstream.port or 5000,
         # a batch of B needs B requests in flight at once
-        threads=int(os.getenv("handler_threads", str(max(8, 2 * int(os.getenv("FAAS_GPU_MAX_BATCH", "1") or 1))))),
+        threads=int(os.getenv("handler_threads") or _instance_threads()),
         # requests wait in the batch queue while the model loads: do not stop accepting them
         connection_limit=int(os.getenv("max_connections", "1000")),
         ident="python3-gpu",

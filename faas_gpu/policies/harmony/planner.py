@@ -20,13 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from faas_gpu.contract.annotations import HARMONY_STRATEGIES
+
 from .cost import Prices
 from .models import ModelCoefficients
 from .plans import App, Group, Plan
 from .platform import Platform
 from .provision import KINDS, InfeasibleSLOError, Load, Provisioner
 
-STRATEGIES = ("harmony", "batch", "mbs")
+STRATEGIES = HARMONY_STRATEGIES  # what com.faas-gpu.harmony-strategy may name
 
 
 @dataclass(frozen=True)

@@ -9,58 +9,49 @@ ever: one that has waited longer than `be_max_wait_s` is served next, before any
 as an argument; the live scheduler and the simulator use the same one.
 
 Clients choose a class per request with two headers (DESIGN: our additions are `X-Faas-Gpu-*`):
-`X-Faas-Gpu-Class: strict | best-effort` and `X-Faas-Gpu-Slo-Ms: <positive number>`.
+`X-Faas-Gpu-Class: strict | best-effort` and `X-Faas-Gpu-Slo-Ms: <positive number>`. They are
+part of the cross-process contract and parsed there (`faas_gpu.contract.slo`, re-exported here);
+`classify` adds the function's defaults.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, TypeVar
+
+from faas_gpu.contract import annotations as ann
+from faas_gpu.contract.headers import CLASS as CLASS_HEADER
+from faas_gpu.contract.headers import SLO_MS as SLO_HEADER
+from faas_gpu.contract.slo import MAX_SLO_MS, RequestClass, parse_class, parse_slo_ms
+
+__all__ = [
+    "BE_MAX_WAIT_S",
+    "BE_SHARE",
+    "CLASS_HEADER",
+    "MAX_SLO_MS",
+    "SLO_HEADER",
+    "ClassQueue",
+    "Queued",
+    "RequestClass",
+    "RequestClassChoice",
+    "classify",
+    "parse_class",
+    "parse_slo_ms",
+]
 
 T = TypeVar("T")
 
-CLASS_HEADER = "X-Faas-Gpu-Class"
-SLO_HEADER = "X-Faas-Gpu-Slo-Ms"
-MAX_SLO_MS = 3_600_000.0
-"""The largest SLO anything accepts (one hour): longer than any watchdog timeout, so a larger one
-is a mistake, and a bound keeps deadlines (arrival + SLO) ordinary finite times."""
-
-
-class RequestClass(StrEnum):
-    STRICT = "strict"
-    BEST_EFFORT = "best-effort"
-
-
-def parse_class(value: str | None) -> RequestClass | None:
-    """`X-Faas-Gpu-Class` → the class; None when the header is absent or empty (the function's default applies)."""
-    if value is None or not value.strip():
-        return None
-    v = value.strip().lower()
-    for c in RequestClass:
-        if v == c.value:
-            return c
-    raise ValueError(f"{CLASS_HEADER}: expected 'strict' or 'best-effort', got {value.strip()[:40]!r}")
-
-
-def parse_slo_ms(value: str | None) -> float | None:
-    """`X-Faas-Gpu-Slo-Ms` → milliseconds (> 0, at most MAX_SLO_MS); None when absent or empty."""
-    if value is None or not value.strip():
-        return None
-    problem = (
-        f"{SLO_HEADER}: expected a positive number of milliseconds up to {MAX_SLO_MS:.0f}, got {value.strip()[:40]!r}"
-    )
-    try:
-        ms = float(value.strip())
-    except ValueError:
-        raise ValueError(problem) from None
-    if not math.isfinite(ms) or ms <= 0 or ms > MAX_SLO_MS:
-        raise ValueError(problem)
-    return ms
+BE_MAX_WAIT_S = 5.0
+"""How long a best-effort job waits behind strict ones before it is served (the live scheduler's
+`--be-max-wait` default, and `ClassQueue`'s). The simulator reads its own value from the scenario's
+assumptions (`assumptions.yaml`, `policy.be_max_wait_s`, 1 s as PROTEAN's runs), so its figures stay
+those of the paper's setting."""
+BE_SHARE = 0.25
+"""Past BE_MAX_WAIT_S, the share of admissions overdue best-effort jobs take from waiting strict
+ones in the live scheduler (`--be-share`); `ClassQueue` alone defaults to no cap (1.0)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +80,7 @@ def classify(
     slo = slo if slo is not None else default_slo_ms
     if slo is None:
         raise ValueError(
-            f"{SLO_HEADER}: a strict request needs an SLO (the header, or the function's com.faas-gpu.slo-ms)"
+            f"{SLO_HEADER}: a strict request needs an SLO (the header, or the function's {ann.SLO_MS})"
         )
     return RequestClassChoice(cls, slo)
 
@@ -116,7 +107,7 @@ class ClassQueue(Generic[T]):
     best-effort work still always progresses. Ties keep insertion order. push and pop are O(log n).
     """
 
-    def __init__(self, be_max_wait_s: float = 1.0, be_share: float = 1.0):
+    def __init__(self, be_max_wait_s: float = BE_MAX_WAIT_S, be_share: float = 1.0):
         if not be_max_wait_s > 0:
             raise ValueError(f"be_max_wait_s: must be > 0, got {be_max_wait_s}")
         if not 0 < be_share <= 1:

@@ -47,6 +47,8 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+from faas_gpu.contract.errors import ArtifactError
+
 PICKLE_REFUSED = (
     "artifact: a torch.save pickle is refused (loading one runs any code it names). Send a "
     "torch.export program (torch.export.save, with a torch.export.Dim batch dimension) or a "
@@ -105,10 +107,6 @@ TORCHSCRIPT_DENIED = {
     "prim::CallFunction",  # left after inlining: a call we cannot see into
     "prim::CallMethod",
 }
-
-
-class ArtifactError(ValueError):
-    """Corrupt, not a torch artifact, or not one the manager loads (answered 400)."""
 
 
 def detect_format(z: zipfile.ZipFile) -> str:

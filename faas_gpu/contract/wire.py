@@ -3,7 +3,8 @@
     b"FGT1" | u32 header length (little endian) | header (JSON: dtype, shape) | raw tensor bytes
 
 Raw little-endian bytes cost one copy each way; JSON would turn a 8x3x32x32 float batch into
-~200 KB of text and parse it number by number.
+~200 KB of text and parse it number by number. Part of the contract: the instance's GPU client
+encodes, the scheduler checks, the GPU Manager and its workers decode.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import struct
 
 import numpy as np
 import torch
+
+from .errors import WireError
+from .headers import TENSOR_TYPE
+
+__all__ = ["DTYPES", "MAGIC", "MAX_HEADER", "TENSOR_TYPE", "WireError", "decode", "encode"]
 
 MAGIC = b"FGT1"
 MAX_HEADER = 4096
@@ -27,10 +33,6 @@ DTYPES = {
     "bool": torch.bool,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
-
-
-class WireError(ValueError):
-    """A malformed tensor message (answered 400, naming what is wrong)."""
 
 
 def encode(tensor: torch.Tensor) -> bytes:

@@ -6,6 +6,9 @@ way (and compared with the client's, when it gives one), and the archive is chec
 unpickling anything: its CRCs, its layout, and the checks of `safe_formats`, which refuse
 `torch.save` pickles and whatever in a TorchScript archive or a `torch.export` program could run
 code. Loading happens only in a worker process, which checks the file again.
+
+Shared by the scheduler (which keeps every uploaded model, to upload it to a node that lacks it)
+and the GPU Managers (each node's own copy): core, so that neither daemon imports the other.
 """
 
 from __future__ import annotations
@@ -18,18 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge
+
 from . import safe_formats
-from .safe_formats import ArtifactError
 
 __all__ = ["FORMATS", "Artifact", "ArtifactError", "ArtifactTooLarge", "ModelStore", "detect_format"]
 
 CHUNK = 1 << 20
 DEFAULT_MAX_BYTES = 2 * 1024**3
 FORMATS = ("torchscript", "export")
-
-
-class ArtifactTooLarge(ValueError):
-    """Over the store's size limit (answered 413)."""
 
 
 @dataclass(frozen=True)

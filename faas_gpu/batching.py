@@ -1,0 +1,180 @@
+"""The instance's batch queue: concurrent calls of one python3-gpu instance coalesced into batches.
+
+Why its own module: it is one role of the GPU client (the other is the remote model that sends a
+batch to the scheduler) and the instance's CPU path uses it alone (`LocalBatchedModel`). The
+template's `index.py` sets the context variables below per request; `faas_gpu.client` re-exports
+every name here, the path handlers and the template use.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from faas_gpu.contract import env
+from faas_gpu.contract import headers as h
+
+last_job: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("faas_gpu_last_job", default=None)
+current_app: contextvars.ContextVar[str | None] = contextvars.ContextVar("faas_gpu_current_app", default=None)
+"""The application (HarmonyBatch's request class) of the request being handled: its batch timeout."""
+request_class: contextvars.ContextVar[tuple[str | None, float | None]] = contextvars.ContextVar(
+    "faas_gpu_request_class", default=(None, None)
+)
+"""PROTEAN's class of the request being handled (X-Faas-Gpu-Class, X-Faas-Gpu-Slo-Ms): strict work
+overtakes best-effort work in the scheduler's queue."""
+
+
+def app_timeouts(environ: dict[str, str]) -> dict[str, float]:
+    """FAAS_GPU_APP_TIMEOUTS_MS, "app=ms,app=ms": each application's batch timeout in this instance."""
+    return env.APP_TIMEOUTS_MS.read(environ)
+
+
+@dataclass
+class LocalBatching:
+    """The instance's own batch size and timeout (set per instance by the INFless autoscaler)."""
+
+    max_batch: int
+    timeout_s: float
+    timeouts: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LocalBatching | None:
+        """None (no queue) unless the instance was given a batch size above 1: on the CPU path an
+        unset FAAS_GPU_MAX_BATCH means no batching, not its GPU-path default (`contract.env`)."""
+        environ = os.environ if environ is None else environ
+        max_batch = env.MAX_BATCH.read(environ) if env.MAX_BATCH.is_set(environ) else 1
+        if max_batch <= 1:
+            return None
+        return cls(max_batch, env.batch_timeout_s(environ), app_timeouts(environ))
+
+
+@dataclass
+class _Call:
+    x: torch.Tensor
+    deadline: float = 0.0
+    cls: str | None = None
+    slo_ms: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class BatchQueue:
+    """The instance's batch queue: concurrent calls wait until `max_batch` rows are queued or one
+    of them has waited its timeout, then run as one batch. INFless's built-in batching gives the
+    instance one timeout (t_slo - t_exec); HarmonyBatch's groups give each application its own
+    (`timeouts`, by `current_app`), so a tight-SLO app does not wait as long as a loose one."""
+
+    def __init__(
+        self,
+        run,
+        max_batch: int,
+        timeout_s: float,
+        name: str = "batch-queue",
+        timeouts: dict[str, float] | None = None,
+        max_inflight: int = 1,
+    ):
+        self._run = run  # (x: Tensor, (class, slo_ms)) -> (y: Tensor, headers: dict)
+        # batches sent on at once: 1 for a model run here; more for a remote one, whose queueing
+        # (and class order) is the scheduler's
+        self._slots = threading.Semaphore(max(1, max_inflight))
+        self._parallel = max_inflight > 1
+        self.max_batch = max(1, int(max_batch))
+        self.timeout_s = max(0.0, float(timeout_s))
+        self.timeouts = {k: max(0.0, float(v)) for k, v in (timeouts or {}).items()}
+        self._pending: list[_Call] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        timeout = self.timeouts.get(current_app.get() or "", self.timeout_s)
+        call = _Call(x, time.monotonic() + timeout, *request_class.get())
+        with self._cv:
+            self._pending.append(call)
+            self._cv.notify()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        last_job.set(call.headers)
+        return call.result
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                while sum(c.x.shape[0] for c in self._pending) < self.max_batch:
+                    left = min(c.deadline for c in self._pending) - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+            self._slots.acquire()  # the batch is formed once it can go: calls that came meanwhile count
+            with self._cv:
+                # strict (or unclassed) calls first, best-effort ones behind, each in arrival order:
+                # the scheduler's class order would be lost if batches queued here in FIFO
+                self._pending.sort(key=lambda c: c.cls == "best-effort")
+                batch, rows = [], 0
+                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.max_batch):
+                    call = self._pending.pop(0)
+                    batch.append(call)
+                    rows += call.x.shape[0]
+            if self._parallel:
+                threading.Thread(target=self._flush, args=(batch,), daemon=True).start()
+            else:
+                self._flush(batch)
+
+    def _flush(self, batch: list[_Call]) -> None:
+        try:
+            x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
+            y, headers = self._run(x, _batch_class(batch))
+            headers = {**headers, h.BATCH: str(x.shape[0])}
+            start = 0
+            for c in batch:
+                n = c.x.shape[0]
+                c.result, c.headers = y[start : start + n], headers
+                start += n
+        except BaseException as exc:  # every caller of the batch gets the error
+            for c in batch:
+                c.error = exc
+        finally:
+            self._slots.release()
+        for c in batch:
+            c.done.set()
+
+
+def _batch_class(batch: list[_Call]) -> tuple[str | None, float | None, float | None]:
+    """A batch is strict when any of its calls is, with the tightest of their SLOs, and (third)
+    when the batch's earliest call arrived: the SLO budget is counted from there, not from now."""
+    arrived = min((c.arrived for c in batch), default=None)
+    timed = [c for c in batch if c.cls != "best-effort" and c.slo_ms is not None]
+    if any(c.cls == "strict" for c in batch) or timed:
+        if not timed:
+            return "strict", None, arrived
+        tightest = min(timed, key=lambda c: c.arrived + c.slo_ms / 1000)
+        return "strict", tightest.slo_ms, tightest.arrived
+    if batch and all(c.cls == "best-effort" for c in batch):
+        return "best-effort", None, arrived
+    return None, None, arrived
+
+
+class LocalBatchedModel(torch.nn.Module):
+    """A model run in this instance on the CPU, through the instance's batch queue."""
+
+    def __init__(self, local: torch.nn.Module, max_batch: int, timeout_s: float, timeouts=None):
+        super().__init__()
+        self.local = local
+        self._queue = BatchQueue(self._run, max_batch, timeout_s, name="local-batch", timeouts=timeouts)
+
+    def _run(self, x: torch.Tensor, _cls=None) -> tuple[torch.Tensor, dict[str, str]]:
+        with torch.inference_mode():
+            return self.local(x), {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._queue(x)

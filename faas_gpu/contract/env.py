@@ -1,0 +1,129 @@
+"""Every `FAAS_GPU_*` environment variable: its name, its one default and its parser.
+
+Why one table: the provider writes most of these into an instance's environment (from the
+function's annotations, or an autoscaler's per-instance plan) and the instance's GPU client reads
+them; the daemons read a few of their own. A variable read in two places with two defaults
+(`FAAS_GPU_MAX_BATCH` was "1" at one line of the client and "8" at another) is two settings.
+
+Reading: `VAR.read(env)` gives the parsed value, or the default when the variable is unset or
+empty; `VAR.is_set(env)` says whether the environment named a value at all. Deploy-time rules for
+the variables a deploy may set live with the annotations they mirror (`annotations.ENV_CHECKS`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Var(Generic[T]):
+    """One variable: `read` parses it (ValueError for a bad value), else gives `default`."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str = ""
+
+    def raw(self, env: Mapping[str, str] | None = None) -> str | None:
+        """The value as written, stripped; None when unset or empty."""
+        value = (os.environ if env is None else env).get(self.name)
+        return value.strip() if value is not None and value.strip() else None
+
+    def is_set(self, env: Mapping[str, str] | None = None) -> bool:
+        return self.raw(env) is not None
+
+    def read(self, env: Mapping[str, str] | None = None) -> T:
+        raw = self.raw(env)
+        return self.default if raw is None else self.parse(raw)
+
+
+def _text(raw: str) -> str | None:
+    return raw
+
+
+def _urls(raw: str) -> tuple[str, ...]:
+    return tuple(u.strip().rstrip("/") for u in raw.split(",") if u.strip())
+
+
+def app_timeouts_ms(raw: str) -> dict[str, float]:
+    """ "app=ms,app=ms" -> {app: seconds}; items without a name or a value are skipped."""
+    out: dict[str, float] = {}
+    for item in raw.split(","):
+        name, _, ms = item.partition("=")
+        if name.strip() and ms.strip():
+            out[name.strip()] = float(ms) / 1000
+    return out
+
+
+# -- the state folder and the datastore (daemons and CLI) -------------------------------------
+HOME: Var[Path | None] = Var("FAAS_GPU_HOME", None, Path, "state folder (default ./.faas-gpu; `faas_gpu.paths`)")
+ETCD: Var[str | None] = Var("FAAS_GPU_ETCD", None, _text, "etcd URL (default: the embedded datastore)")
+REDIS: Var[str | None] = Var("FAAS_GPU_REDIS", None, _text, "Redis URL of the async queue (default: embedded)")
+
+# -- the provider -------------------------------------------------------------------------------
+CPUS: Var[float | None] = Var("FAAS_GPU_CPUS", None, float, "cores the autoscaler may give instances (default all)")
+MAX_BODY_BYTES: Var[int | None] = Var("FAAS_GPU_MAX_BODY_BYTES", None, int, "largest /function/ body")
+HARMONY_COEFFICIENTS: Var[Path | None] = Var("FAAS_GPU_HARMONY_COEFFICIENTS", None, Path, "HarmonyBatch's model.json")
+INFLESS_PROFILES: Var[Path | None] = Var("FAAS_GPU_INFLESS_PROFILES", None, Path, "INFless profile files' folder")
+INFLESS_DATA: Var[Path | None] = Var("FAAS_GPU_INFLESS_DATA", None, Path, "INFless data folder (simulator)")
+SPOT_PRICES: Var[Path | None] = Var("FAAS_GPU_SPOT_PRICES", None, Path, "spot price CSV (procurer)")
+
+# -- an instance: set by the provider's runtime, read by the template and the GPU client --------
+SCHEDULER_URL: Var[tuple[str, ...]] = Var(
+    "FAAS_GPU_SCHEDULER_URL", (), _urls, "the schedulers, comma-separated; none: models run in the instance"
+)
+TOKEN: Var[str] = Var("FAAS_GPU_TOKEN", "", str, "the function's own token for the scheduler")
+FUNCTION: Var[str | None] = Var("FAAS_GPU_FUNCTION", None, _text, "the function's name")
+NAMESPACE: Var[str | None] = Var("FAAS_GPU_NAMESPACE", None, _text, "the function's namespace")
+PARENT_PID: Var[int | None] = Var("FAAS_GPU_PARENT_PID", None, int, "the provider: the watchdog dies with it")
+MAX_BATCH: Var[int] = Var(
+    "FAAS_GPU_MAX_BATCH",
+    8,
+    int,
+    "rows an instance coalesces into one batch. Unset: 8 on the GPU path (a batch amortises the "
+    "round trip to the scheduler and a unit's launch); on the instance's CPU path an unset batch "
+    "size means no batch queue at all (`LocalBatching`), as a queue there only adds waiting. "
+    "The provider's autoscalers always set it.",
+)
+BATCH_TIMEOUT_MS: Var[float | None] = Var(
+    "FAAS_GPU_BATCH_TIMEOUT_MS", None, float, "longest a call waits for its batch to fill (default: SLO / 4, else 5 ms)"
+)
+APP_TIMEOUTS_MS: Var[dict[str, float]] = Var(
+    "FAAS_GPU_APP_TIMEOUTS_MS", {}, app_timeouts_ms, "HarmonyBatch: each app's batch timeout, app=ms,app=ms"
+)
+SLO_MS: Var[float] = Var("FAAS_GPU_SLO_MS", 0.0, float, "the function's SLO in ms (0: none)")
+CLASS: Var[str | None] = Var("FAAS_GPU_CLASS", None, _text, "the function's default request class")
+GPU_SHARE: Var[int] = Var("FAAS_GPU_GPU_SHARE", 0, int, "INFless: the instance's GPU SM share in % (0: none)")
+GPU_MEMORY_GB: Var[float | None] = Var("FAAS_GPU_GPU_MEMORY_GB", None, float, "HarmonyBatch: the group's GPU memory")
+CPU_THREADS: Var[int | None] = Var("FAAS_GPU_CPU_THREADS", None, int, "torch threads the autoscaler gave the instance")
+MAX_INFLIGHT: Var[int] = Var("FAAS_GPU_MAX_INFLIGHT", 32, int, "batches one instance sends the scheduler at once")
+MODEL: Var[str | None] = Var("FAAS_GPU_MODEL", None, _text, "the model's name (com.faas-gpu.model)")
+PROTEAN_MODEL: Var[str | None] = Var(
+    "FAAS_GPU_PROTEAN_MODEL", None, _text, "the model's name in PROTEAN's assumptions, when it differs"
+)
+
+DEFAULT_BATCH_TIMEOUT_S = 0.005
+"""A batch's timeout when neither FAAS_GPU_BATCH_TIMEOUT_MS nor an SLO is set."""
+INSTANCE_MIN_THREADS = 8
+
+
+def batch_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """FAAS_GPU_BATCH_TIMEOUT_MS, else a quarter of the SLO, else 5 ms."""
+    timeout_ms = BATCH_TIMEOUT_MS.read(env)
+    if timeout_ms is not None:
+        return timeout_ms / 1000
+    slo_ms = SLO_MS.read(env)
+    return slo_ms / 4000 if slo_ms else DEFAULT_BATCH_TIMEOUT_S
+
+
+def instance_threads(env: Mapping[str, str] | None = None) -> int:
+    """A python3-gpu instance's request threads: a batch of B needs B requests in flight at once,
+    2B lets the next one form while one runs; at least 8 (which an unset batch size's 8 rows fill)."""
+    batch = MAX_BATCH.read(env) if MAX_BATCH.is_set(env) else 1
+    return max(INSTANCE_MIN_THREADS, 2 * batch)
