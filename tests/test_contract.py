@@ -1,0 +1,105 @@
+"""The cross-process contract (faas_gpu/contract): one parser per fact, no daemon imported."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from faas_gpu.contract import env, errors, headers, keys, slo
+from faas_gpu.contract.duration import parse_duration
+from faas_gpu.paths import REPO_ROOT, TEMPLATES_DIR
+
+CONTRACT = REPO_ROOT / "faas_gpu" / "contract"
+OURS = {"faas_gpu", "provider", "scheduler", "gpu_manager"}
+
+
+@pytest.mark.parametrize("path", sorted(CONTRACT.glob("*.py")), ids=lambda p: p.name)
+def test_the_contract_imports_nothing_of_ours(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            assert (node.module or "").split(".")[0] not in OURS
+        if isinstance(node, ast.Import):
+            assert all(a.name.split(".")[0] not in OURS for a in node.names)
+
+
+def test_the_scheduler_and_the_client_import_no_gpu_manager():
+    for folder in ("scheduler", "faas_gpu", "provider"):
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module or ""]
+                assert not any(n.split(".")[0] == "gpu_manager" for n in names), f"{path} imports {names}"
+
+
+def test_an_slo_is_a_budget_in_ms_and_a_bad_one_names_its_header():
+    asked = slo.parse_request({headers.CLASS: " Strict ", headers.SLO_MS: "250"})
+    assert (asked.request_class, asked.slo_ms) == (slo.RequestClass.STRICT, 250.0)
+    assert slo.parse_request({}) == slo.RequestSlo(None, None)
+    for bad in ({headers.CLASS: "urgent"}, {headers.SLO_MS: "-1"}, {headers.SLO_MS: "abc"}):
+        with pytest.raises(ValueError, match="^X-Faas-Gpu-"):
+            slo.parse_request(bad)
+    # behind the gateway a bad header counts as absent
+    assert slo.read_request({headers.CLASS: "urgent", headers.SLO_MS: "100"}) == slo.RequestSlo(None, 100.0)
+
+
+def test_the_budget_left_is_what_the_scheduler_turns_into_a_deadline():
+    assert slo.parse_budget_ms(" 12.5 ") == 12.5 and slo.parse_budget_ms("-3") == -3.0
+    assert slo.parse_budget_ms(None) is None and slo.parse_budget_ms("") is None
+    with pytest.raises(ValueError, match="X-Faas-Gpu-Deadline-Ms"):
+        slo.parse_budget_ms("nan")
+    b = slo.Budget(100.0, start=10.0)
+    assert b.header(10.04) == "60.000" and b.remaining_ms(11.0) == 0.0
+
+
+def test_one_default_per_variable():
+    assert env.MAX_BATCH.read({}) == 8 and env.MAX_BATCH.read({"FAAS_GPU_MAX_BATCH": " "}) == 8
+    assert env.MAX_BATCH.read({"FAAS_GPU_MAX_BATCH": "4"}) == 4
+    assert env.SCHEDULER_URL.read({"FAAS_GPU_SCHEDULER_URL": "http://a/, ,http://b"}) == ("http://a", "http://b")
+    assert env.batch_timeout_s({}) == 0.005
+    assert env.batch_timeout_s({"FAAS_GPU_SLO_MS": "200"}) == 0.05
+    assert env.batch_timeout_s({"FAAS_GPU_SLO_MS": "200", "FAAS_GPU_BATCH_TIMEOUT_MS": "0"}) == 0.0
+    assert env.instance_threads({}) == 8 and env.instance_threads({"FAAS_GPU_MAX_BATCH": "16"}) == 32
+
+
+def test_typed_errors_carry_a_code_not_a_text():
+    exc = errors.ModelNotUploaded("model: abc… has not been uploaded")
+    assert isinstance(exc, LookupError) and exc.status == 404
+    assert errors.code_of(errors.error_headers(exc)) == "model-not-uploaded"
+    assert errors.code_of({}) is None
+    assert issubclass(errors.WireError, ValueError) and errors.ArtifactTooLarge.status == 413
+
+
+def test_keys_are_under_one_root():
+    assert keys.unit("n1", "cpu-0") == "/faas-gpu/units/n1/cpu-0"
+    for name in ("UNITS", "FUNCTIONS", "FN_CREDENTIALS", "FN_MODELS", "SCHEDULER_MEMBERS", "CORDON", "INSTANCES"):
+        value = getattr(keys, name)
+        assert value.startswith(keys.ROOT) and value.endswith("/")
+
+
+DURATIONS = ["30", "1.5", "10s", "1m30s", "500ms", "1h30m", "1.5h", ".5s", "1.s", "2us", "3µs", "4ns"]
+NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S"]
+
+
+def _watchdog_parser():
+    path = Path(TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py")
+    spec = importlib.util.spec_from_file_location("fwatchdog_copy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parse_duration
+
+
+def test_one_duration_grammar_and_the_watchdogs_copy_agrees():
+    watchdog = _watchdog_parser()
+    for text in DURATIONS:
+        assert math.isclose(parse_duration(text), watchdog(text, "t")), text
+    for text in NOT_DURATIONS:
+        with pytest.raises(ValueError, match="is not a duration"):
+            parse_duration(text, "t")
+        with pytest.raises(SystemExit):
+            watchdog(text, "t")
+    assert parse_duration("1h30m") == 5400 and parse_duration(7) == 7.0
