@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from faas_gpu import paths
 from faas_gpu.cloud import CloudProvider, EmulatedCloud
+from faas_gpu.contract import keys
 from faas_gpu.cordon import cordon, uncordon
 from faas_gpu.datastore import Datastore
 from faas_gpu.paths import SHARED_DATA
@@ -58,7 +60,7 @@ from faas_gpu.policies.protean.procurement import SPOT_SHARE_OF_ON_DEMAND
 
 log = logging.getLogger("procure")
 
-UNITS_PREFIX = "/faas-gpu/units/"  # gpu_manager.daemon.STATUS_PREFIX: where managers report units
+UNITS_PREFIX = keys.UNITS  # where the GPU Managers report their units
 DEFAULT_SPOT_CSV = SHARED_DATA / "cocktail" / "spot.csv"
 
 
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     from faas_gpu.datastore import open_datastore
 
     try:
-        ds = open_datastore(a.etcd, a.home / "state.db")
+        ds = open_datastore(a.etcd, paths.state_db(a.home))
         procurer = build(a, ds)
     except ValueError as exc:
         print(f"procure: {exc}", file=sys.stderr)

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from faas_gpu.contract import annotations as ann
+
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 VALID_VERSIONS = ("1.0",)
@@ -51,7 +53,7 @@ FUNCTION_KEYS = (
 )
 RESOURCE_KEYS = ("memory", "cpu")
 LANG_RE = re.compile(r"^[A-Za-z0-9][-._A-Za-z0-9]*$")  # a template folder's name, never a path
-GPU_ANNOTATION = "com.faas-gpu.gpu"
+GPU_ANNOTATION = ann.GPU
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:=default}, ${VAR=default} and $VAR (drone/envsubst,
 # which faas-cli uses for --envsubst)

@@ -40,7 +40,7 @@ def build_provider(config: ProviderConfig) -> Provider:
     home = paths.ensure_private_home(config.home)
     credentials = ensure_credentials(config.secrets_dir)
     datastore = open_datastore(
-        config.etcd_url, home / "state.db", timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
+        config.etcd_url, paths.state_db(home), timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
     )
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")

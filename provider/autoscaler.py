@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.history import InvocationHistory
 from faas_gpu.policies.infless import (
@@ -54,13 +56,13 @@ from .types import FunctionRecord, ValidationError
 
 log = logging.getLogger(__name__)
 
-PLANS_PREFIX = "/faas-gpu/instances/"
-MODEL = "com.faas-gpu.model"
-SLO = "com.faas-gpu.slo-ms"
-BEST_EFFORT = "com.faas-gpu.best-effort"
-KEEP_ALIVE = "com.faas-gpu.keep-alive"
-SCALE_ZERO = "com.faas-gpu.scale-zero"  # CE refuses com.openfaas.scale.zero; this is our own scaler's
-SCALING_POLICIES = ("infless", "harmonybatch", "protean")
+PLANS_PREFIX = keys.INSTANCES
+MODEL = annotation_keys.MODEL
+SLO = annotation_keys.SLO_MS
+BEST_EFFORT = annotation_keys.BEST_EFFORT
+KEEP_ALIVE = annotation_keys.KEEP_ALIVE
+SCALE_ZERO = annotation_keys.SCALE_ZERO  # CE refuses com.openfaas.scale.zero; this is our own scaler's
+SCALING_POLICIES = annotation_keys.SCALING_POLICIES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
 PANIC_WINDOW_S = 1.0
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faas_gpu.contract import annotations as ann
+from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.contract.headers import APP as APP_HEADER
 from faas_gpu.contract.headers import SLO_MS as SLO_HEADER
 from faas_gpu.contract.slo import parse_slo_ms
@@ -43,9 +43,9 @@ from .runtime.local import InstanceSpec
 from .types import FunctionRecord, ValidationError
 from .validation import APP_NAME_RE
 
-APPS = ann.APPS
-MODEL = ann.HARMONY_MODEL
-STRATEGY = ann.HARMONY_STRATEGY
+APPS = annotation_keys.APPS
+MODEL = annotation_keys.HARMONY_MODEL
+STRATEGY = annotation_keys.HARMONY_STRATEGY
 _APP_NAME = APP_NAME_RE
 MIN_RATE = 0.05  # an app with no traffic yet is planned as a trickle, not left out
 

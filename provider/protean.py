@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract.env import MAX_BATCH as MAX_BATCH_VAR
 from faas_gpu.policies.protean import FunctionLoad, ProteanScaling, ScaleSnapshot, containers_needed
 
 from .runtime import LaunchError
@@ -31,10 +33,10 @@ from .types import FunctionRecord, ValidationError
 
 log = logging.getLogger(__name__)
 
-SCALING = "com.faas-gpu.scaling"
-MAX_BATCH = "com.faas-gpu.max-batch"
-BATCH_ENV = "FAAS_GPU_MAX_BATCH"
-NOT_FOR_PROTEAN = ("com.faas-gpu.keep-alive", "com.faas-gpu.scale-zero")
+SCALING = annotation_keys.SCALING
+MAX_BATCH = annotation_keys.MAX_BATCH
+BATCH_ENV = MAX_BATCH_VAR.name
+NOT_FOR_PROTEAN = (annotation_keys.KEEP_ALIVE, annotation_keys.SCALE_ZERO)
 
 
 def batch_size(record: FunctionRecord) -> int:

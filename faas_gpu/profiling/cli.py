@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.stack import StackError, find_stack_file, load_stack
 
 from .graph import TraceError
@@ -31,10 +32,10 @@ from .operators import DEFAULT_BATCHES, DTYPES, default_threads, profile_model
 from .report import error_report
 from .store import ProfileStore, profiles_db
 
-MODEL_ANNOTATION = "com.faas-gpu.model"
-SOURCE_ANNOTATION = "com.faas-gpu.model-source"
-SHAPE_ANNOTATION = "com.faas-gpu.input-shape"
-DTYPE_ANNOTATION = "com.faas-gpu.input-dtype"
+MODEL_ANNOTATION = annotation_keys.MODEL
+SOURCE_ANNOTATION = annotation_keys.MODEL_SOURCE
+SHAPE_ANNOTATION = annotation_keys.INPUT_SHAPE
+DTYPE_ANNOTATION = annotation_keys.INPUT_DTYPE
 
 
 class UsageError(ValueError):

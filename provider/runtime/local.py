@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.schedulers import Directory
@@ -210,7 +211,7 @@ class LocalRuntime(Runtime):
                     parse_duration(env_vars[timeout_key], f"envVars.{timeout_key}")
                 except ValueError as exc:
                     raise LaunchError(str(exc)) from None
-        klass = (dep.annotations or {}).get("com.faas-gpu.class")
+        klass = (dep.annotations or {}).get(annotation_keys.CLASS)
         if klass is not None and klass not in ("strict", "best-effort"):
             raise LaunchError(f"annotations: com.faas-gpu.class must be strict or best-effort, got {klass!r}")
         for secret in dep.secrets or ():
@@ -603,16 +604,7 @@ class LocalRuntime(Runtime):
         shutil.rmtree(self.run_root, ignore_errors=True)
 
 
-GPU_ANNOTATIONS = {
-    "com.faas-gpu.slo-ms": "FAAS_GPU_SLO_MS",
-    "com.faas-gpu.max-batch": "FAAS_GPU_MAX_BATCH",
-    "com.faas-gpu.batch-timeout-ms": "FAAS_GPU_BATCH_TIMEOUT_MS",
-    "com.faas-gpu.class": "FAAS_GPU_CLASS",
-    # the model's name, carried by its jobs (X-Faas-Gpu-Model) for PROTEAN's slowdown specs;
-    # protean-model when the name in PROTEAN's assumptions differs from the profiled one
-    "com.faas-gpu.model": "FAAS_GPU_MODEL",
-    "com.faas-gpu.protean-model": "FAAS_GPU_PROTEAN_MODEL",
-}
+GPU_ANNOTATIONS = annotation_keys.TO_ENV  # the annotations an instance gets as its GPU client's variables
 
 
 def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:

@@ -79,9 +79,7 @@ def classify(
         return RequestClassChoice(cls, None)
     slo = slo if slo is not None else default_slo_ms
     if slo is None:
-        raise ValueError(
-            f"{SLO_HEADER}: a strict request needs an SLO (the header, or the function's {ann.SLO_MS})"
-        )
+        raise ValueError(f"{SLO_HEADER}: a strict request needs an SLO (the header, or the function's {ann.SLO_MS})")
     return RequestClassChoice(cls, slo)
 
 
