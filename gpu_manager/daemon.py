@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 
 from faas_gpu import paths
-from faas_gpu.contract import keys
+from faas_gpu.contract.keys import UNITS
+from faas_gpu.contract.keys import unit as unit_key
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.serving import OneWorkerServer
@@ -24,7 +25,7 @@ from faas_gpu.serving import OneWorkerServer
 from .mps import thread_percentage
 
 log = logging.getLogger("gpu-manager")
-STATUS_PREFIX = keys.UNITS  # where each unit's status goes (the scheduler reads `keys.UNITS`)
+STATUS_PREFIX = UNITS  # where each unit's status goes (the scheduler reads the same key)
 
 
 class StatusReporter:
@@ -59,7 +60,7 @@ class StatusReporter:
             for unit in self.manager.status():
                 if unit["state"] == "draining":
                     continue
-                key = keys.unit(self.node, unit["unit"])
+                key = unit_key(self.node, unit["unit"])
                 body = {**unit, "node": self.node, "url": self.url}
                 self.ds.put(key, json.dumps(body), lease=self._lease)
                 keys.add(key)
