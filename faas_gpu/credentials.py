@@ -1,7 +1,7 @@
 """The cluster token: the one secret the daemons share (scheduler, GPU Managers, procurer).
 
 Why core and not a daemon's: whichever daemon starts first on a node creates the token file, the
-others read it; when it lived in `gpu_manager.daemon` the scheduler had to import the GPU
+others read it; when it lived in the GPU Manager's daemon module the scheduler had to import the GPU
 Manager's daemon to find it. Functions' replicas never hold it: they get their own tokens
 (`faas_gpu.fn_credentials`).
 """

@@ -18,7 +18,7 @@ and applies what it returns:
   (the manager cannot take the geometry) is logged and left to the policy's next decision.
 
 Only MIG units whose GPU is the assumptions file's GPU model (A100-40GB by default) are
-managed: units report their MIG profile and GPU name (`gpu_manager` status). Jobs whose model is
+managed: units report their MIG profile and GPU name (the GPU Managers' status reports). Jobs whose model is
 not in the assumptions file count as resident jobs, but only a known model gives BE memory.
 Only the scheduler leader acts; a new leader starts its observations afresh.
 """
