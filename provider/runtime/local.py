@@ -35,7 +35,7 @@ from ..config import parse_duration
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import LaunchError, Runtime
+from .base import InstanceSpec, LaunchError, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +71,6 @@ class LaunchSpec:
     http_mode: bool
     stop_timeout_s: float
     digest: str
-
-
-@dataclass(frozen=True)
-class InstanceSpec:
-    """One instance of a function that an autoscaler sized on its own (INFless's non-uniform
-    instances): a stable id, and the env that gives it its batch size, threads and share."""
-
-    id: str
-    env: dict[str, str] = field(default_factory=dict)
-
-    def digest(self, spec_digest: str) -> str:
-        return hashlib.sha256(json.dumps([spec_digest, self.env], sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
