@@ -145,3 +145,14 @@ def test_a_scale_request_sets_a_floor_of_instances_over_the_pools(pools):
     assert len(runtime.plans[r.key]) == groups + 2
     assert pools.scale_to(r.key, 1)  # below the plan: every group keeps its pool
     assert len(runtime.plans[r.key]) == groups and replicas[r.key] == groups
+
+
+def test_a_function_that_drops_its_apps_goes_back_to_identical_replicas(pools):
+    """Its pools stop (the plan is withdrawn), not left running beside plain replicas."""
+    r = record()
+    pools.prepare(r)
+    assert pools.runtime.plans[r.key] and pools.manages(r.key)
+    plain = FunctionRecord(FunctionDeployment.from_json({"service": "fn", "image": "img"}), "ns", 1)
+    pools.prepare(plain)
+    assert pools.runtime.plans[r.key] is None and not pools.manages(r.key)
+    assert pools.describe(r.key) is None
