@@ -10,9 +10,10 @@ import math
 import pytest
 
 from faas_gpu import cli
-from faas_gpu.policies.harmony import App, load_models, plan
+from faas_gpu.policies.harmony import App, plan
 from faas_gpu.policies.harmony.cost import ALIBABA_FC_CNY
 from faas_gpu.policies.harmony.fitter import CpuSample
+from faas_gpu.policy_data.harmony import load_models
 from tests.test_harmony_e2e import VGG19
 
 MODEL = """
