@@ -44,7 +44,7 @@ def fake_runs(model, make_batch, threads, clock, batches=(1, 2, 3, 4), repeats=5
 
 
 def test_fitted_coefficients_are_written_in_model_json_format(files, monkeypatch, capsys):
-    monkeypatch.setattr("faas_gpu.policies.harmony.profiling.profile_cpu", fake_runs)
+    monkeypatch.setattr("faas_gpu.profiling.harmony_runs.profile_cpu", fake_runs)
     rc = cli.main(
         [
             "fit",

@@ -7,7 +7,7 @@ Pure policies, from the paper (seeds/003, §III-IV):
 - `provision`: funcProvision with the binary searches of Theorems 1-2, the knee rate r*;
 - `planner`: the two-stage merging of Alg. 1 and `plan()`, the entry point for all strategies;
 - `baselines`: BATCH and MBS+ as the paper describes them;
-- `fitter` / `profiling`: Eq. 1-2 coefficients from profiling runs, and the runs on a torch model;
+- `fitter`: Eq. 1-2 coefficients from profiling runs (the runs themselves: `faas_gpu.profiling.harmony_runs`);
 - `options`: the choices the paper leaves open, shared by the planner and the baselines.
 The files (`model.json`, `config.json`) are read by `faas_gpu.policy_data.harmony`, which hands
 the parsed data in. The simulator that replays app traces against plans is `faas_gpu.sim.harmony`.
