@@ -19,7 +19,7 @@ from werkzeug.serving import make_server
 
 from faas_gpu.datastore import open_datastore
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
-from faas_gpu.policies.protean.slowdown import default_assumptions
+from faas_gpu.policy_data.protean import default_assumptions
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import UnitInfo, discover_units

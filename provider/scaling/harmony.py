@@ -36,10 +36,10 @@ from faas_gpu.policies.harmony import (
     ModelCoefficients,
     Options,
     Plan,
-    load_models,
     plan,
 )
 from faas_gpu.policies.infless import WeightedSplitter
+from faas_gpu.policy_data.harmony import load_models
 
 from ..runtime import InstanceSpec
 from ..types import FunctionRecord, ValidationError
