@@ -56,7 +56,8 @@ from gpu_manager.api import FUNCTION_HEADER, UNIT_STATE_HEADER
 from gpu_manager.daemon import STATUS_PREFIX
 from gpu_manager.model_store import ModelStore
 
-from .reconfigure import Gpu, gpu_views, resident_counts
+from .gpus import gpu_views
+from .residency import Gpu, resident_counts
 
 log = logging.getLogger(__name__)
 DEFAULT_LOAD_S = 1.0
