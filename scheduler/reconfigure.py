@@ -10,8 +10,9 @@ and applies what it returns:
 - *decide*: every W it calls `Reconfigurator.observe(observations, now)`; the policy's EWMA,
   wait limit (3 similar mismatches) and 30%-of-GPUs cap apply.
 - *apply*: for each `Reconfiguration` it holds the GPU's units in the scheduler (nothing new is
-  placed there), calls the GPU's manager, `POST /v1/gpus/<i>/geometry` (which drains the units,
-  re-slices the GPU and reports the new units), then releases the hold and rereads the units.
+  placed there), asks the GPU's manager for the new geometry (`scheduler.managers.set_geometry`:
+  it drains the units, re-slices the GPU and reports the new units), then releases the hold and
+  rereads the units.
   A refusal (409: units did not drain; 5xx) or a manager that does not answer is logged and tried
   again at the next decision, if the policy still wants that geometry and the cap allows; a 400
   (the manager cannot take the geometry) is logged and left to the policy's next decision.
@@ -44,6 +45,7 @@ from faas_gpu.policies.protean.reconfigurator import (
 )
 
 from .gpus import GpuView, gpu_key, read_gpus
+from .managers import set_geometry
 from .residency import CountKey, Gpu, Residency, ResidencyMeter, resident_counts
 
 log = logging.getLogger(__name__)
@@ -203,26 +205,9 @@ class ReconfigController:
     def _apply(self, r: Reconfiguration, view: GpuView) -> None:
         node, index = r.gpu
         names = [self.gpu_model.profile(k).name for k in r.target]  # the manager takes NVML's names
-        body = {"profiles": names, "drain_timeout_s": self.drain_timeout_s}
         status, detail, retry = "error", "", False
         try:
-            resp = self.http.post(
-                f"{view.url}/v1/gpus/{index}/geometry",
-                json=body,
-                headers={"Authorization": f"Bearer {self.token}"},
-                timeout=self.drain_timeout_s + 60,
-            )
-            detail = resp.text.strip()[:300]
-            if resp.status_code == 200:
-                status = "done"
-            elif resp.status_code == 400:
-                status = "invalid"
-            elif resp.status_code == 409 or resp.status_code >= 500:
-                status, retry = "refused", True
-            else:
-                status = "error"
-        except requests.RequestException as exc:
-            status, detail, retry = "unreachable", str(exc)[:300], True
+            status, detail, retry = set_geometry(self.http, self.token, view.url, index, names, self.drain_timeout_s)
         except Exception as exc:  # never let one GPU's failure stop the controller
             status, detail = "error", repr(exc)[:300]
         finally:
