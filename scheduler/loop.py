@@ -7,13 +7,16 @@ Manager (`scheduler.managers`). A job whose manager fails is put back and placed
 manager that dies does not lose accepted work; a unit that answers it is draining or gone
 rests a while (`scheduler.units`), and one that does not answer leaves the view until its
 manager reports again.
+
+Every time is read from the injected clock: the unit reports are reread once per `REFRESH_S`
+of it, so a test's clock drives the loop as the machine's drives the daemon. Only the wait for
+new work is real time (a condition wait, woken by new jobs and completions).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,7 +33,7 @@ from .units import UnitRef, UnitView
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
-REFRESH_S = 1.0  # the managers' unit reports are reread at most this often
+REFRESH_S = 1.0  # the managers' unit reports are reread at most this often (by the clock)
 IDLE_WAIT_S = 0.5  # with nothing placed, the loop looks again after this long (or at the next deadline)
 
 
@@ -65,14 +68,14 @@ class PlacementLoop:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
-        last_refresh = 0.0
+        last_refresh: float | None = None
         while not self._stop.is_set():
-            if time.monotonic() - last_refresh > REFRESH_S:
+            if last_refresh is None or self.clock() - last_refresh > REFRESH_S:
                 try:
                     self.refresh()
                 except Exception as exc:
                     log.warning("cannot read unit reports: %s", exc)
-                last_refresh = time.monotonic()
+                last_refresh = self.clock()
             with self._wake:
                 decisions, units = self.round()
                 if not decisions:
