@@ -51,7 +51,7 @@ class UnitReports:
 
     seq: int
     found: list[UnitRef]  # the units placement may use, sorted by key
-    cordoned: set[str]
+    cordoned: dict[str, dict]  # node -> what its cordon key says
     unit_gpu: dict[str, Gpu]  # node/unit key -> its GPU, for MIG units of the GPU model asked for
 
 
