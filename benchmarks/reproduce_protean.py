@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from faas_gpu.policies.protean import default_assumptions  # noqa: E402
-from faas_gpu.procure import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
 from faas_gpu.sim.protean import SCHEMES, RunResult, SpotSetting, Workload, simulate  # noqa: E402
 from faas_gpu.sim.protean_trace import bursty_trace, diurnal_trace  # noqa: E402
+from procurer import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
 
 VISION_STRICT = "resnet50"
 VISION_BE = (

@@ -1,6 +1,6 @@
 """The provider's verbs (deploy, update, delete, scale, status) over the store and a runtime.
 
-HTTP lives in `system.py` and `gateway.py`; this module only knows the domain.
+HTTP lives in `system.py` (its verbs in `handlers/`) and `gateway.py`; this module only knows the domain.
 """
 
 from __future__ import annotations
