@@ -259,7 +259,7 @@ def test_the_simulator_drives_the_same_policy_objects():
 
 
 def test_the_scheduler_daemon_drives_them_too():
-    from scheduler import core
+    from scheduler import units
 
-    assert core.make_scheduler is policies.make_scheduler
-    assert core.ModelCache is policies.ModelCache
+    assert units.make_scheduler is policies.make_scheduler
+    assert units.ModelCache is policies.ModelCache

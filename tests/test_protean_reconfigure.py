@@ -26,14 +26,9 @@ from gpu_manager.discovery import UnitInfo, discover_units
 from gpu_manager.manager import GPUManager
 from gpu_manager.model_store import ModelStore
 from scheduler.core import Scheduler
-from scheduler.reconfigure import (
-    ReconfigController,
-    Residency,
-    ResidencyMeter,
-    gpu_name_matches,
-    read_gpus,
-    resident_counts,
-)
+from scheduler.gpus import gpu_name_matches, read_gpus
+from scheduler.reconfigure import ReconfigController
+from scheduler.residency import Residency, ResidencyMeter, resident_counts
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.stack_process import free_port
 from tests.test_gpu_mig import FakeWorker
