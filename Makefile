@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
+# The layer rules of pyproject.toml's [tool.importlinter], on this checkout's packages (whatever
+# checkout the virtual environment was installed from).
+LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
 .PHONY: up down test test-fast lint bench servers clean
 
@@ -30,6 +33,7 @@ servers:
 
 test: $(STAMP) servers
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest
 
 test-fast: $(STAMP)
@@ -37,9 +41,10 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(LINT_IMPORTS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/provider_overhead.py
 
 clean:
-	rm -rf build template .pytest_cache .ruff_cache
+	rm -rf build template .pytest_cache .ruff_cache .import_linter_cache

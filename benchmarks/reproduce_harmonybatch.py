@@ -37,13 +37,12 @@ from faas_gpu.policies.harmony import (  # noqa: E402
     App,
     Options,
     harmony,
-    load_models,
-    load_platform,
     plan,
     provisioner,
 )
 from faas_gpu.policies.harmony import planner as planner_mod  # noqa: E402
-from faas_gpu.policies.harmony.simulator import TraceApp, load_app_trace, replay  # noqa: E402
+from faas_gpu.policy_data.harmony import load_models, load_platform  # noqa: E402
+from faas_gpu.sim.harmony import TraceApp, load_app_trace, replay  # noqa: E402
 
 DATA = SHARED_DATA / "harmonybatch"
 STRATEGIES = ("batch", "mbs", "harmony")

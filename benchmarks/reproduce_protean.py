@@ -3,7 +3,7 @@
 8 x A100-40GB worker nodes, four schemes (`faas_gpu.sim.protean`): Molecule (beta) time-shares
 the whole GPU, INFless/Llama shares it through MPS, Naive Slicing runs a static (4g, 3g) with MPS
 load-balanced by slice memory, PROTEAN runs its policies (`faas_gpu.policies.protean`). Every
-number the simulator assumes is in `faas_gpu/policies/protean/assumptions.yaml`.
+number the simulator assumes is in `faas_gpu/policy_data/assumptions.yaml`.
 
 1. Vision, 50/50 strict/best-effort (strict ResNet 50; BE drawn every 20 s from the other vision
    models), on the diurnal trace (mean 5,000 req/s) and the bursty trace (peak 5,000 req/s):
@@ -34,10 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from faas_gpu.policies.protean import default_assumptions  # noqa: E402
-from faas_gpu.procure import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
+from faas_gpu.policy_data.protean import default_assumptions  # noqa: E402
 from faas_gpu.sim.protean import SCHEMES, RunResult, SpotSetting, Workload, simulate  # noqa: E402
 from faas_gpu.sim.protean_trace import bursty_trace, diurnal_trace  # noqa: E402
+from procurer import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
 
 VISION_STRICT = "resnet50"
 VISION_BE = (

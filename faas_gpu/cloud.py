@@ -4,7 +4,7 @@
 provider: acquire a node of a kind, release it, and the eviction notices and evictions of spot
 nodes. `EmulatedCloud` is the one back end today: deterministic (seeded), it issues notices with
 probability P_rev per spot node at fixed intervals, as the paper's evaluation does (§5); the
-simulator and `python -m faas_gpu.procure` both use it. A real cloud's SDK goes behind the same
+simulator and `python -m procurer` both use it. A real cloud's SDK goes behind the same
 interface.
 """
 

@@ -6,6 +6,9 @@ keeps H/<name>.pid holding the pid that really runs. SIGTERM (`faas-gpu down`) s
 reverse order and then the supervisor itself. A daemon already running for this state folder
 (its pid file names a live process with its command line) is adopted, never started twice; so
 is a supervisor: a second one exits at once.
+
+The callers' side lives here too (`start_stack`, `stop_stack`, `stack_pids`): how the
+supervisor is found, started and stopped is one account, whichever command (`up`, `down`) asks.
 """
 
 from __future__ import annotations
@@ -193,6 +196,95 @@ class Supervisor:
             if r.proc is not None:
                 r.proc.wait()
             pid_file(self.home, r.daemon.name).unlink(missing_ok=True)
+
+
+# -- the supervisor's callers: `faas-gpu up` starts it, `faas-gpu down` stops it --------------
+DAEMON_NAMES = ("faas-gpu", "scheduler", "gpu-manager")  # the order they stop in
+MODULES = {"faas-gpu": "provider.server", "scheduler": "scheduler", "gpu-manager": "gpu_manager"}
+
+
+def stack_pids(home: Path) -> dict[str, int]:
+    """The daemons running for `home`, by name (pid files checked against live command lines)."""
+    out = {}
+    try:
+        stack = read_stack(home)
+    except (OSError, ValueError, KeyError):
+        stack = []
+    for d in stack:
+        pid = running_pid(home, d)
+        if pid is not None:
+            out[d.name] = pid
+    return out
+
+
+def start_stack(home: Path, wanted: list[Daemon], timeout_s: float = 60) -> dict[str, int]:
+    """Start the supervisor (which starts the daemons) unless one runs; wait until all serve.
+
+    A running stack is recognised by the supervisor's pid file and live process, never by a
+    health probe: a busy gateway is waited for, never started a second time."""
+    home.mkdir(parents=True, exist_ok=True)
+    sup = supervisor_pid(home)
+    if sup is None:
+        write_stack(home, wanted)
+        log_path = home / "supervisor.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "faas_gpu.supervise", "--home", str(home)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=paths.REPO_ROOT,
+            )
+        sup = proc.pid
+    else:
+        running = read_stack(home)
+        if [d.name for d in running] != [d.name for d in wanted] or running != wanted:
+            print(f"faas-gpu: a stack already runs for {home} (supervisor pid {sup}); using it as it is")
+        wanted = running
+    for d in wanted:
+        deadline = time.monotonic() + timeout_s
+        while not (running_pid(home, d) is not None and healthy(d.health_url)):
+            if not procs.alive(sup):
+                raise SystemExit(f"faas-gpu: the supervisor exited; see {home / 'supervisor.log'}")
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"faas-gpu: {d.name} did not serve {d.health_url} within {timeout_s:.0f}s "
+                    f"(it is restarted with back-off meanwhile); see {home / (d.name + '.log')}"
+                )
+            time.sleep(0.2)
+    return stack_pids(home)
+
+
+def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
+    """Stop the supervisor first (it stops its daemons in order), then whatever still runs for
+    this home: daemons found by command line (a pid file may be stale) and replicas in run/."""
+    stopped = []
+    sup = supervisor_pid(home)
+    if sup is not None:
+        procs.stop(sup, timeout_s)
+        stopped.append("supervisor")
+    (home / "supervisor.pid").unlink(missing_ok=True)
+    for name in DAEMON_NAMES:
+        pids = set(procs.find(MODULES[name], home))
+        pid = procs.read_pid(home / f"{name}.pid")
+        if pid is not None and procs.runs(pid, MODULES[name], home):
+            pids.add(pid)
+        for other in sorted(pids):
+            procs.stop(other, 45)
+        (home / f"{name}.pid").unlink(missing_ok=True)
+        if pids and name not in stopped:
+            stopped.append(name)
+    for pid_path in (home / "run").glob("*/*/pid"):
+        pid = procs.read_pid(pid_path)
+        if pid is not None and any("fwatchdog" in a for a in procs.cmdline(pid)):
+            procs.kill_group(pid)
+    for extra in home.glob("scheduler-*.pid"):
+        pid = procs.read_pid(extra)
+        if pid is not None and procs.runs(pid, "scheduler", home):
+            procs.stop(pid, 45)
+        extra.unlink(missing_ok=True)
+    return stopped
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,16 +20,14 @@ from faas_gpu.profiling.store import ProfileStore
 from faas_gpu.schedulers import Directory
 
 from .auth import ensure_credentials
-from .autoscaler import Autoscaler
 from .config import ProviderConfig
 from .core import Provider
 from .gateway import AsyncWorker, InvocationApp
-from .harmony import HarmonyPools
 from .invoke import Invoker
 from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
-from .protean import ProteanFunctions
 from .runtime.local import LocalRuntime
+from .scaling import HarmonyPools, InflessScaling, ProteanFunctions, ScalingRouter
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
 
@@ -64,27 +62,23 @@ def build_provider(config: ProviderConfig) -> Provider:
     )
     queue = open_queue(config.redis_url, home / "queue.db")
     predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)
-    autoscaler = Autoscaler(
-        runtime,
-        datastore,
-        open_history(config.redis_url, home / "history.db"),
-        predictor,
-        set_replicas=store.set_replicas,
-        cpus=config.cpus,
-        gpus=config.gpus,
-        node=socket.gethostname(),
-        period_s=config.autoscale_period_s,
-        harmony=HarmonyPools(
-            runtime,
+    policies = [
+        InflessScaling(
+            datastore,
+            open_history(config.redis_url, home / "history.db"),
+            predictor,
+            cpus=config.cpus,
+            gpus=config.gpus,
+            node=socket.gethostname(),
+        ),
+        HarmonyPools(
             config.harmony_coefficients or home / "harmony-models.json",
-            set_replicas=store.set_replicas,
             gpu_path=bool(config.scheduler_url),
             plan_period_s=config.harmony_plan_period_s,
         ),
-        protean=ProteanFunctions(
-            runtime, set_replicas=store.set_replicas, surplus_window_s=config.protean_surplus_window_s
-        ),
-    )
+        ProteanFunctions(surplus_window_s=config.protean_surplus_window_s),
+    ]
+    autoscaler = ScalingRouter(runtime, policies, set_replicas=store.set_replicas, period_s=config.autoscale_period_s)
     invoker.dispatcher = autoscaler
     return Provider(
         config, credentials, datastore, store, secrets, logs, runtime, invoker, queue, autoscaler, fn_credentials

@@ -1,6 +1,6 @@
 """The provider's verbs (deploy, update, delete, scale, status) over the store and a runtime.
 
-HTTP lives in `system.py` and `gateway.py`; this module only knows the domain.
+HTTP lives in `system.py` (its verbs in `handlers/`) and `gateway.py`; this module only knows the domain.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from faas_gpu.datastore import Datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 
 from .auth import Credentials
-from .autoscaler import Autoscaler
 from .config import ProviderConfig
 from .inflight import max_inflight_of
 from .invoke import Invoker
 from .logs import LogStore
 from .runtime import LaunchError, Runtime
+from .scaling import ScalingRouter
 from .store import FunctionStore, SecretStore
 from .types import FunctionDeployment, FunctionRecord, ValidationError
 from .validation import clamp_replicas
@@ -43,7 +43,7 @@ class Provider:
     runtime: Runtime
     invoker: Invoker
     queue: AsyncQueue
-    autoscaler: Autoscaler | None = None
+    autoscaler: ScalingRouter | None = None
     fn_credentials: FunctionCredentials | None = None
     """Each function's own GPU-path token (with a scheduler): issued at deploy, revoked on remove."""
 
@@ -127,9 +127,8 @@ class Provider:
                 raise NotFoundError(f"function {name}.{ns} not found")
             record.replicas, clamped = clamp_replicas(replicas, record.deployment.scale_bounds())
             self.store.put(record)
-        if self.autoscaler is not None and self.autoscaler.manages(record.key):
-            self.autoscaler.scale_to(record.key, record.replicas)  # per-instance configs; it updates replicas
-            return self.store.get(ns, name) or record, clamped
+        if self.autoscaler is not None and self.autoscaler.scale_to(record.key, record.replicas):
+            return self.store.get(ns, name) or record, clamped  # the function's policy applied (and stored) it
         self.runtime.apply(record)
         return record, clamped
 

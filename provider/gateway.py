@@ -22,10 +22,10 @@ from faas_gpu.contract.slo import parse_request
 from faas_gpu.datastore import DatastoreUnavailable
 
 from .core import Provider
-from .harmony import APP_HEADER, APPS, BadApp, parse_apps
 from .inflight import TooManyInFlight
 from .invoke import NotFound, Result, Unavailable
 from .metrics import GatewayMetrics
+from .scaling.harmony import APP_HEADER, APPS, BadApp, parse_apps
 
 log = logging.getLogger(__name__)
 

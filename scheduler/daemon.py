@@ -77,7 +77,7 @@ class _Daemon:
 
     def _assumptions(self):
         """PROTEAN's assumptions file (`--protean-assumptions`, else the package's)."""
-        from faas_gpu.policies.protean.slowdown import default_assumptions, parse_assumptions
+        from faas_gpu.policy_data.protean import default_assumptions, parse_assumptions
 
         path = self.args.protean_assumptions
         return parse_assumptions(path.read_text()) if path else default_assumptions()

@@ -2,44 +2,41 @@
 
 The decision is the pure `Reconfigurator` the simulator measures; this controller only feeds it
 and applies what it returns:
-- *observe*: every `sample_s` it counts the jobs resident per GPU (a GPU = node + GPU index):
-  running on or queued in the local queue of one of its MIG units, best-effort and strict apart,
-  with their models (`X-Faas-Gpu-Model`). Jobs still in the global queues could go to any GPU,
-  so each GPU counts an equal share of them. `ResidencyMeter` turns the samples into the mean
-  over the monitor interval W, and the best-effort model resident the longest is the GPU's BE
-  model (the last one seen, while a GPU has none).
+- *observe*: every `sample_s` it counts the jobs resident per GPU (`scheduler.residency`:
+  running on or queued in the local queue of one of its MIG units, an equal share of those in
+  the global queues). `ResidencyMeter` turns the samples into the mean over the monitor
+  interval W, and the best-effort model resident the longest is the GPU's BE model (the last
+  one seen, while a GPU has none).
 - *decide*: every W it calls `Reconfigurator.observe(observations, now)`; the policy's EWMA,
   wait limit (3 similar mismatches) and 30%-of-GPUs cap apply.
 - *apply*: for each `Reconfiguration` it holds the GPU's units in the scheduler (nothing new is
-  placed there), calls the GPU's manager, `POST /v1/gpus/<i>/geometry` (which drains the units,
-  re-slices the GPU and reports the new units), then releases the hold and rereads the units.
+  placed there), asks the GPU's manager for the new geometry (`scheduler.managers.set_geometry`:
+  it drains the units, re-slices the GPU and reports the new units), then releases the hold and
+  rereads the units.
   A refusal (409: units did not drain; 5xx) or a manager that does not answer is logged and tried
   again at the next decision, if the policy still wants that geometry and the cap allows; a 400
   (the manager cannot take the geometry) is logged and left to the policy's next decision.
 
 Only MIG units whose GPU is the assumptions file's GPU model (A100-40GB by default) are
-managed: units report their MIG profile and GPU name (the GPU Managers' status reports). Jobs whose model is
+managed (`scheduler.gpus` reads them from the managers' reports). Jobs whose model is
 not in the assumptions file count as resident jobs, but only a known model gives BE memory.
 Only the scheduler leader acts; a new leader starts its observations afresh.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-from faas_gpu.contract.keys import UNITS as STATUS_PREFIX
-from faas_gpu.datastore import Datastore
-from faas_gpu.policies.protean.mig import Geometry, GpuModel, InvalidGeometry
+from faas_gpu.policies.protean.mig import Geometry
 from faas_gpu.policies.protean.reconfigurator import (
     GpuObservation,
     ReconfigDecision,
@@ -47,149 +44,11 @@ from faas_gpu.policies.protean.reconfigurator import (
     Reconfigurator,
 )
 
+from .gpus import GpuView, gpu_key, read_gpus
+from .managers import set_geometry
+from .residency import CountKey, Gpu, Residency, ResidencyMeter, resident_counts
+
 log = logging.getLogger(__name__)
-
-Gpu = tuple[str, int]  # (node, GPU index)
-CountKey = tuple[Gpu, bool, str | None]  # (GPU, best-effort, model)
-
-
-# -- observations ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Residency:
-    """Mean jobs resident on one GPU over a monitor interval, and the models resident the longest."""
-
-    best_effort: float = 0.0
-    strict: float = 0.0
-    be_model: str | None = None
-    strict_model: str | None = None
-
-
-class ResidencyMeter:
-    """Time-weighted means of resident job counts between two reads (Alg. 2's monitor interval).
-
-    `sample(now, counts)`: from `now` on the counts are these (the previous ones held until
-    then). `means(now)`: the mean of each GPU's counts since the last read; the read starts the
-    next interval.
-    """
-
-    def __init__(self, start: float = 0.0):
-        self._since = self._last = start
-        self._counts: dict[CountKey, float] = {}
-        self._area: dict[CountKey, float] = defaultdict(float)
-
-    def sample(self, now: float, counts: Mapping[CountKey, float]) -> None:
-        self._advance(now)
-        self._counts = {k: float(v) for k, v in counts.items() if v}
-
-    def _advance(self, now: float) -> None:
-        dt = now - self._last
-        if dt > 0:
-            for k, v in self._counts.items():
-                self._area[k] += v * dt
-            self._last = now
-
-    def means(self, now: float) -> dict[Gpu, Residency]:
-        self._advance(now)
-        span = self._last - self._since
-        values = {k: a / span for k, a in self._area.items()} if span > 0 else dict(self._counts)
-        self._area = defaultdict(float)
-        self._since = self._last
-        totals: dict[Gpu, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        by_model: dict[tuple[Gpu, bool], dict[str, float]] = defaultdict(dict)
-        for (gpu, best_effort, model), v in values.items():
-            totals[gpu][0 if best_effort else 1] += v
-            if model is not None:
-                by_model[(gpu, best_effort)][model] = by_model[(gpu, best_effort)].get(model, 0.0) + v
-
-        def top(gpu: Gpu, best_effort: bool) -> str | None:
-            models = by_model.get((gpu, best_effort))
-            return max(sorted(models), key=lambda m: models[m]) if models else None
-
-        return {g: Residency(be, st, top(g, True), top(g, False)) for g, (be, st) in totals.items()}
-
-
-def resident_counts(
-    jobs: Iterable[tuple[str | None, bool, str | None]], unit_gpu: Mapping[str, Gpu], gpus: Iterable[Gpu]
-) -> dict[CountKey, float]:
-    """Jobs (node/unit key or None, best-effort, model) → counts per (GPU, best-effort, model).
-
-    A job on a unit counts for that unit's GPU (units of GPUs not managed here are left out); a
-    job in the global queues counts 1/n for each of the n GPUs it may still go to (`gpus`).
-    """
-    spread = sorted(set(gpus))
-    share = 1.0 / len(spread) if spread else 0.0
-    out: dict[CountKey, float] = defaultdict(float)
-    for key, best_effort, model in jobs:
-        if key is None:
-            for g in spread:
-                out[(g, best_effort, model)] += share
-        elif key in unit_gpu:
-            out[(unit_gpu[key], best_effort, model)] += 1.0
-    return dict(out)
-
-
-# -- the GPUs, from the managers' unit reports ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuView:
-    gpu: Gpu
-    url: str  # its GPU Manager
-    units: tuple[str, ...]  # node/unit keys of its MIG units
-    geometry: Geometry  # profile keys, largest first: ("4g", "2g", "1g")
-
-
-def gpu_name_matches(model: str, gpu_name: str | None) -> bool:
-    """ "A100-40GB" matches NVML's "NVIDIA A100-SXM4-40GB": every part of the model name is in it."""
-    if not gpu_name:
-        return False
-    name = gpu_name.upper()
-    return all(part in name for part in model.upper().split("-") if part)
-
-
-def read_gpus(ds: Datastore, gpu_model: GpuModel) -> tuple[dict[Gpu, GpuView], dict[Gpu, str]]:
-    """The MIG GPUs of `gpu_model` the managers report units of, and why the other GPUs are left out."""
-    reports = []
-    for kv in ds.get_prefix(STATUS_PREFIX):
-        try:
-            reports.append(json.loads(kv.value))
-        except ValueError:
-            continue
-    return gpu_views(reports, gpu_model)
-
-
-def gpu_views(reports: Iterable[Any], gpu_model: GpuModel) -> tuple[dict[Gpu, GpuView], dict[Gpu, str]]:
-    """`read_gpus` over unit reports already read (parsed JSON; malformed ones are skipped)."""
-    units: dict[Gpu, list[dict[str, Any]]] = defaultdict(list)
-    for s in reports:
-        try:
-            if s.get("kind") == "mig":
-                units[(str(s["node"]), int(s["gpu"]))].append(s)
-        except (AttributeError, ValueError, KeyError, TypeError):
-            continue
-    views: dict[Gpu, GpuView] = {}
-    skipped: dict[Gpu, str] = {}
-    for gpu, reports in units.items():
-        names = {r.get("gpu_name") for r in reports}
-        if len(names) != 1 or not gpu_name_matches(gpu_model.name, names.pop()):
-            skipped[gpu] = f"not an {gpu_model.name} (reports {sorted(map(str, {r.get('gpu_name') for r in reports}))})"
-            continue
-        if any(not r.get("profile") for r in reports) or len({r.get("url") for r in reports}) != 1:
-            skipped[gpu] = "its units report no MIG profile or several managers"
-            continue
-        try:
-            geometry = gpu_model.validate([r["profile"] for r in reports])
-        except InvalidGeometry as exc:
-            skipped[gpu] = str(exc).split(". Valid")[0]
-            continue
-        keys = tuple(sorted(f"{r['node']}/{r['unit']}" for r in reports))
-        views[gpu] = GpuView(gpu, str(reports[0]["url"]), keys, geometry)
-    return views, skipped
-
-
-# -- the controller -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -346,26 +205,9 @@ class ReconfigController:
     def _apply(self, r: Reconfiguration, view: GpuView) -> None:
         node, index = r.gpu
         names = [self.gpu_model.profile(k).name for k in r.target]  # the manager takes NVML's names
-        body = {"profiles": names, "drain_timeout_s": self.drain_timeout_s}
         status, detail, retry = "error", "", False
         try:
-            resp = self.http.post(
-                f"{view.url}/v1/gpus/{index}/geometry",
-                json=body,
-                headers={"Authorization": f"Bearer {self.token}"},
-                timeout=self.drain_timeout_s + 60,
-            )
-            detail = resp.text.strip()[:300]
-            if resp.status_code == 200:
-                status = "done"
-            elif resp.status_code == 400:
-                status = "invalid"
-            elif resp.status_code == 409 or resp.status_code >= 500:
-                status, retry = "refused", True
-            else:
-                status = "error"
-        except requests.RequestException as exc:
-            status, detail, retry = "unreachable", str(exc)[:300], True
+            status, detail, retry = set_geometry(self.http, self.token, view.url, index, names, self.drain_timeout_s)
         except Exception as exc:  # never let one GPU's failure stop the controller
             status, detail = "error", repr(exc)[:300]
         finally:
@@ -453,7 +295,3 @@ class ReconfigController:
                     self.step(now)
             except Exception:
                 log.exception("reconfigurator: monitor round failed")
-
-
-def gpu_key(gpu: Gpu) -> str:
-    return f"{gpu[0]}/{gpu[1]}"

@@ -11,7 +11,8 @@ import pytest
 
 from faas_gpu.datastore.embedded import EmbeddedDatastore
 from faas_gpu.history import EmbeddedHistory
-from provider.autoscaler import MIN_AGE_S, Autoscaler
+from provider.scaling import InflessScaling, ScalingRouter
+from provider.scaling.infless import MIN_AGE_S
 from provider.types import FunctionDeployment, FunctionRecord, ValidationError
 
 # batch -> ms at 1 CPU thread (2 threads: 60%); roughly a small CNN on this class of CPU
@@ -50,18 +51,12 @@ def scaler(tmp_path):
     history = EmbeddedHistory(tmp_path / "history.db")
     clock, wall = Clock(), Clock(1_700_000_000.0)
     replicas = {}
-    a = Autoscaler(
-        PlanRecorder(),
-        ds,
-        history,
-        TablePredictor({"cnn": TABLE}),
-        set_replicas=lambda ns, n, r: replicas.__setitem__((ns, n), r),
-        cpus=8,
-        clock=clock,
-        wall=wall,
-        window_s=5.0,
+    infless = InflessScaling(ds, history, TablePredictor({"cnn": TABLE}), cpus=8, wall=wall, window_s=5.0)
+    a = ScalingRouter(
+        PlanRecorder(), [infless], set_replicas=lambda ns, n, r: replicas.__setitem__((ns, n), r), clock=clock
     )
-    a.replicas, a.fake_clock, a.fake_wall = replicas, clock, wall
+    a.replicas, a.fake_clock, a.fake_wall, a.ds, a.history = replicas, clock, wall, ds, history
+    a.predictor = infless.predictor
     yield a
     history.close()
     ds.close()
@@ -175,9 +170,8 @@ def test_the_plan_survives_a_provider_restart(scaler, tmp_path):
     scaler.prepare(r)
     load(scaler, r.key, 400, 8)
     before = [(i["id"], i["batch"]) for i in scaler.describe(r.key)["instances"]]
-    again = Autoscaler(
-        PlanRecorder(), scaler.ds, scaler.history, scaler.predictor, set_replicas=lambda *a: None, cpus=8
-    )
+    infless = InflessScaling(scaler.ds, scaler.history, scaler.predictor, cpus=8)
+    again = ScalingRouter(PlanRecorder(), [infless], set_replicas=lambda *a: None)
     again.prepare(r)
     assert [(i["id"], i["batch"]) for i in again.describe(r.key)["instances"]] == before
 

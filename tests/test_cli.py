@@ -504,11 +504,11 @@ def test_build_unknown_lang_is_one_line(env, capsys):
 
 # -- delegation --------------------------------------------------------------------------
 def test_up_and_sim_get_the_rest_of_argv(monkeypatch):
+    import faas_gpu.cli.up
     import faas_gpu.sim.cli
-    import faas_gpu.up
 
     seen = {}
-    monkeypatch.setattr(faas_gpu.up, "main", lambda argv: seen.setdefault("up", argv) and 0)
+    monkeypatch.setattr(faas_gpu.cli.up, "main", lambda argv: seen.setdefault("up", argv) and 0)
     monkeypatch.setattr(faas_gpu.sim.cli, "main", lambda argv: seen.setdefault("sim", argv) and 3)
     assert cli.main(["up", "-f", "x.yml", "--no-deploy"]) == 0
     assert cli.main(["sim", "scenario.yml", "--policies", "lb"]) == 3

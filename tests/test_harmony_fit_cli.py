@@ -10,9 +10,10 @@ import math
 import pytest
 
 from faas_gpu import cli
-from faas_gpu.policies.harmony import App, load_models, plan
+from faas_gpu.policies.harmony import App, plan
 from faas_gpu.policies.harmony.cost import ALIBABA_FC_CNY
 from faas_gpu.policies.harmony.fitter import CpuSample
+from faas_gpu.policy_data.harmony import load_models
 from tests.test_harmony_e2e import VGG19
 
 MODEL = """
@@ -43,7 +44,7 @@ def fake_runs(model, make_batch, threads, clock, batches=(1, 2, 3, 4), repeats=5
 
 
 def test_fitted_coefficients_are_written_in_model_json_format(files, monkeypatch, capsys):
-    monkeypatch.setattr("faas_gpu.policies.harmony.profiling.profile_cpu", fake_runs)
+    monkeypatch.setattr("faas_gpu.profiling.harmony_runs.profile_cpu", fake_runs)
     rc = cli.main(
         [
             "fit",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from faas_gpu.paths import SHARED_DATA
-from faas_gpu.policies.harmony import CpuCoefficients, ExpCurve, load_model, load_models
+from faas_gpu.policies.harmony import CpuCoefficients, ExpCurve
 from faas_gpu.policies.harmony.fitter import (
     CoefficientError,
     CpuSample,
@@ -22,7 +22,8 @@ from faas_gpu.policies.harmony.fitter import (
     validate_cpu,
     validate_gpu,
 )
-from faas_gpu.policies.harmony.profiling import profile_cpu
+from faas_gpu.policy_data.harmony import load_model, load_models
+from faas_gpu.profiling.harmony_runs import profile_cpu
 
 VGG = load_model(SHARED_DATA / "harmonybatch" / "model.json", "VGG19")
 VCPUS = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]

@@ -13,13 +13,11 @@ from faas_gpu.policies.harmony import (
     InfeasibleSLOError,
     Options,
     Platform,
-    load_model,
-    load_models,
-    load_platform,
     plan,
     provisioner,
 )
 from faas_gpu.policies.harmony.baselines import partition
+from faas_gpu.policy_data.harmony import load_model, load_models, load_platform
 
 DATA = SHARED_DATA / "harmonybatch"
 VGG = load_model(DATA / "model.json", "VGG19")

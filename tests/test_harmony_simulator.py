@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from faas_gpu.paths import SHARED_DATA
-from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Group, Plan, load_model, load_platform, plan
-from faas_gpu.policies.harmony.simulator import (
+from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Group, Plan, plan
+from faas_gpu.policy_data.harmony import load_model, load_platform
+from faas_gpu.sim.harmony import (
     TraceApp,
     load_app_trace,
     poisson_arrivals,

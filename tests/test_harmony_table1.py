@@ -4,7 +4,8 @@ reference implementation computes it (shared data: harmonybatch/table1_repro.txt
 import pytest
 
 from faas_gpu.paths import SHARED_DATA
-from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Options, load_model, load_platform, plan
+from faas_gpu.policies.harmony import ALIBABA_FC_CNY, App, Options, plan
+from faas_gpu.policy_data.harmony import load_model, load_platform
 
 DATA = SHARED_DATA / "harmonybatch"
 APPS = [App("app0", 0.5, 5.0), App("app1", 0.8, 10.0), App("app2", 1.0, 20.0)]

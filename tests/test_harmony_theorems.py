@@ -5,7 +5,8 @@ import math
 import pytest
 
 from faas_gpu.paths import SHARED_DATA
-from faas_gpu.policies.harmony import ALIBABA_FC_CNY, PAPER_PRICES, Load, Platform, Provisioner, load_models
+from faas_gpu.policies.harmony import ALIBABA_FC_CNY, PAPER_PRICES, Load, Platform, Provisioner
+from faas_gpu.policy_data.harmony import load_models
 
 DATA = SHARED_DATA / "harmonybatch"
 MODELS = load_models(DATA / "model.json")

@@ -30,7 +30,7 @@ from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.policies.protean import CostMeter, NodeKind, Procurement
-from faas_gpu.procure import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
+from procurer import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
 from scheduler.core import Scheduler
 from tests.stack_process import free_port
 
@@ -309,7 +309,7 @@ def test_the_daemon_serves_its_status_and_releases_its_nodes_when_stopped(tmp_pa
         [
             sys.executable,
             "-m",
-            "faas_gpu.procure",
+            "procurer",
             "--home",
             str(tmp_path),
             "--nodes",
@@ -354,7 +354,7 @@ def _status(port: int) -> dict | None:
 
 def test_the_daemon_refuses_a_missing_price_file(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "faas_gpu.procure", "--home", str(tmp_path), "--spot-prices", str(tmp_path / "x.csv")],
+        [sys.executable, "-m", "procurer", "--home", str(tmp_path), "--spot-prices", str(tmp_path / "x.csv")],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -5,7 +5,8 @@ import textwrap
 import pytest
 import yaml
 
-from faas_gpu.policies.protean.slowdown import default_assumptions, merge_assumptions, parse_assumptions
+from faas_gpu.policies.protean.slowdown import merge_assumptions
+from faas_gpu.policy_data.protean import default_assumptions, parse_assumptions
 from faas_gpu.profiling.colocation import Fit, Measurement, fit_fbr, fit_rdf, median_s, merge_overlays, overlay
 from faas_gpu.profiling.colocation_cli import main
 from faas_gpu.profiling.colocation_runner import Device

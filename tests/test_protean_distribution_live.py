@@ -24,7 +24,7 @@ from faas_gpu.models import ModelStore
 from faas_gpu.policies import LALBScheduler, LBScheduler, Model, ModelCache, Request, Unit
 from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPreference, MigSlice, be_footprint
 from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
-from faas_gpu.policies.protean.slowdown import default_assumptions
+from faas_gpu.policy_data.protean import default_assumptions
 from gpu_manager.api import create_app
 from gpu_manager.daemon import StatusReporter
 from gpu_manager.discovery import discover_units

@@ -27,14 +27,13 @@ from faas_gpu.policies.protean import (
     ScaleSnapshot,
     SliceState,
     classify,
-    default_assumptions,
     eta,
-    gpu_model,
     parse_class,
     parse_slo_ms,
     tag_slices,
 )
 from faas_gpu.policies.protean.slowdown import mlperf_rdf_1g, width_from_rdf_1g
+from faas_gpu.policy_data.protean import default_assumptions, gpu_model
 
 MLPERF = SHARED_DATA / "mlperf_v1.1_a100_mig_calibration.csv"
 A100 = gpu_model("A100-40GB")

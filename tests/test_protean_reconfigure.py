@@ -20,20 +20,15 @@ from werkzeug.serving import make_server
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
-from faas_gpu.policies.protean.slowdown import default_assumptions
+from faas_gpu.policy_data.protean import default_assumptions
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import UnitInfo, discover_units
 from gpu_manager.manager import GPUManager
 from scheduler.core import Scheduler
-from scheduler.reconfigure import (
-    ReconfigController,
-    Residency,
-    ResidencyMeter,
-    gpu_name_matches,
-    read_gpus,
-    resident_counts,
-)
+from scheduler.gpus import gpu_name_matches, read_gpus
+from scheduler.reconfigure import ReconfigController
+from scheduler.residency import Residency, ResidencyMeter, resident_counts
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.stack_process import free_port
 from tests.test_gpu_mig import FakeWorker

@@ -17,8 +17,7 @@ import requests
 
 from faas_gpu.datastore.embedded import EmbeddedDatastore
 from faas_gpu.history import EmbeddedHistory
-from provider.autoscaler import Autoscaler, scaling_of
-from provider.protean import ProteanFunctions
+from provider.scaling import InflessScaling, ProteanFunctions, ScalingRouter, scaling_of
 from provider.types import FunctionDeployment, FunctionRecord, ValidationError
 from tests.stack_process import StackProcess
 from tests.test_autoscaler import TABLE, Clock, TablePredictor
@@ -55,17 +54,12 @@ def scaler(tmp_path):
         return record
 
     runtime, clock = Runtime(), Clock()
-    a = Autoscaler(
-        runtime,
-        ds,
-        history,
-        TablePredictor({"cnn": TABLE}),
-        set_replicas=set_replicas,
-        cpus=8,
-        clock=clock,
-        protean=ProteanFunctions(runtime, set_replicas=set_replicas, surplus_window_s=WINDOW_S),
-    )
-    a.records, a.fake_clock = records, clock
+    policies = [
+        InflessScaling(ds, history, TablePredictor({"cnn": TABLE}), cpus=8),
+        ProteanFunctions(surplus_window_s=WINDOW_S),
+    ]
+    a = ScalingRouter(runtime, policies, set_replicas=set_replicas, clock=clock)
+    a.records, a.fake_clock, a.ds = records, clock, ds
     yield a
     history.close()
     ds.close()

@@ -1,7 +1,8 @@
 """The scheduler daemon over real GPU Manager daemons (cpu back end), real HTTP, real etcd.
 
 Covers placement through the LALB-O3 policy object, cache hits, a manager killed under load, and
-the leader dying under load: every accepted job is answered.
+the leader dying under load: every accepted job is answered. Last, the leader loop keeps the
+scheduler's clock, not the machine's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
+from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
+from scheduler.core import Scheduler
 from tests.stack_process import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
@@ -210,3 +213,38 @@ def test_model_larger_than_every_unit_is_507(cluster):
     digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
     r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 3, 32, 32)), headers=auth, timeout=60)
     assert r.status_code == 507 and "MB exceeds every unit (0.5 MB)" in r.text
+
+
+def test_the_leader_loop_keeps_the_injected_clock(tmp_path):
+    """The loop rereads the unit reports once a second of the scheduler's clock: while a test's
+    clock stands still they are read once, however long the loop runs, and again once it moves."""
+    ds = open_datastore(None, tmp_path / "state.db")
+    reads: list[str] = []
+    get_prefix = ds.get_prefix
+
+    def counting(prefix, *args, **kwargs):
+        if prefix == "/faas-gpu/units/":
+            reads.append(prefix)
+        return get_prefix(prefix, *args, **kwargs)
+
+    ds.get_prefix = counting
+    now = [0.0]
+    sched = Scheduler(ds, ModelStore(tmp_path / "models"), "t", clock=lambda: now[0])
+    sched.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not reads:
+            assert time.monotonic() < deadline, "the loop never read the units"
+            time.sleep(0.02)
+        time.sleep(1.6)  # three idle rounds of the machine's time; the scheduler's clock stood still
+        assert len(reads) == 1
+        now[0] = 1.5  # past a second of the scheduler's clock
+        deadline = time.monotonic() + 10
+        while len(reads) < 2:
+            assert time.monotonic() < deadline, "the loop did not follow its clock"
+            time.sleep(0.02)
+        time.sleep(1.2)
+        assert len(reads) == 2
+    finally:
+        sched.close()
+        ds.close()

@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
     """Every flag checked, and the model loaded once here, before any worker starts."""
-    from faas_gpu.policies.protean.mig import gpu_model
-    from faas_gpu.policies.protean.slowdown import default_assumptions
+    from faas_gpu.policy_data.protean import default_assumptions, gpu_model
 
     for flag, value, low in (("--batch", args.batch, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
         if value < low:
@@ -222,7 +221,7 @@ def _old_overlay(out: Path | None) -> dict[str, Any] | None:
 
 def _write(out: Path | None, fragment: dict[str, Any]) -> str:
     """The overlay's text, merged into `out` if it holds one; checked to load through parse_assumptions."""
-    from faas_gpu.policies.protean.slowdown import parse_assumptions
+    from faas_gpu.policy_data.protean import parse_assumptions
 
     old = _old_overlay(out)
     if old is not None:

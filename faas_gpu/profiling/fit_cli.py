@@ -63,7 +63,7 @@ def _gpu_block(spec: str | None) -> dict:
 def run(args: argparse.Namespace) -> int:
     from faas_gpu.policies.harmony.fitter import CoefficientError, fit_cpu
     from faas_gpu.policies.harmony.models import ModelCoefficients
-    from faas_gpu.policies.harmony.profiling import profile_cpu
+    from faas_gpu.profiling.harmony_runs import profile_cpu
 
     try:
         threads = _ints(args.threads, "--threads")

@@ -51,9 +51,9 @@ from faas_gpu.policies.protean import (
     Queued,
     ScaleSnapshot,
     SliceState,
-    default_assumptions,
 )
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
+from faas_gpu.policy_data.protean import default_assumptions
 
 from .protean_trace import RateTrace, batch_arrivals
 

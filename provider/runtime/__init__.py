@@ -1,5 +1,5 @@
 """Runtimes run a function's replicas. `local` (processes) is the embedded default."""
 
-from .base import LaunchError, Runtime
+from .base import InstanceSpec, LaunchError, Runtime
 
-__all__ = ["LaunchError", "Runtime"]
+__all__ = ["InstanceSpec", "LaunchError", "Runtime"]

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 from ..types import FunctionRecord
 
 
 class LaunchError(Exception):
     """A deployment that cannot run (unknown image, nothing runnable): the deploy gets 400."""
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One instance of a function that a scaling policy sized on its own (INFless's non-uniform
+    instances, HarmonyBatch's pools): a stable id, and the env that gives it its batch size,
+    threads and share. It crosses the seam (`Runtime.set_plan`), so it lives beside it."""
+
+    id: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def digest(self, spec_digest: str) -> str:
+        return hashlib.sha256(json.dumps([spec_digest, self.env], sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Runtime(ABC):
@@ -45,8 +61,11 @@ class Runtime(ABC):
         """(instance id, base URL) of the ready replicas, for a dispatcher that weighs instances."""
         return [(url, url) for url in self.endpoints(namespace, name)]
 
-    def set_plan(self, namespace: str, name: str, plan: list | None) -> None:
-        """Run exactly these instances (per-instance settings), or back to identical replicas."""
+    def set_plan(self, namespace: str, name: str, plan: list[InstanceSpec] | None) -> None:
+        """Run exactly these instances (per-instance settings), or back to identical replicas
+        (None: what a runtime without per-instance plans always runs)."""
+        if plan is None:
+            return
         raise NotImplementedError(f"{type(self).__name__} cannot run per-instance plans")
 
     @abstractmethod

@@ -17,20 +17,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .cost import expected_batch
-from .plans import App, Group
+from .options import Options
+from .plans import App, Group, sort_by_slo
 from .provision import InfeasibleSLOError, Load, Provision, Provisioner
-
-if TYPE_CHECKING:
-    from .planner import Options
 
 
 def batch(apps: Sequence[App], prov: Provisioner) -> list[Group]:
     """BATCH: each app alone on the cheapest CPU function of an exhaustive search."""
-    from .planner import sort_by_slo
-
     groups = []
     for app in sort_by_slo(apps):
         p = batch_search(prov, app)
@@ -120,8 +115,6 @@ def lattice_search(prov: Provisioner, load: Load, vcpu_step: float, batch_stride
 
 def mbs(apps: Sequence[App], prov: Provisioner, options: Options) -> list[Group]:
     """MBS+: the cheapest even split into k groups, k = 1..n."""
-    from .planner import sort_by_slo
-
     apps = sort_by_slo(apps)
     for app in apps:  # every app must be servable alone, or no split helps
         if lattice_search(prov, Load((app.slo,), (app.rate,)), options.mbs_vcpu_step, options.mbs_batch_stride) is None:

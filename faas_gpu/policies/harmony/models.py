@@ -12,15 +12,14 @@ coefficients file and code, not from the paper's text: the worst case is padded 
 (`host_share`, BERT's pre-processing) that runs on the function's vCPUs (capped at one) rather
 than on the GPU.
 
-`ModelCoefficients.from_json` reads the reference's `model.json` entry for one model.
+`ModelCoefficients.from_json` reads the reference's `model.json` entry for one model, handed in as
+data: the file is read by `faas_gpu.policy_data.harmony.load_models`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -170,16 +169,3 @@ class ModelCoefficients:
         if gpu_c.base_latency(1) <= 0:
             raise ValueError(f"{name}: GPU latency xi1 * 1 + xi2 = {gpu_c.base_latency(1)} s is not positive")
         return cls(name, cpu_c, gpu_c)
-
-
-def load_models(path: str | Path) -> dict[str, ModelCoefficients]:
-    """Every model of a `model.json` in the reference's format, by name."""
-    data = json.loads(Path(path).read_text())
-    return {name: ModelCoefficients.from_json(name, entry) for name, entry in data.items()}
-
-
-def load_model(path: str | Path, name: str) -> ModelCoefficients:
-    models = load_models(path)
-    if name not in models:
-        raise KeyError(f"{name!r} not in {path} (models: {', '.join(sorted(models))})")
-    return models[name]

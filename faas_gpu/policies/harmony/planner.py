@@ -12,42 +12,28 @@ merge is kept only when the merged group costs less per second than its parts.
 `plan(apps, model, prices, strategy)` is pure: the same inputs give the same plan. A
 `Provisioner` (per model, prices, platform and timeout formula) is reused between calls for
 what does not depend on the apps (the knee rates, the roots of Eq. 14).
+
+The modules form a line, not a circle: `planner` calls `baselines`, and both take `Options` from
+`options` and `sort_by_slo` from `plans`, below them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 from faas_gpu.contract.annotations import HARMONY_STRATEGIES
 
+from .baselines import batch, mbs
 from .cost import Prices
 from .models import ModelCoefficients
-from .plans import App, Group, Plan
+from .options import Options
+from .plans import App, Group, Plan, sort_by_slo
 from .platform import Platform
 from .provision import KINDS, InfeasibleSLOError, Load, Provisioner
 
 STRATEGIES = HARMONY_STRATEGIES  # what com.faas-gpu.harmony-strategy may name
-
-
-@dataclass(frozen=True)
-class Options:
-    """Choices the paper leaves open. `Options.reference()` gives the authors' code's, for Table I.
-
-    - timeout_formula: "eq5" (the paper's Eq. 5) or "reference" (the authors' code's; see cost.py)
-    - merged_kinds: which function kinds funcProvision may give a merged group
-    - mbs_vcpu_step / mbs_batch_stride: the lattice MBS+ probes (see baselines.py)
-    """
-
-    timeout_formula: str = "eq5"
-    merged_kinds: tuple[str, ...] = KINDS
-    mbs_vcpu_step: float = 0.5
-    mbs_batch_stride: int = 5
-
-    @classmethod
-    def reference(cls) -> Options:
-        return cls(timeout_formula="reference", merged_kinds=("gpu",))
+DEFAULT_OPTIONS = Options()  # the paper's choices (Eq. 5, any kind for a merged group)
 
 
 @lru_cache(maxsize=64)
@@ -67,11 +53,6 @@ def provision_app(prov: Provisioner, app: App, kinds: Sequence[str] = KINDS) -> 
     return Group((app,), p)
 
 
-def sort_by_slo(apps: Sequence[App]) -> list[App]:
-    """Alg. 1's list order (line 3); names break ties so that the input's order never matters."""
-    return sorted(apps, key=lambda a: (a.slo, a.name))
-
-
 def _merge(prov: Provisioner, groups: list[Group], low: int, high: int, kinds: Sequence[str]) -> bool:
     """Merge of Alg. 1 (lines 23-30): groups[low:high] become one group if that is cheaper."""
     parts = groups[low:high]
@@ -88,7 +69,9 @@ def _merge(prov: Provisioner, groups: list[Group], low: int, high: int, kinds: S
     return False
 
 
-def harmony(apps: Sequence[App], prov: Provisioner, options: Options = Options()) -> tuple[list[Group], list[float]]:
+def harmony(
+    apps: Sequence[App], prov: Provisioner, options: Options = DEFAULT_OPTIONS
+) -> tuple[list[Group], list[float]]:
     """Alg. 1. Returns the groups and the plan's cost per second after each step (initial, then each merge)."""
     groups = [provision_app(prov, a) for a in sort_by_slo(apps)]
     trace = [sum(g.cost_per_second for g in groups)]
@@ -128,8 +111,6 @@ def plan(
     options: Options | None = None,
 ) -> Plan:
     """Group `apps` (all serving `model`) onto CPU/GPU functions with `strategy`: harmony, batch or mbs."""
-    from .baselines import batch, mbs
-
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
     if not apps:

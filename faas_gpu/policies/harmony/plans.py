@@ -8,6 +8,7 @@ then holds a share of the app (same name, part of its rate).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .provision import Provision
@@ -124,3 +125,8 @@ class Plan:
             "rate_rps": self.rate,
             "groups": [g.to_dict() for g in self.groups],
         }
+
+
+def sort_by_slo(apps: Sequence[App]) -> list[App]:
+    """Alg. 1's list order (line 3); names break ties so that the input's order never matters."""
+    return sorted(apps, key=lambda a: (a.slo, a.name))

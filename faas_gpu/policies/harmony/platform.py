@@ -9,11 +9,9 @@ function carries 1/3 vCPU per GB of GPU memory and the model's host memory.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,3 @@ class Platform:
                 raise ValueError("B_GPU must start at 1")
             kw["gpu_batch_max"] = int(data["B_GPU"][1])
         return cls(**kw)
-
-
-def load_platform(path: str | Path) -> Platform:
-    """Search ranges from a `config.json` in the reference's format."""
-    return Platform.from_config(json.loads(Path(path).read_text()))

@@ -1,13 +1,16 @@
 """PROTEAN (seed 000): strict and best-effort requests over MIG slices shared with MPS.
 
 Pure policies, driven by `faas_gpu.sim.protean` (and, later, by the daemons) alike:
-- `mig`: valid MIG geometries of A100-40GB / H100-80GB as data (`mig_profiles.yaml`), validation;
+- `mig`: valid MIG geometries of a GPU's profile table (A100-40GB / H100-80GB), validation;
 - `slowdown`: Eq. 2, eta = RDF x max(sum FBR, 1), calibrated / assumed in `assumptions.yaml`;
 - `classes`: strict vs best-effort, the reordering queue (EDF, bounded BE wait), header parsing;
 - `distribution`: Job Distribution (Algorithm 1);
 - `reconfigurator`: GPU Reconfigurator (Algorithm 2);
 - `autoscale`: one container per batch, delayed termination, as a pluggable scaling policy;
 - `procurement`: spot first, on-demand backup, eviction handling, cost (the cloud: `faas_gpu.cloud`).
+
+The data files (`mig_profiles.yaml`, `assumptions.yaml`) are read by `faas_gpu.policy_data.protean`
+(`gpu_model`, `default_assumptions`, `parse_assumptions`), which hands the parsed data in.
 """
 
 from .autoscale import FunctionLoad, ProteanScaling, ScaleDecision, ScaleSnapshot, ScalingPolicy, containers_needed
@@ -23,7 +26,7 @@ from .classes import (
     parse_slo_ms,
 )
 from .distribution import Batch, Distribution, JobDistributor, Placement, SliceState, tag_slices
-from .mig import Geometry, GpuModel, InvalidGeometry, ProfileInfo, gpu_model, gpu_models
+from .mig import Geometry, GpuModel, InvalidGeometry, ProfileInfo, gpu_models_from_data
 from .procurement import (
     CostMeter,
     EvictionNotice,
@@ -36,7 +39,7 @@ from .procurement import (
     ProcurementSnapshot,
 )
 from .reconfigurator import GpuObservation, ReconfigDecision, ReconfigSettings, Reconfiguration, Reconfigurator
-from .slowdown import Assumptions, ModelSpec, SlowdownModel, default_assumptions, eta, parse_assumptions
+from .slowdown import Assumptions, ModelSpec, SlowdownModel, assumptions_from_data, eta, merge_assumptions
 
 __all__ = [
     "CLASS_HEADER",
@@ -78,11 +81,10 @@ __all__ = [
     "SlowdownModel",
     "classify",
     "containers_needed",
-    "default_assumptions",
+    "assumptions_from_data",
     "eta",
-    "gpu_model",
-    "gpu_models",
-    "parse_assumptions",
+    "gpu_models_from_data",
+    "merge_assumptions",
     "parse_class",
     "parse_slo_ms",
     "tag_slices",

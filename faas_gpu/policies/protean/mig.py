@@ -6,7 +6,8 @@ user guide, "placements"), so (4g, 3g) is valid while (4g, 4g) and (3g, 2g, 2g, 
 The policies (Job Distribution, the Reconfigurator) only ever name geometries; this module says
 which are valid, and why not when one is not.
 
-The profile table lives in `mig_profiles.yaml` (A100-40GB, H100-80GB). On a live GPU the same
+The profile table is data handed in: `faas_gpu.policy_data.protean.gpu_models()` reads the packaged
+`mig_profiles.yaml` (A100-40GB, H100-80GB) through `gpu_models_from_data`. On a live GPU the same
 table is built from NVML's profile info (`nvmlDeviceGetGpuInstanceProfileInfo` and its possible
 placements) with `GpuModel.from_profiles(name, profiles)`: any objects with `name`, `slices`,
 `memory_mb`, `max_count` and `placements` ((start, size) pairs) will do, so the GPU Manager's
@@ -20,13 +21,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Protocol
 
-import yaml
-
 Geometry = tuple[str, ...]  # profile keys, largest first: ("4g", "2g", "1g")
-PROFILES_FILE = "mig_profiles.yaml"
 
 
 class ProfileLike(Protocol):
@@ -264,24 +261,11 @@ def _geometries(profiles: tuple[ProfileInfo, ...], compute_slices: int, full_onl
     return tuple(sorted(out, key=lambda g: [rank[n] for n in g]))
 
 
-@functools.lru_cache(maxsize=1)
-def gpu_models() -> dict[str, GpuModel]:
-    """The GPU models of `mig_profiles.yaml`, by name ("A100-40GB", "H100-80GB")."""
-    return parse_profiles(resources.files(__package__).joinpath(PROFILES_FILE).read_text())
-
-
-def parse_profiles(text: str) -> dict[str, GpuModel]:
-    data = yaml.safe_load(text) or {}
+def gpu_models_from_data(data: Mapping[str, Any]) -> dict[str, GpuModel]:
+    """The GPU models of a profile table (`mig_profiles.yaml`'s shape, parsed), by name."""
     return {
         name: GpuModel.from_profiles(
             name, spec["profiles"], int(spec.get("compute_slices", 7)), int(spec.get("memory_slices", 8))
         )
         for name, spec in data.items()
     }
-
-
-def gpu_model(name: str) -> GpuModel:
-    try:
-        return gpu_models()[name]
-    except KeyError:
-        raise ValueError(f"unknown GPU model {name!r} (known: {', '.join(gpu_models())})") from None

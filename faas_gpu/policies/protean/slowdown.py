@@ -10,25 +10,21 @@ Strict batches go to the slice with the least eta (Job Distribution, `distributi
 RDF comes from a batch's *width* w (the share of the GPU's SMs it keeps busy alone):
 RDF = max(1, w / f) on a slice of compute fraction f. Widths are calibrated on the MLPerf
 A100 figures (whole GPU vs 1g) and interpolated in the batch's work for other models; FBRs
-are assumed. Every such number, and why, is in `assumptions.yaml`. Measured numbers (`faas-gpu
-profile-colocation`) come as an overlay file, `base: package`, laid over that file (`merge_assumptions`).
+are assumed. Every such number, and why, is in `assumptions.yaml` (`faas_gpu/policy_data/`, read by
+`faas_gpu.policy_data.protean`, which hands the parsed data to `assumptions_from_data`). Measured
+numbers (`faas-gpu profile-colocation`) come as an overlay file, `base: package`, laid over that
+file (`merge_assumptions`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-import yaml
+from .mig import GpuModel
 
-from .mig import GpuModel, gpu_model
-
-ASSUMPTIONS_FILE = "assumptions.yaml"
-PACKAGE_BASE = "package"  # `base: package`: this file overlays the package's assumptions.yaml
 MODEL_KEYS = ("domain", "class", "batch", "gmac", "exec_7g_ms", "mem_gb", "fbr")
 
 
@@ -200,16 +196,10 @@ def merge_assumptions(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> di
     return out
 
 
-def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
-    """The assumptions in `text`: a whole file like the package's, or an overlay (`base: package`)."""
-    data = yaml.safe_load(text)
-    if not isinstance(data, Mapping):
-        raise ValueError("assumptions: expected a mapping")
-    if "base" in data:
-        if data["base"] != PACKAGE_BASE:
-            raise ValueError(f"base: only {PACKAGE_BASE!r} (the package's assumptions.yaml), got {data['base']!r}")
-        data = merge_assumptions(default_assumptions().raw, {k: v for k, v in data.items() if k != "base"})
-    gpu = gpu or gpu_model(data.get("gpu", "A100-40GB"))
+def assumptions_from_data(data: Mapping[str, Any], gpu: GpuModel) -> Assumptions:
+    """The assumptions in `data`, a whole file like the package's `assumptions.yaml` once parsed (an
+    overlay already laid over its base), for `gpu`. Reading and overlaying the files is the loader's
+    job (`faas_gpu.policy_data.protean.parse_assumptions`): this function only turns data into the model."""
     anchors = {
         domain: WidthAnchor(float(a["w_lo"]), float(a["work_lo_gmac"]), float(a["work_hi_gmac"]))
         for domain, a in data["calibration"]["width_anchors"].items()
@@ -253,9 +243,3 @@ def parse_assumptions(text: str, gpu: GpuModel | None = None) -> Assumptions:
         simulator=data.get("simulator", {}),
         raw=data,
     )
-
-
-@functools.lru_cache(maxsize=1)
-def default_assumptions() -> Assumptions:
-    """The package's `assumptions.yaml`."""
-    return parse_assumptions(resources.files(__package__).joinpath(ASSUMPTIONS_FILE).read_text())

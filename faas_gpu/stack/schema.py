@@ -1,11 +1,8 @@
-"""stack.yml, read as faas-cli 0.18 reads it (go-sdk stack/schema.go, stack.go).
+"""The stack file's schema: which keys each level may hold, their types, and the parsed model.
 
-Errors raise StackError and name the file and the key path, e.g.
-`stack.yml: functions.echo.labels: must be a mapping of strings`.
-
-Where we are stricter than faas-cli (which silently ignores what it does not know):
-unknown keys, wrong types, duplicate keys and GPU limits (faas-cli drops them before they
-reach the provider; ours ride in the annotation `com.faas-gpu.gpu`) are errors.
+`load_stack` reads a file (through `text`: ${VAR} substitution and YAML as Go reads it) into a
+`StackFile` of `FunctionSpec`s; every check names the file and the key path. Paths the file names
+are checked by `files.resolve_inside`.
 """
 
 from __future__ import annotations
@@ -17,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .files import display_name, resolve_inside
+from .text import StackError, envsubst, parse_yaml
 
 from faas_gpu.contract import annotations as ann
 
@@ -55,76 +53,8 @@ RESOURCE_KEYS = ("memory", "cpu")
 LANG_RE = re.compile(r"^[A-Za-z0-9][-._A-Za-z0-9]*$")  # a template folder's name, never a path
 GPU_ANNOTATION = ann.GPU
 
-# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:=default}, ${VAR=default} and $VAR (drone/envsubst,
-# which faas-cli uses for --envsubst)
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _TRUE = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "y", "Y"}
 _FALSE = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF", "n", "N"}
-
-
-class StackError(ValueError):
-    """A stack file that cannot be used; the message names the file and the key path."""
-
-
-def envsubst(text: str, env: Mapping[str, str] | None = None) -> str:
-    """Substitute ${VAR}, ${VAR:-default}, ${VAR-default} and $VAR as faas-cli's --envsubst does.
-
-    `:-` (and `:=`) use the default when the variable is unset or empty, `-` (and `=`) only when
-    it is unset. An unset variable without a default becomes the empty string.
-    """
-    env = os.environ if env is None else env
-
-    def repl(m: re.Match) -> str:
-        name = m.group(1) or m.group(4)
-        op, default = m.group(2), m.group(3)
-        value = env.get(name)
-        if op is None:
-            return value or ""
-        if op.startswith(":"):
-            return value if value else default
-        return value if value is not None else default
-
-    return _VAR.sub(repl, text)
-
-
-# -- YAML: every plain scalar stays the text that was written, as Go decodes into string fields --
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-_Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")]
-    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, list | dict):
-            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar", key_node.start_mark)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def parse_yaml(text: str, file: str) -> Any:
-    """YAML with plain scalars kept as strings; syntax errors name the file and the line."""
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "syntax"
-        raise StackError(f"{file}: {where}: invalid YAML: {problem}") from None
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -200,45 +130,11 @@ class StackFile:
             return list(self.functions.values())
         if name not in self.functions:
             have = ", ".join(self.functions) or "none"
-            raise StackError(f"{_display(self.path)}: functions.{name}: no such function (have: {have})")
+            raise StackError(f"{display_name(self.path)}: functions.{name}: no such function (have: {have})")
         return [self.functions[name]]
 
 
 Stack = StackFile  # the older name, still used by callers
-
-
-def find_stack_file(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> Path | None:
-    """faas-cli's default: ./stack.yaml, else ./stack.yml; an explicit -f wins."""
-    if explicit:
-        return Path(explicit)
-    cwd = cwd or Path.cwd()
-    for name in ("stack.yaml", "stack.yml"):
-        if (cwd / name).is_file():
-            return cwd / name
-    return None
-
-
-def resolve_inside(stack_dir: Path, value: str, where: str) -> Path:
-    """`value` (relative to the stack file's folder, or absolute) resolved, links followed; a
-    StackError naming `where` when it lies outside that folder.
-
-    The one rule for every path a stack file names (handler, environment_file, build_secrets,
-    configuration.copy): `handler: ../../../../etc` once copied /etc into build/, and an
-    `environment_file: [/etc/shadow]` error quoted the file's first line.
-    """
-    root = Path(stack_dir).resolve()
-    target = (root / value).resolve()
-    if not target.is_relative_to(root):
-        raise StackError(f"{where}: {value!r} is outside the stack file's folder ({root}); paths must stay inside it")
-    return target
-
-
-def _display(path: Path) -> str:
-    """The file as a user would name it: relative to the working folder when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return path.name
 
 
 class _Reader:
@@ -319,7 +215,7 @@ def _join(*parts: str) -> str:
 def load_stack(path: Path | str, *, env: Mapping[str, str] | None = None, substitute: bool = True) -> StackFile:
     """Parse a stack file; `substitute=False` is faas-cli's `--envsubst=false`."""
     path = Path(path)
-    file = _display(path)
+    file = display_name(path)
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -12,6 +12,9 @@ is billed with the price list (GPU calls in whole seconds where the prices say s
 `replay` re-plans every minute with that minute's rates, as the authors' experiments do, and
 feeds every strategy the same arrivals (common random numbers), so costs compare like for like.
 Everything is seeded: same inputs, same result.
+
+It lives in `faas_gpu.sim`, beside the other simulators, and not in `faas_gpu.policies`: it reads
+trace files and draws random numbers, and the policies it drives stay pure.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cost import Prices
-from .models import ModelCoefficients
-from .plans import App, Group, Plan
+from faas_gpu.policies.harmony.cost import Prices
+from faas_gpu.policies.harmony.models import ModelCoefficients
+from faas_gpu.policies.harmony.plans import App, Group, Plan
 
 Z_MAX = 2.33  # the maximum latency sits this many standard deviations above the average
 

@@ -10,100 +10,17 @@ supervisor (`faas_gpu.supervise`) starts them and restarts any that dies; `down`
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from faas_gpu import paths, procs
-from faas_gpu.supervise import Daemon, healthy, read_stack, running_pid, supervisor_pid, write_stack
+from faas_gpu import paths
+from faas_gpu.build import build as build_image
+from faas_gpu.stack import find_stack_file, load_stack
+from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
-DAEMON_NAMES = ("faas-gpu", "scheduler", "gpu-manager")  # the order they stop in
-MODULES = {"faas-gpu": "provider.server", "scheduler": "scheduler", "gpu-manager": "gpu_manager"}
-
-
-def stack_pids(home: Path) -> dict[str, int]:
-    """The daemons running for `home`, by name (pid files checked against live command lines)."""
-    out = {}
-    try:
-        stack = read_stack(home)
-    except (OSError, ValueError, KeyError):
-        stack = []
-    for d in stack:
-        pid = running_pid(home, d)
-        if pid is not None:
-            out[d.name] = pid
-    return out
-
-
-def start_stack(home: Path, wanted: list[Daemon], timeout_s: float = 60) -> dict[str, int]:
-    """Start the supervisor (which starts the daemons) unless one runs; wait until all serve.
-
-    A running stack is recognised by the supervisor's pid file and live process, never by a
-    health probe: a busy gateway is waited for, never started a second time."""
-    home.mkdir(parents=True, exist_ok=True)
-    sup = supervisor_pid(home)
-    if sup is None:
-        write_stack(home, wanted)
-        log_path = home / "supervisor.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "faas_gpu.supervise", "--home", str(home)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=paths.REPO_ROOT,
-            )
-        sup = proc.pid
-    else:
-        running = read_stack(home)
-        if [d.name for d in running] != [d.name for d in wanted] or running != wanted:
-            print(f"faas-gpu: a stack already runs for {home} (supervisor pid {sup}); using it as it is")
-        wanted = running
-    for d in wanted:
-        deadline = time.monotonic() + timeout_s
-        while not (running_pid(home, d) is not None and healthy(d.health_url)):
-            if not procs.alive(sup):
-                raise SystemExit(f"faas-gpu: the supervisor exited; see {home / 'supervisor.log'}")
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"faas-gpu: {d.name} did not serve {d.health_url} within {timeout_s:.0f}s "
-                    f"(it is restarted with back-off meanwhile); see {home / (d.name + '.log')}"
-                )
-            time.sleep(0.2)
-    return stack_pids(home)
-
-
-def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
-    """Stop the supervisor first (it stops its daemons in order), then whatever still runs for
-    this home: daemons found by command line (a pid file may be stale) and replicas in run/."""
-    stopped = []
-    sup = supervisor_pid(home)
-    if sup is not None:
-        procs.stop(sup, timeout_s)
-        stopped.append("supervisor")
-    (home / "supervisor.pid").unlink(missing_ok=True)
-    for name in DAEMON_NAMES:
-        pids = set(procs.find(MODULES[name], home))
-        pid = procs.read_pid(home / f"{name}.pid")
-        if pid is not None and procs.runs(pid, MODULES[name], home):
-            pids.add(pid)
-        for other in sorted(pids):
-            procs.stop(other, 45)
-        (home / f"{name}.pid").unlink(missing_ok=True)
-        if pids and name not in stopped:
-            stopped.append(name)
-    for pid_path in (home / "run").glob("*/*/pid"):
-        pid = procs.read_pid(pid_path)
-        if pid is not None and any("fwatchdog" in a for a in procs.cmdline(pid)):
-            procs.kill_group(pid)
-    for extra in home.glob("scheduler-*.pid"):
-        pid = procs.read_pid(extra)
-        if pid is not None and procs.runs(pid, "scheduler", home):
-            procs.stop(pid, 45)
-        extra.unlink(missing_ok=True)
-    return stopped
+from .common import Client, CliError, credentials, json_of
+from .deploy import deploy_specs
+from .down import main as down_main
 
 
 def daemons(args: argparse.Namespace) -> list[Daemon]:
@@ -192,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     gateway_url = f"http://{host}:{args.gateway_port}"
     deployed: list[str] = []
     if not args.no_deploy:
-        from faas_gpu.cli import up_deploy
-
         deployed = up_deploy(args.yaml, gateway_url)
     secrets = paths.secrets_dir()
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
@@ -218,8 +133,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def down_main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="faas-gpu down", description="Stop the stack.").parse_args(argv)
-    stopped = stop_stack(paths.home())
-    print(f"faas-gpu stopped ({', '.join(stopped)})" if stopped else "faas-gpu was not running")
-    return 0
+# -- what `up` runs once the daemons serve ------------------------------------------------
+def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    params = {"namespace": namespace} if namespace else {}
+    while time.monotonic() < deadline:
+        resp = client.request("GET", f"/system/function/{name}", params=params)
+        if resp.status_code == 200 and (json_of(resp, "ready").get("availableReplicas") or 0) > 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180) -> list[str]:
+    """Build and deploy every function of the stack file, then wait until each serves (for `up`)."""
+    path = find_stack_file(yaml_path)
+    if path is None:
+        return []
+    stack = load_stack(path)
+    client = Client(gateway, credentials(argparse.Namespace(), gateway))
+    for spec in stack.functions.values():
+        if not spec.skip_build:
+            print(f"Building {spec.name} ({spec.image})", flush=True)
+            build_image(spec, stack_dir=stack.stack_dir)
+    _profile_missing(path, stack)
+    names = deploy_specs(client, stack.functions.values())
+    for spec in stack.functions.values():
+        if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s):
+            raise CliError(
+                f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
+            )
+    return names
+
+
+def _profile_missing(path: Path, stack) -> None:
+    """Profile the models the autoscaler will predict that have no profile yet (once per state folder)."""
+    from faas_gpu.profiling.cli import MODEL_ANNOTATION, SOURCE_ANNOTATION
+    from faas_gpu.profiling.cli import main as profile_main
+    from faas_gpu.profiling.predictor import LatencyPredictor
+    from faas_gpu.profiling.store import ProfileStore, profiles_db
+
+    with ProfileStore(profiles_db()) as store:
+        predictor = LatencyPredictor(store)
+        missing = [
+            spec.name
+            for spec in stack.functions.values()
+            if SOURCE_ANNOTATION in (spec.annotations or {})
+            and not predictor.has((spec.annotations or {}).get(MODEL_ANNOTATION) or spec.name)
+        ]
+    for name in missing:
+        print(f"Profiling {name}'s model for the autoscaler (once)", flush=True)
+        if profile_main(["-f", str(path), name, "--repeat", "5"]) != 0:
+            raise CliError(f"profiling {name} failed; run `faas-gpu profile -f {path} {name}` to see why")

@@ -10,8 +10,14 @@ group's batch size and per-app batch timeouts. A CPU group runs the model in its
 the group's vCPU as threads (no GPU Manager call); a GPU group's instances call the GPU Manager
 through the scheduler. The gateway routes each request to a pool that holds its app.
 
-It is one of the autoscaler's policies (`Autoscaler` hands it the functions that declare apps),
-so one loop decides for every function.
+It is one of the provider's scaling policies (the router hands it the functions that declare
+apps), so one loop decides for every function.
+
+A scale request (`POST /system/scale-function`, `faas-cli scale`) sets a floor on the number of
+instances: the plan's pools run as before and the instances beyond one per pool are copies of
+the busiest pools (each copy takes an equal part of its pool's rates), so `replicas` reads what
+serves. A request below the number of pools leaves one instance per pool: every app keeps the
+pool its SLO was planned for. The floor holds across re-plans until the next scale request.
 """
 
 from __future__ import annotations
@@ -34,14 +40,15 @@ from faas_gpu.policies.harmony import (
     ModelCoefficients,
     Options,
     Plan,
-    load_models,
     plan,
 )
 from faas_gpu.policies.infless import WeightedSplitter
+from faas_gpu.policy_data.harmony import load_models
 
-from .runtime.local import InstanceSpec
-from .types import FunctionRecord, ValidationError
-from .validation import APP_NAME_RE
+from ..runtime import InstanceSpec
+from ..types import FunctionRecord, ValidationError
+from ..validation import APP_NAME_RE
+from .base import Key, ScalingContext, ScalingDecision
 
 APPS = annotation_keys.APPS
 MODEL = annotation_keys.HARMONY_MODEL
@@ -79,6 +86,11 @@ class _Pool:
     id: str
     group: dict
     apps: dict[str, float]  # app -> share of the app's rate this pool takes
+    copies: int = 1  # instances of this pool (more than one under a scale request's floor)
+
+    @property
+    def instance_ids(self) -> list[str]:
+        return [self.id] + [f"{self.id[:56]}-r{i}" for i in range(2, self.copies + 1)]
 
 
 @dataclass
@@ -87,12 +99,12 @@ class _State:
     model: ModelCoefficients
     strategy: str
     slos: dict[str, float]
-    arrivals: dict[str, int] = field(default_factory=dict)
     samples: deque = field(default_factory=lambda: deque(maxlen=256))
     rates: dict[str, float] = field(default_factory=dict)
     plan: Plan | None = None
     pools: list[_Pool] = field(default_factory=list)
     planned_at: float = -math.inf
+    floor: int = 0  # instances a scale request asked for (0: one per pool)
     splitters: dict[str, WeightedSplitter] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -115,26 +127,26 @@ def _differs(old: Plan | None, new: Plan) -> bool:
 
 
 class HarmonyPools:
+    """HarmonyBatch's planner as a scaling policy: a function's apps grouped onto pools."""
+
+    name = "harmonybatch"
+    managed = True
+
     def __init__(
         self,
-        runtime,
         coefficients: Path | None,
         *,
-        set_replicas,
         gpu_path: bool,
         plan_period_s: float = 10.0,
         window_s: float = 30.0,
         options: Options | None = None,
     ):
-        self.runtime = runtime
         self.coefficients = coefficients
-        self.set_replicas = set_replicas
         self.gpu_path = gpu_path
         self.plan_period_s, self.window_s = plan_period_s, window_s
         # the authors' equivalent timeout and Alibaba FC prices: the configuration Table I reproduces
         self.options = options or Options.reference()
         self.prices = ALIBABA_FC_CNY
-        self._fns: dict[tuple[str, str], _State] = {}
 
     @staticmethod
     def declares(record: FunctionRecord) -> bool:
@@ -156,7 +168,8 @@ class HarmonyPools:
             )
         return models[name]
 
-    def validate(self, record: FunctionRecord) -> _State:
+    def state_of(self, record: FunctionRecord) -> _State:
+        """The function's apps, model and strategy, refused when no plan meets an app's SLO."""
         ann = record.deployment.annotations or {}
         slos = parse_apps(ann[APPS])
         if MODEL not in ann:
@@ -167,6 +180,9 @@ class HarmonyPools:
         state = _State(record, self._model(ann[MODEL]), strategy, slos)
         self._plan(state)  # an SLO no configuration meets is refused now, with the best latency
         return state
+
+    def validate(self, record: FunctionRecord) -> None:
+        self.state_of(record)
 
     def _plan(self, state: _State) -> Plan:
         apps = [App(n, slo, max(MIN_RATE, state.rates.get(n, 0.0))) for n, slo in state.slos.items()]
@@ -179,19 +195,16 @@ class HarmonyPools:
             ) from None
 
     # -- life cycle ------------------------------------------------------------------------
-    def prepare(self, record: FunctionRecord, now: float) -> None:
-        state = self.validate(record)
-        old = self._fns.get(record.key)
+    def adopt(self, record: FunctionRecord, now: float, previous: _State | None) -> ScalingDecision:
+        """Plan at once; an update with the same apps and model keeps the rates (and the floor)."""
+        state = self.state_of(record)
+        old = previous
         if old is not None and old.slos == state.slos and old.model == state.model:
-            state.arrivals, state.samples, state.rates = old.arrivals, old.samples, old.rates
-        self._fns[record.key] = state
-        self._apply(state, self._plan(state), now)
+            state.samples, state.rates, state.floor = old.samples, old.rates, old.floor
+        return self._apply(state, self._plan(state), now)
 
-    def forget(self, key: tuple[str, str]) -> None:
-        self._fns.pop(key, None)
-
-    def manages(self, key: tuple[str, str]) -> bool:
-        return key in self._fns
+    def forget(self, key: Key, *, deleted: bool) -> None:
+        """Nothing is kept outside the state the router holds."""
 
     # -- the hot path ----------------------------------------------------------------------
     def app_of(self, state: _State, headers: dict[str, str] | None) -> str:
@@ -216,51 +229,61 @@ class HarmonyPools:
             return max(fits, key=lambda n: state.slos[n])
         return next(iter(state.slos))  # the first declared app is the default
 
-    def arrived(self, key: tuple[str, str], headers: dict[str, str] | None) -> str | None:
-        state = self._fns.get(key)
-        if state is None:
-            return None
+    def arrived(self, key: Key, state: _State, headers: dict[str, str] | None) -> str | None:
+        """Counted per app (the planner's input); BadApp when the request names none."""
         app = self.app_of(state, headers)
-        with state.lock:
-            state.arrivals[app] = state.arrivals.get(app, 0) + 1
         if headers is not None:
             headers[APP_HEADER] = app  # the instance's batch queue times the call by its app
         return app
 
-    def pick(self, key: tuple[str, str], ready: list[tuple[str, str]], headers: dict[str, str] | None) -> str | None:
-        state = self._fns.get(key)
-        if state is None or not ready:
+    def pick(self, state: _State, ready: list[tuple[str, str]], headers: dict[str, str] | None) -> str | None:
+        if not ready:
             return None
         app = self.app_of(state, headers)
         urls = dict(ready)
         with state.lock:
             splitter = state.splitters.get(app)
-            candidates = [p.id for p in state.pools if app in p.apps and p.id in urls]
+            candidates = [i for p in state.pools if app in p.apps for i in p.instance_ids if i in urls]
             if splitter is not None and candidates:
                 return urls.get(splitter.pick(candidates))
         # the app's pool is still starting (a new plan): any instance runs the same model meanwhile
         return ready[hash(app) % len(ready)][1]
 
-    # -- planning --------------------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        for state in list(self._fns.values()):
-            with state.lock:
-                state.samples.append((now, dict(state.arrivals)))
-            while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
-                state.samples.popleft()
-            (t0, a0), (t1, a1) = state.samples[0], state.samples[-1]
-            if t1 > t0:
-                state.rates = {n: (a1.get(n, 0) - a0.get(n, 0)) / (t1 - t0) for n in state.slos}
-            if now - state.planned_at >= self.plan_period_s:
-                state.planned_at = now
-                try:
-                    new = self._plan(state)
-                except ValidationError:
-                    continue  # keep the current plan; the deploy-time check already vouched for one
-                if _differs(state.plan, new):
-                    self._apply(state, new, now)
+    # -- decisions -------------------------------------------------------------------------
+    def decide(self, ctx: ScalingContext) -> ScalingDecision:
+        """Measure the rates per app; every plan period, re-plan and apply a plan that differs."""
+        state: _State = ctx.state
+        now = ctx.now
+        state.samples.append((now, dict(ctx.load.by_app)))
+        while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
+            state.samples.popleft()
+        (t0, a0), (t1, a1) = state.samples[0], state.samples[-1]
+        if t1 > t0:
+            state.rates = {n: (a1.get(n, 0) - a0.get(n, 0)) / (t1 - t0) for n in state.slos}
+        if now - state.planned_at >= self.plan_period_s:
+            state.planned_at = now
+            try:
+                new = self._plan(state)
+            except ValidationError:
+                return self._decision(state)  # keep the current plan; the deploy-time check vouched for one
+            if _differs(state.plan, new):
+                return self._apply(state, new, now)
+        return self._decision(state)
 
-    def _apply(self, state: _State, new: Plan, now: float) -> None:
+    def scale_to(self, ctx: ScalingContext, n: int) -> ScalingDecision:
+        """A floor on the instances, spread over the busiest pools (see the module's docstring)."""
+        state: _State = ctx.state
+        state.floor = n
+        self._spread(state)
+        return self._decision(state)
+
+    def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:
+        return self._decision(ctx.state)  # a plan always has a pool per group
+
+    def applied(self, key: Key, state: _State) -> None:
+        """The plan is re-made from the rates after a restart: nothing to keep."""
+
+    def _apply(self, state: _State, new: Plan, now: float) -> ScalingDecision:
         state.planned_at = now
         pools: list[_Pool] = []
         for g in new.groups:
@@ -273,14 +296,28 @@ class HarmonyPools:
             while any(p.id == pid for p in pools):
                 pid += "x"
             pools.append(_Pool(pid[:60], d, shares))
-        with state.lock:
-            state.plan, state.pools = new, pools
+        self._spread(state, new, pools)
+        return self._decision(state)
+
+    def _spread(self, state: _State, new: Plan | None = None, pools: list[_Pool] | None = None) -> None:
+        """Copies of the pools up to the floor, each next one for the pool with the most load a
+        copy; then the splitters weigh every instance with its part of its pool's rates."""
+        with state.lock:  # the hot path reads pools and splitters together
+            if new is not None and pools is not None:
+                state.plan, state.pools = new, pools
+            pools = state.pools
+            for p in pools:
+                p.copies = 1
+            for _ in range(max(0, state.floor - len(pools))):
+                busiest = max(pools, key=lambda p: sum(p.apps.values()) / p.copies)
+                busiest.copies += 1
             for app in state.slos:
                 s = state.splitters.setdefault(app, WeightedSplitter())
-                s.set_weights({p.id: p.apps[app] for p in pools if app in p.apps})
-        key = state.record.key
-        self.runtime.set_plan(*key, [InstanceSpec(p.id, self._env(p)) for p in pools])
-        self.set_replicas(key[0], key[1], len(pools))
+                s.set_weights({i: p.apps[app] / p.copies for p in pools if app in p.apps for i in p.instance_ids})
+
+    def _decision(self, state: _State) -> ScalingDecision:
+        specs = tuple(InstanceSpec(i, self._env(p)) for p in state.pools for i in p.instance_ids)
+        return ScalingDecision(state, len(specs), specs)
 
     def _env(self, pool: _Pool) -> dict[str, str]:
         g = pool.group
@@ -294,10 +331,9 @@ class HarmonyPools:
             env["FAAS_GPU_GPU_MEMORY_GB"] = str(g["gpu_memory_gb"])
         return env
 
-    def describe(self, key: tuple[str, str]) -> dict | None:
-        state = self._fns.get(key)
-        if state is None:
-            return None
+    def describe(self, ctx: ScalingContext) -> dict | None:
+        state: _State = ctx.state
+        key = state.record.key
         p = state.plan
         return {
             "name": key[1],
@@ -313,7 +349,7 @@ class HarmonyPools:
             "plan": p.to_dict() if p else None,
             "instances": [
                 {
-                    "id": pool.id,
+                    "id": iid,
                     "kind": pool.group["instance"],
                     "gpuPath": pool.group["instance"] == "gpu" and self.gpu_path,
                     "apps": sorted(pool.apps),
@@ -326,5 +362,6 @@ class HarmonyPools:
                     },
                 }
                 for pool in state.pools
+                for iid in pool.instance_ids
             ],
         }

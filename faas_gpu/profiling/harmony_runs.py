@@ -1,4 +1,7 @@
-"""Profiling runs for the fitter on this machine's CPU: a torch model at several thread counts.
+"""Profiling runs for HarmonyBatch's fitter on this machine's CPU: a torch model at several thread counts.
+
+The runs measure (they run a model and set torch's process-wide thread count), so they live here,
+with the other profilers, and not in `faas_gpu.policies`, whose fitter only takes their samples.
 
 On a serverless platform the profiler varies the function's vCPU size; here torch's intra-op
 thread count stands in for it. The clock is passed in (e.g. `time.perf_counter`): this module
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .fitter import CpuSample
+from faas_gpu.policies.harmony.fitter import CpuSample
 
 
 def profile_cpu(

@@ -1,0 +1,72 @@
+"""`faas-gpu logs`: a function's log lines from /system/logs, followed by default, with faas-cli's
+`--since` (a Go duration) and `--since-time`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime, timedelta
+
+import requests
+
+from faas_gpu.contract.duration import parse_duration
+
+from .common import CONNECT_TIMEOUT_S, TIMEOUT_S, CliError, add_common_flags, check, client_for, message_of, stack_of
+
+
+def parse_go_duration(text: str) -> float:
+    """A Go duration (`5m`, `1h30m`, `90s`, `1.5h`) in seconds; a bare number means seconds
+    (`faas_gpu.contract.duration`, the provider's parser too)."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise CliError(f"--since: {text.strip()!r} is not a duration like 30s, 5m or 1h30m") from None
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = client_for(args, stack_of(args, required=False))
+    params = {"name": args.name, "follow": str(args.follow).lower(), "tail": str(args.tail)}
+    if args.namespace:
+        params["namespace"] = args.namespace
+    if args.since_time:
+        params["since"] = args.since_time
+    elif args.since:
+        since = datetime.now(UTC) - timedelta(seconds=parse_go_duration(args.since))
+        params["since"] = since.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if args.instance:
+        params["instance"] = args.instance
+    resp = client.request(
+        "GET",
+        "/system/logs",
+        params=params,
+        stream=True,
+        timeout=(CONNECT_TIMEOUT_S, None if args.follow else TIMEOUT_S),
+    )
+    if resp.status_code in (404, 501):
+        raise CliError(f"logs {args.name}: the provider does not serve logs ({resp.status_code}: {message_of(resp)})")
+    check(resp, (200,), f"logs {args.name}")
+    try:
+        for line in resp.iter_lines():
+            if not line.strip():
+                continue
+            try:
+                m = json.loads(line)
+                print(f"{m['timestamp']} {m['name']} ({m.get('instance', '')}) {str(m['text']).rstrip()}", flush=True)
+            except (ValueError, KeyError, TypeError):
+                print(line.decode(errors="replace"), flush=True)
+    except requests.RequestException as exc:
+        raise CliError(f"logs {args.name}: the stream broke: {exc}") from None
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("logs", help="print a function's logs")
+    add_common_flags(p)
+    p.add_argument("name")
+    p.add_argument("-n", "--namespace")
+    p.add_argument("--tail", "--lines", dest="tail", type=int, default=-1, help="lines to show (-1: all)")
+    p.add_argument("--since", help="only logs newer than this duration (30s, 5m, 1h)")
+    p.add_argument("--since-time", help="only logs after this RFC3339 time")
+    p.add_argument("--instance")
+    p.add_argument("--follow", action=argparse.BooleanOptionalAction, default=True)
+    p.set_defaults(func=cmd_logs)

@@ -1,0 +1,85 @@
+"""GET /system/logs: a function's log lines as NDJSON, optionally followed (faasd's `logs`).
+
+The query is parsed before anything is read, so a bad one is a 422 (as faas-provider answers);
+a followed stream ends when the client hangs up, even while no lines arrive.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+from flask import Response, request
+
+from ..core import NotFoundError
+from ..logs import LogStore, parse_time
+from ..types import FunctionRecord, validate_name
+from .http import text
+
+
+def make_logs_handler(
+    namespace: Callable[[str | None], str],
+    record: Callable[[str, str], FunctionRecord | None],
+    logs: LogStore,
+) -> Callable[[], Response]:
+    """`namespace` resolves the query's namespace (Provider.namespace), `record` looks the
+    function up (FunctionStore.get) so an unknown one is a 404, `logs` reads the lines."""
+
+    def handle() -> Response:
+        args = request.args
+        try:
+            name = validate_name(args.get("name"), "name")
+            ns = namespace(args.get("namespace") or None)
+            tail = int(args.get("tail") or 0)
+            follow = (args.get("follow") or "false").lower() in ("1", "true")
+            since: datetime | None = parse_time(args["since"]) if args.get("since") else None
+        except ValueError as exc:
+            return text(f"cannot parse the log request: {exc}", 422)
+        if record(ns, name) is None:
+            raise NotFoundError(f"function {name}.{ns} not found")
+        stop = threading.Event()
+        client = request.environ.get("gunicorn.socket")
+        watcher = disconnect_watcher(client, stop) if follow and client else None
+        messages = logs.read(
+            ns,
+            name,
+            instance=args.get("instance") or None,
+            tail=tail,
+            since=since,
+            follow=follow,
+            stop=stop,
+        )
+
+        def stream() -> Iterator[str]:
+            try:
+                for msg in messages:
+                    yield json.dumps(msg) + "\n"
+            finally:
+                stop.set()
+                if watcher:
+                    watcher.join(timeout=1)
+
+        return Response(stream(), mimetype="application/x-ndjson")
+
+    return handle
+
+
+def disconnect_watcher(sock: socket.socket, stop: threading.Event) -> threading.Thread:
+    """Ends a followed log stream when its client hangs up, even while no lines arrive."""
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                readable, _, _ = select.select([sock], [], [], 0.5)
+                if readable and not sock.recv(1, socket.MSG_PEEK):
+                    stop.set()
+            except (OSError, ValueError):
+                stop.set()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,117 @@
+"""How a function's record becomes a command line: the watchdog, its env, its working folder.
+
+Apart from the supervisor so what a replica runs with (and why a record cannot run at all) is
+read in one place; the supervisor only starts, watches and stops what this plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from faas_gpu import paths
+from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.imagestore import ImageStore
+
+from ..config import parse_duration
+from ..store import SecretStore
+from ..types import FunctionRecord
+from .base import LaunchError
+
+CLASSIC_WATCHDOG = paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py"
+PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "OMP_NUM_THREADS", "PYTHONPATH")
+MAX_ARG_STRLEN = 131072  # Linux: one exec argument or environment string (`fprocess=...`)
+
+GPU_ANNOTATIONS = annotation_keys.TO_ENV  # the annotations an instance gets as its GPU client's variables
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    http_mode: bool
+    stop_timeout_s: float
+    digest: str
+
+
+def plan_launch(
+    record: FunctionRecord, *, images: ImageStore, secrets: SecretStore, gpu_env: dict[str, str], run_root: Path
+) -> LaunchSpec:
+    """The launch of `record`'s replicas; LaunchError names what keeps it from running here."""
+    dep = record.deployment
+    if dep.envProcess and len(dep.envProcess.encode()) >= MAX_ARG_STRLEN - len("fprocess="):
+        # checked before shlex, which is quadratic in the length (minutes for 3 MB)
+        raise LaunchError(
+            f"envProcess: {len(dep.envProcess.encode())} bytes is over Linux's limit of "
+            f"{MAX_ARG_STRLEN} bytes for one argument or environment string"
+        )
+    env_vars = dict(dep.envVars or {})
+    base_env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+    image = images.get(dep.image)
+    if image is not None:
+        fprocess = dep.envProcess or image.fprocess
+        watchdog = Path(image.context) / "fwatchdog.py"
+        if not watchdog.exists():
+            watchdog = CLASSIC_WATCHDOG
+        argv = [sys.executable, str(watchdog)]
+        cwd = Path(image.context)
+        venv_bin = str(Path(image.python).parent)
+        base_env["PATH"] = venv_bin + os.pathsep + base_env.get("PATH", os.defpath)
+        base_env["VIRTUAL_ENV"] = str(Path(image.python).parent.parent)
+        mode = env_vars.get("mode", "http")
+        image_id = f"{image.image}@{getattr(image, 'created', '')}"
+    elif dep.envProcess:
+        words = shlex.split(dep.envProcess)
+        if not words or shutil.which(words[0]) is None:
+            raise LaunchError(
+                f"image: {dep.image!r} is not in the local image store (build it with "
+                f"`faas-gpu build`) and envProcess {dep.envProcess!r} is not runnable here"
+            )
+        fprocess, argv, cwd = dep.envProcess, [sys.executable, str(CLASSIC_WATCHDOG)], None
+        mode = env_vars.get("mode", "classic")
+        image_id = dep.image
+    else:
+        raise LaunchError(
+            f"image: {dep.image!r} is not in the local image store; build it with "
+            "`faas-gpu build -f stack.yml` (or give an envProcess that runs on this host)"
+        )
+    for timeout_key in ("read_timeout", "write_timeout", "exec_timeout"):
+        if timeout_key in env_vars:
+            try:
+                parse_duration(env_vars[timeout_key], f"envVars.{timeout_key}")
+            except ValueError as exc:
+                raise LaunchError(str(exc)) from None
+    klass = (dep.annotations or {}).get(annotation_keys.CLASS)
+    if klass is not None and klass not in ("strict", "best-effort"):
+        raise LaunchError(f"annotations: com.faas-gpu.class must be strict or best-effort, got {klass!r}")
+    for secret in dep.secrets or ():
+        if not secrets.exists(record.namespace, secret):
+            raise LaunchError(f"secrets: secret {secret!r} not found in namespace {record.namespace}")
+    stop_timeout = parse_duration(env_vars.get("write_timeout", "30s")) + 5.0
+    env = {
+        **base_env,
+        "PYTHONUNBUFFERED": "1",
+        "fprocess": fprocess,
+        "mode": mode,
+        "metrics_port": "0",
+        "bind_address": "127.0.0.1",
+        "healthcheck_interval": "100ms",
+        **gpu_env,
+        **_gpu_settings(dep.annotations or {}),
+        **env_vars,
+    }
+    identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
+    digest = hashlib.sha256(identity).hexdigest()[:16]
+    return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+
+
+def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
+    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
+    return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}

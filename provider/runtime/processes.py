@@ -1,0 +1,138 @@
+"""A replica as an operating-system process: start it, probe it, stop it, measure it, reap it.
+
+Each replica is a watchdog leading its own process group (`start_new_session`), so stopping it
+reaches the function's children too; the pid files under `run/` let a restarted provider kill
+what a crashed one left running.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Replica:
+    id: str
+    port: int
+    proc: subprocess.Popen
+    run_dir: Path
+    digest: str
+    slot: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    stopping: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def popen(argv: list[str], cwd: Path, env: dict[str, str], run_dir: Path, port: int) -> subprocess.Popen:
+    """The watchdog in its own session, its output piped (to the function's log), its pid and
+    port written beside it (the pid for `reap_stale`; the port lets benchmarks reach it)."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    (run_dir / "pid").write_text(str(proc.pid))
+    (run_dir / "port").write_text(str(port))
+    return proc
+
+
+def probe(r: Replica) -> bool:
+    """Whether the watchdog answers `/_/ready` (it does once its function serves)."""
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=0.5)
+    try:
+        conn.request("GET", "/_/ready")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def stop_all(replicas: list[Replica], timeout_s: float) -> None:
+    for r in replicas:
+        r.stopping = True
+        # the watchdog alone: it drains its in-flight requests, then stops its own child
+        try:
+            r.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    for r in replicas:
+        try:
+            r.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            signal_group(r.proc, signal.SIGKILL)
+            r.proc.wait()
+        signal_group(r.proc, signal.SIGKILL)  # children the watchdog left behind
+        shutil.rmtree(r.run_dir, ignore_errors=True)
+
+
+def reap_stale(run_root: Path) -> None:
+    """Kill replicas a crashed provider left running (their pids are in run/)."""
+    if not run_root.exists():
+        return
+    for pid_file in run_root.glob("*/*/pid"):
+        try:
+            pid = int(pid_file.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"fwatchdog" in cmdline:
+                os.killpg(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    shutil.rmtree(run_root, ignore_errors=True)
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def rss_bytes(replicas: list[Replica]) -> int:
+    """Resident memory of the replicas and every process under them."""
+    rss = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for r in replicas:
+        for pid in _process_tree(r.proc.pid):
+            try:
+                rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            except (OSError, IndexError, ValueError):
+                pass
+    return rss
+
+
+def _process_tree(pid: int) -> list[int]:
+    pids, frontier = [pid], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        for c in children:
+            pids.append(int(c))
+            frontier.append(int(c))
+    return pids

@@ -1,0 +1,182 @@
+"""What INFless scaling reads and keeps per function: its annotations, its instances, its state.
+
+Apart from `infless.py` (the decisions) so the annotation rules and the wire forms of an
+instance (the env it runs with, the JSON a restarted provider reads back) have one place.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.policies.infless import (
+    Candidate,
+    FixedKeepAlive,
+    HybridHistogram,
+    KeepAlivePolicy,
+    LongShortTermHistogram,
+    WeightedSplitter,
+)
+
+from ..config import parse_duration
+from ..runtime import InstanceSpec
+from ..types import FunctionRecord, ValidationError
+
+MODEL = annotation_keys.MODEL
+SLO = annotation_keys.SLO_MS
+BEST_EFFORT = annotation_keys.BEST_EFFORT
+KEEP_ALIVE = annotation_keys.KEEP_ALIVE
+SCALE_ZERO = annotation_keys.SCALE_ZERO  # CE refuses com.openfaas.scale.zero; this is our own scaler's
+
+
+class Predictor(Protocol):
+    def configs(self, model: str, gpu: bool = False) -> list[tuple[int, int, int, float]]:
+        """Every profiled (batch, cpu threads, gpu share %, predicted ms); LookupError when none."""
+
+
+@dataclass(frozen=True)
+class FunctionPolicy:
+    """What a function's annotations and labels ask of INFless scaling."""
+
+    model: str
+    slo_s: float
+    best_effort: bool
+    keepalive: KeepAlivePolicy
+    scale_zero: bool
+    min_instances: int
+    max_instances: int
+
+    @classmethod
+    def of(cls, record: FunctionRecord) -> FunctionPolicy | None:
+        ann = record.deployment.annotations or {}
+        if MODEL not in ann:
+            return None
+        model = ann[MODEL].strip()
+        if not model:
+            raise ValidationError(f"annotations: {MODEL} must name a profiled model")
+        raw = ann.get(SLO)
+        if raw is None:
+            raise ValidationError(f"annotations: {SLO} is required with {MODEL} (the latency SLO in ms)")
+        try:
+            slo_ms = float(raw)
+        except ValueError:
+            raise ValidationError(f"annotations: {SLO} must be a number of milliseconds, got {raw!r}") from None
+        if not math.isfinite(slo_ms) or slo_ms <= 0:
+            raise ValidationError(f"annotations: {SLO} must be positive, got {raw!r}")
+        lo, hi = record.deployment.scale_bounds()
+        return cls(
+            model,
+            slo_ms / 1000.0,
+            _flag(ann, BEST_EFFORT),
+            _keepalive(ann.get(KEEP_ALIVE, "lsth")),
+            _flag(ann, SCALE_ZERO),
+            lo,
+            hi,
+        )
+
+
+def _flag(values: dict[str, str], key: str) -> bool:
+    raw = values.get(key, "false").strip().lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise ValidationError(f"{key}: must be true or false, got {values[key]!r}")
+    return raw in ("true", "1")
+
+
+def _keepalive(raw: str) -> KeepAlivePolicy:
+    """`lsth` (default), `hhp`, or a fixed window such as `300s` / `fixed:5m`."""
+    text = raw.strip().lower()
+    if text == "lsth":
+        return LongShortTermHistogram()
+    if text == "hhp":
+        return HybridHistogram()
+    try:
+        return FixedKeepAlive(parse_duration(text.removeprefix("fixed:"), KEEP_ALIVE))
+    except ValueError:
+        raise ValidationError(f"annotations: {KEEP_ALIVE} must be lsth, hhp or a duration, got {raw!r}") from None
+
+
+@dataclass
+class Instance:
+    id: str
+    candidate: Candidate
+    r_low: float
+    r_up: float
+    timeout_s: float
+    server: str
+    gpu_index: int | None
+    created: float
+    rate: float = 0.0
+
+    @classmethod
+    def new(
+        cls,
+        function: str,
+        c: Candidate,
+        r_low: float,
+        r_up: float,
+        timeout_s: float,
+        server: str,
+        gpu_index: int | None,
+        now: float,
+    ) -> Instance:
+        """A new instance; its id says its configuration (`fn-b4c2g30-1a2b`) and is unique."""
+        rid = f"{function}-b{c.batch}c{int(c.cpu)}" + (f"g{int(c.gpu)}" if c.gpu else "")
+        return cls(f"{rid}-{uuid.uuid4().hex[:4]}", c, r_low, r_up, timeout_s, server, gpu_index, now)
+
+    def env(self, slo_s: float) -> dict[str, str]:
+        c = self.candidate
+        env = {
+            "FAAS_GPU_MAX_BATCH": str(c.batch),
+            "FAAS_GPU_BATCH_TIMEOUT_MS": f"{self.timeout_s * 1000:.3f}",
+            "FAAS_GPU_CPU_THREADS": str(max(1, int(c.cpu))),
+            "FAAS_GPU_SLO_MS": f"{slo_s * 1000:g}",
+        }
+        if c.gpu:
+            env["FAAS_GPU_GPU_SHARE"] = str(int(c.gpu))
+        return env
+
+    def spec(self, slo_s: float) -> InstanceSpec:
+        return InstanceSpec(self.id, self.env(slo_s))
+
+    def to_json(self) -> dict:
+        c = self.candidate
+        return {
+            "id": self.id,
+            "batch": c.batch,
+            "cpu": c.cpu,
+            "gpuShare": c.gpu,
+            "tExecMs": round(c.t_exec_s * 1000, 3),
+            "rLow": self.r_low,
+            "rUp": self.r_up,
+            "batchTimeoutMs": round(self.timeout_s * 1000, 3),
+            "rate": round(self.rate, 3),
+            "server": self.server,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict, now: float) -> Instance:
+        c = Candidate(int(d["batch"]), float(d["cpu"]), float(d["gpuShare"]), float(d["tExecMs"]) / 1000)
+        return cls(
+            d["id"], c, float(d["rLow"]), float(d["rUp"]), float(d["batchTimeoutMs"]) / 1000, d["server"], None, now
+        )
+
+
+@dataclass
+class InflessState:
+    """One function's INFless state: its instances, the splitter the gateway weighs them with,
+    and the arrival samples its rate is measured over."""
+
+    record: FunctionRecord
+    policy: FunctionPolicy
+    instances: list[Instance] = field(default_factory=list)
+    splitter: WeightedSplitter = field(default_factory=WeightedSplitter)
+    samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    rps: float = 0.0
+    case: str = "steady"
+    windows: tuple[float, float] = (0.0, 0.0)
+    lock: threading.Lock = field(default_factory=threading.Lock)

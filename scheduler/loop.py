@@ -1,0 +1,169 @@
+"""The leader loop: the scheduler's periodic run that places work and sends it to the units.
+
+Each round (under the scheduler's lock) drops late jobs, admits the most urgent waiting ones,
+applies the holds, and lets the placement policy decide (`faas_gpu.policies`, with PROTEAN's
+Job Distribution when on); each `Dispatch` then runs on a pool thread that calls the unit's GPU
+Manager (`scheduler.managers`). A job whose manager fails is put back and placed again, so a
+manager that dies does not lose accepted work; a unit that answers it is draining or gone
+rests a while (`scheduler.units`), and one that does not answer leaves the view until its
+manager reports again.
+
+Every time is read from the injected clock: the unit reports are reread once per `REFRESH_S`
+of it, so a test's clock drives the loop as the machine's drives the daemon. Only the wait for
+new work is real time (a condition wait, woken by new jobs and completions).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from faas_gpu.policies import Dispatch
+from faas_gpu.policies.lalb_job_distribution import JobDistributionPreference
+
+from .admission import Admission
+from .catalog import ModelCatalog
+from .jobs import Job, JobOutcome
+from .managers import ManagerClient, UnitUnavailable, job_outcome, measured
+from .units import UnitRef, UnitView
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 5
+REFRESH_S = 1.0  # the managers' unit reports are reread at most this often (by the clock)
+IDLE_WAIT_S = 0.5  # with nothing placed, the loop looks again after this long (or at the next deadline)
+
+
+class PlacementLoop:
+    def __init__(
+        self,
+        view: UnitView,
+        admission: Admission,
+        catalog: ModelCatalog,
+        client: ManagerClient,
+        wake: threading.Condition,
+        clock: Callable[[], float],
+        refresh: Callable[[], None],
+        preference: Callable[[], JobDistributionPreference | None],
+        max_parallel: int = 64,
+    ):
+        """`refresh`: rereads the units (the scheduler's `refresh_units`); `preference`: this
+        round's Job Distribution view, None for LALB alone."""
+        self.view, self.admission, self.catalog, self.client = view, admission, catalog, client
+        self._wake, self.clock, self.refresh, self.preference = wake, clock, refresh, preference
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        last_refresh: float | None = None
+        while not self._stop.is_set():
+            if last_refresh is None or self.clock() - last_refresh > REFRESH_S:
+                try:
+                    self.refresh()
+                except Exception as exc:
+                    log.warning("cannot read unit reports: %s", exc)
+                last_refresh = self.clock()
+            with self._wake:
+                decisions, units = self.round()
+                if not decisions:
+                    until_deadline = self.admission.next_deadline_in(self.clock())
+                    self._wake.wait(
+                        IDLE_WAIT_S if until_deadline is None else max(0.001, min(IDLE_WAIT_S, until_deadline))
+                    )
+            for d in decisions:
+                self._pool.submit(self.execute, d, units[d.unit])
+
+    def round(self) -> tuple[list[Dispatch], list[UnitRef]]:
+        """One placement round (under the lock): drop late jobs, admit, apply holds, let the policy place."""
+        self.admission.drop_late(self.clock())
+        self.admission.admit(self.clock())
+        self.view.apply_holds()
+        policy = self.view.policy
+        if policy is None:
+            return [], self.view.units
+        try:
+            policy.unit_preference = self.preference()
+        except Exception:  # a bad report or assumption must not stop placement: LALB alone this round
+            log.exception("job distribution: cannot build this round's view; LALB-O3 alone")
+            policy.unit_preference = None
+        decisions = policy.schedule(self.clock())
+        units = self.view.units
+        for d in decisions:
+            job = self.admission.jobs[d.request.id]
+            job.queued, job.unit = False, units[d.unit].key
+        return decisions, units
+
+    # -- one dispatch, on a pool thread ----------------------------------------------------
+    def execute(self, d: Dispatch, unit: UnitRef) -> None:
+        job = self.admission.jobs[d.request.id]
+        if self._not_started(d, unit, job):
+            return
+        job.attempts += 1
+        outcome: JobOutcome | None = None
+        retry = False
+        try:
+            outcome = self._call(unit, job)
+        except requests.RequestException as exc:
+            log.warning("manager %s failed job %d: %s", unit.key, job.id, exc)
+            retry = job.attempts < MAX_ATTEMPTS
+            if not retry:
+                outcome = JobOutcome(503, f"unit {unit.key}: {exc}\n".encode())
+            if isinstance(exc, UnitUnavailable):  # refused, not run: no attempt spent, the unit rests
+                job.attempts -= 1
+                retry = True
+                with self._wake:
+                    self.view.rest(unit.key)
+            if isinstance(exc, requests.ConnectionError | UnitUnavailable):
+                self._forget_unit(unit)
+        with self._wake:
+            if self.view.is_current(d.unit, unit):
+                self.view.policy.complete(d.unit, self.clock())
+            job.unit = None
+            if retry:
+                self.admission.requeue(job)
+                self._wake.notify_all()
+                return
+            self._wake.notify_all()
+        self.admission.finish(job, outcome)
+
+    def _not_started(self, d: Dispatch, unit: UnitRef, job: Job) -> bool:
+        """The last check before a job goes to its unit: one whose caller left or whose deadline
+        passed since placement is not sent; the unit is given back idle. True when dropped."""
+        with self._wake:
+            now = self.clock()
+            if not self.admission.unwanted(job, now):
+                return False
+            if self.view.is_current(d.unit, unit):
+                self.view.policy.complete(d.unit, now)
+            self.admission.drop_placed(job, now)
+            self._wake.notify_all()
+        return True
+
+    def _call(self, unit: UnitRef, job: Job) -> JobOutcome:
+        r = self.client.run_job(unit, job)
+        if r.status_code == 200:
+            cache_hit, load_s, exec_s = measured(r)
+            with self._wake:
+                self.catalog.observe(job.digest, self.view.policy, cache_hit, load_s, exec_s)
+        return job_outcome(r, self.clock() - job.arrival)
+
+    def _forget_unit(self, unit: UnitRef) -> None:
+        """A manager that does not answer loses its units until it reports again."""
+        try:
+            self.view.forget(unit)
+            self.refresh()
+        except Exception as exc:
+            log.warning("cannot drop unit %s: %s", unit.key, exc)

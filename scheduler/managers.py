@@ -1,0 +1,95 @@
+"""The scheduler's client of the GPU Managers' HTTP API: run a job on a unit, re-slice a GPU.
+
+One place for what the managers' answers mean to the scheduler, so the leader loop and the GPU
+Reconfigurator decide on outcomes, never on status codes and headers:
+- `POST /v1/jobs/<digest>?unit=`: a manager that has not got the model yet is sent the artifact
+  and asked again (the manager's 404 carries the code `model-not-uploaded`, never read from its
+  text); a unit that says it is draining or gone (`X-Faas-Gpu-Unit-State`) raises
+  `UnitUnavailable`, a manager in trouble (5xx but 507) raises `requests.HTTPError`: both mean
+  "place the job again".
+- `POST /v1/gpus/<i>/geometry`: done, invalid (400: the manager cannot take the geometry),
+  refused (409: units did not drain; 5xx) or unreachable; the last two are worth trying again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from faas_gpu.contract import headers as h
+from faas_gpu.contract.errors import ModelNotUploaded, code_of
+from faas_gpu.models import ModelStore
+
+from .jobs import Job, JobOutcome
+from .units import UnitRef
+
+
+class UnitUnavailable(requests.RequestException):
+    """The manager says the unit is draining for a reconfiguration or no longer exists."""
+
+
+class ManagerClient:
+    def __init__(self, store: ModelStore, token: str, http: requests.Session | None = None):
+        self.store, self.token = store, token
+        self.http = http or requests.Session()
+
+    def run_job(self, unit: UnitRef, job: Job) -> requests.Response:
+        """The manager's answer to `job` on `unit` (200, or a 4xx or 507 the caller is told)."""
+        auth = {"Authorization": f"Bearer {self.token}"}
+        url = f"{unit.url}/v1/jobs/{job.digest}"
+        headers = {**auth, h.FUNCTION: job.function} if job.function else auth
+        for _ in range(2):
+            r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=headers, timeout=300)
+            if r.status_code == 404 and code_of(r.headers) == ModelNotUploaded.code:
+                artifact = self.store.get(job.digest)
+                with open(artifact.path, "rb") as fh:
+                    up = self.http.put(f"{unit.url}/v1/models", data=fh, headers=auth, timeout=300)
+                up.raise_for_status()
+                continue
+            break
+        if r.headers.get(h.UNIT_STATE) in h.UNIT_STATES:
+            raise UnitUnavailable(f"unit {unit.key}: {r.headers[h.UNIT_STATE]} ({r.text.strip()[:200]})")
+        if r.status_code >= 500 and r.status_code != 507:
+            r.raise_for_status()  # a manager in trouble: place the job again
+        return r
+
+
+def measured(r: requests.Response) -> tuple[bool, float, float]:
+    """What a manager measured running a job: (model cache hit, load s, execute s)."""
+    load_s = float(r.headers.get(h.LOAD_SECONDS, 0))
+    exec_s = float(r.headers.get(h.EXECUTE_SECONDS, 0))
+    return r.headers.get(h.CACHE) == "hit", load_s, exec_s
+
+
+def job_outcome(r: requests.Response, queue_s: float) -> JobOutcome:
+    """The caller's answer: the manager's status, body and `X-Faas-Gpu-*` headers, and the time
+    the job spent with the scheduler."""
+    headers = h.ours(r.headers)
+    headers[h.QUEUE_SECONDS] = f"{queue_s:.6f}"
+    return JobOutcome(r.status_code, r.content, headers)
+
+
+def set_geometry(
+    http: Any, token: str, url: str, index: int, profiles: list[str], drain_timeout_s: float
+) -> tuple[str, str, bool]:
+    """Ask the manager at `url` to re-slice its GPU `index` into `profiles` (NVML's names):
+    (status: "done" | "invalid" | "refused" | "unreachable" | "error", detail, worth a retry)."""
+    body = {"profiles": profiles, "drain_timeout_s": drain_timeout_s}
+    try:
+        resp = http.post(
+            f"{url}/v1/gpus/{index}/geometry",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=drain_timeout_s + 60,
+        )
+        detail = resp.text.strip()[:300]
+        if resp.status_code == 200:
+            return "done", detail, False
+        if resp.status_code == 400:
+            return "invalid", detail, False
+        if resp.status_code == 409 or resp.status_code >= 500:
+            return "refused", detail, True
+        return "error", detail, False
+    except requests.RequestException as exc:
+        return "unreachable", str(exc)[:300], True
