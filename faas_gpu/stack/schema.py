@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faas_gpu.contract import annotations as ann
+
 from .files import display_name, resolve_inside
 from .text import StackError, envsubst, parse_yaml
-
-from faas_gpu.contract import annotations as ann
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
