@@ -199,6 +199,7 @@ def test_without_a_stack_build_and_deploy_name_the_places_searched(outside, caps
         ):
             assert place in err, err
         assert "start one with `faas-gpu up`" in err, err
+    assert "Connection refused (no faas-gpu stack found" in err, err  # deploy: the gateway did not answer
 
 
 def test_a_401_names_the_credentials_and_the_stack(outside, tmp_path, stub, capsys, monkeypatch):

@@ -160,7 +160,7 @@ class Client:
 
 def _reason(exc: Exception) -> str:
     text = str(exc)
-    m = re.search(r"\[Errno -?\d+\] ([^')]+)", text)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
     return m.group(1) if m else "connection failed"
 
 
