@@ -127,7 +127,7 @@ def is_state_folder(folder: Path) -> bool:
     return (
         (folder / "secrets" / "basic-auth-password").is_file()
         or (folder / STACK_FILE).is_file()
-        or (folder / "state.db").exists()
+        or paths.state_db(folder).exists()
     )
 
 
