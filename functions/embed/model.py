@@ -33,6 +33,7 @@ HIDDEN, LAYERS, HEADS, INTERMEDIATE = 384, 6, 12, 1536
 VOCAB, POSITIONS, TYPES = 30522, 512, 2
 EPS = 1e-12
 PAD_ID = 0
+FLOAT32_MIN = torch.finfo(torch.float32).min  # a constant, so that torch.fx can trace the module
 
 
 class Layer(nn.Module):
@@ -55,15 +56,14 @@ class Layer(nn.Module):
         self.output.LayerNorm = nn.LayerNorm(HIDDEN, eps=EPS)
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        b, n, _ = h.shape
         att = self.attention
 
-        def heads(x: torch.Tensor) -> torch.Tensor:
-            return x.view(b, n, HEADS, HIDDEN // HEADS).transpose(1, 2)
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, 384] -> [B, 12, L, 32]
+            return x.unflatten(-1, (HEADS, HIDDEN // HEADS)).transpose(1, 2)
 
         q, k, v = heads(att.self.query(h)), heads(att.self.key(h)), heads(att.self.value(h))
         ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        ctx = ctx.transpose(1, 2).reshape(b, n, HIDDEN)
+        ctx = ctx.transpose(1, 2).flatten(2)
         h = att.output.LayerNorm(att.output.dense(ctx) + h)
         mid = torch.nn.functional.gelu(self.intermediate.dense(h))  # exact (erf) GELU, as BERT's "gelu"
         return self.output.LayerNorm(self.output.dense(mid) + h)
@@ -84,13 +84,13 @@ class MiniLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.embeddings
-        mask = (ids != PAD_ID).to(emb.word_embeddings.weight.dtype)  # [B, L]
+        mask = (ids != PAD_ID).float()  # [B, L]; the checkpoint is float32
         positions = emb.position_embeddings.weight[: ids.shape[1]]
         # one sentence, no pair: every token has type 0
         h = emb.word_embeddings(ids) + positions + emb.token_type_embeddings.weight[0]
         h = emb.LayerNorm(h)
-        # additive mask as BERT's (finfo.min, not -inf): a row of padding only gives no NaN
-        bias = ((1.0 - mask) * torch.finfo(h.dtype).min)[:, None, None, :]
+        # additive mask as BERT's (float32's lowest, not -inf): a row of padding only gives no NaN
+        bias = ((1.0 - mask) * FLOAT32_MIN)[:, None, None, :]
         for layer in self.encoder.layer:
             h = layer(h, bias)
         summed = (h * mask[:, :, None]).sum(dim=1)
