@@ -12,14 +12,37 @@ TEMPLATES_DIR = REPO_ROOT / "templates"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"  # traces, profiles, prices beside the checkout
 
 
+STATE_FOLDER_NAME = ".faas-gpu"
+"""The state folder's name in the folder `faas-gpu up` runs in."""
+
+
 def home() -> Path:
-    """State folder: $FAAS_GPU_HOME, else ./.faas-gpu (as faasd keeps /var/lib/faasd)."""
-    return Path(os.environ.get("FAAS_GPU_HOME") or Path.cwd() / ".faas-gpu").resolve()
+    """State folder: $FAAS_GPU_HOME, else ./.faas-gpu (as faasd keeps /var/lib/faasd).
+
+    Where `up` and the daemons keep their state. The other commands find the stack from any
+    folder (`faas_gpu.running.locate`), which reads the record `up` leaves in `config_dir()`.
+    """
+    return Path(os.environ.get("FAAS_GPU_HOME") or Path.cwd() / STATE_FOLDER_NAME).resolve()
 
 
-def secrets_dir() -> Path:
-    """Basic-auth credentials, as OpenFaaS mounts them (basic-auth-user, basic-auth-password)."""
-    return home() / "secrets"
+def config_dir() -> Path:
+    """The per-user config folder, as faas-cli keeps ~/.openfaas (or $OPENFAAS_CONFIG):
+    $FAAS_GPU_CONFIG, else $XDG_CONFIG_HOME/faas-gpu, else ~/.config/faas-gpu.
+
+    It holds only what lets a command run in any folder find the stack (`faas_gpu.running`);
+    the stack's own state stays in its state folder.
+    """
+    if os.environ.get("FAAS_GPU_CONFIG"):
+        return Path(os.environ["FAAS_GPU_CONFIG"]).expanduser().resolve()
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
+    return (base / "faas-gpu").resolve()
+
+
+def secrets_dir(state: Path | None = None) -> Path:
+    """Basic-auth credentials, as OpenFaaS mounts them (basic-auth-user, basic-auth-password),
+    of the state folder `state` (default `home()`)."""
+    return (state or home()) / "secrets"
 
 
 def function_secrets_dir(namespace: str) -> Path:
@@ -27,9 +50,10 @@ def function_secrets_dir(namespace: str) -> Path:
     return home() / "function-secrets" / namespace
 
 
-def images_dir() -> Path:
-    """The local image store: one folder per image name built by `faas-gpu build`."""
-    return home() / "images"
+def images_dir(state: Path | None = None) -> Path:
+    """The local image store: one folder per image name built by `faas-gpu build`, of the state
+    folder `state` (default `home()`)."""
+    return (state or home()) / "images"
 
 
 def logs_dir() -> Path:

@@ -6,9 +6,13 @@ its `cmd_*`; what they share (gateway, credentials, the HTTP client, stack loadi
 `common`. This module only assembles the parser and runs a command. Commands whose parsing lives
 elsewhere (`up`, `down`, `sim`, `serve`) get the rest of argv as it is.
 
-Gateway: `--gateway` > the stack's provider.gateway > $OPENFAAS_URL > http://127.0.0.1:8080.
-Credentials: `--username/--password`, else the stack's own files (`.faas-gpu/secrets/basic-auth-user`
-and `basic-auth-password`), else faas-cli's saved login (config.yml in $OPENFAAS_CONFIG, ./.openfaas
+The stack is found from any folder (`faas_gpu.running`): $FAAS_GPU_HOME > `.faas-gpu` beside the
+stack file, then in the current folder > the running stack `up` recorded in the per-user config
+(`down` clears it).
+Gateway: `--gateway` > the stack's provider.gateway > $OPENFAAS_URL > the found stack's recorded
+gateway > http://127.0.0.1:8080.
+Credentials: `--username/--password`, else the found stack's files (`secrets/basic-auth-user` and
+`basic-auth-password`), else faas-cli's saved login (config.yml in $OPENFAAS_CONFIG, ./.openfaas
 when CI=true, else ~/.openfaas). `invoke` sends no system credentials, like faas-cli.
 """
 

@@ -41,13 +41,23 @@ def deploy_specs(client: Client, specs: Iterable[FunctionSpec], replace: bool = 
             deployed.append(spec.name)
         else:
             print(
-                f"faas-gpu: deploy {spec.name}: unexpected status {resp.status_code}: {message_of(resp)}",
+                f"faas-gpu: deploy {spec.name}: unexpected status {resp.status_code}: {message_of(resp)}"
+                + _store_hint(client, message_of(resp)),
                 file=sys.stderr,
             )
             failed.append(f"{spec.name} ({resp.status_code})")
     if failed:
         raise CliError(f"failed to deploy: {', '.join(failed)}")
     return deployed
+
+
+def _store_hint(client: Client, message: str) -> str:
+    """An image the provider does not find: say which store `faas-gpu build` from here fills."""
+    if "image store" not in message or client.located is None:
+        return ""
+    if client.located.images is None:
+        return f" ({client.located.not_found('build')})"
+    return f" (`faas-gpu build` from here builds into {client.located.images}, {client.located.describe()})"
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""`faas-gpu logs`: a function's log lines from /system/logs, followed by default, with faas-cli's
-`--since` (a Go duration) and `--since-time`."""
+"""`faas-gpu logs`: a function's log lines from /system/logs, followed by default as faas-cli does
+(`--no-follow` or `--follow=false`: print what is there and exit), with faas-cli's `--since`
+(a Go duration) and `--since-time`."""
 
 from __future__ import annotations
 
@@ -70,6 +71,30 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+"""What Go's strconv.ParseBool takes, as cobra reads `--follow=VALUE`."""
+
+
+def add_follow_flags(p: argparse.ArgumentParser) -> None:
+    """`--follow` (the default), `--no-follow`, and faas-cli's `--follow=false` (a Go bool flag
+    takes its value only after `=`, so `--follow NAME` still means follow NAME): each spelling
+    is its own option string, which argparse matches whole before it splits on `=`."""
+    p.add_argument(
+        "--follow", dest="follow", action="store_true", default=True, help="stream new lines as they come (default)"
+    )
+    p.add_argument(
+        "--no-follow",
+        "--follow=false",
+        dest="follow",
+        action="store_false",
+        help="print the lines there are and exit",
+    )
+    p.add_argument(*(f"--follow={v}" for v in GO_TRUE), dest="follow", action="store_true", help=argparse.SUPPRESS)
+    others = [v for v in GO_FALSE if v != "false"]
+    p.add_argument(*(f"--follow={v}" for v in others), dest="follow", action="store_false", help=argparse.SUPPRESS)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="print a function's logs")
     add_common_flags(p)
@@ -79,5 +104,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--since", help="only logs newer than this duration (30s, 5m, 1h)")
     p.add_argument("--since-time", help="only logs after this RFC3339 time")
     p.add_argument("--instance")
-    p.add_argument("--follow", action=argparse.BooleanOptionalAction, default=True)
+    add_follow_flags(p)
     p.set_defaults(func=cmd_logs)

@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from faas_gpu import paths
+from faas_gpu import paths, running
 from faas_gpu.build import build as build_image
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     started = start_stack(home, daemons(args))
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     gateway_url = f"http://{host}:{args.gateway_port}"
+    record = running.record_stack(home, gateway_url, f"http://{host}:{args.provider_port}")
     deployed: list[str] = []
     if not args.no_deploy:
         deployed = up_deploy(args.yaml, gateway_url)
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             f"GPU Manager ({args.backend}) http://{host}:{args.gpu_manager_port}"
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
+    print(f"  recorded in:  {record} (faas-gpu finds this stack from any folder)")
     for name in deployed:
         print(f"  function:     {gateway_url}/function/{name}")
     print("Try: echo hello | .venv/bin/faas-gpu invoke echo    Stop: .venv/bin/faas-gpu down")
@@ -151,7 +153,7 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
     if path is None:
         return []
     stack = load_stack(path)
-    client = Client(gateway, credentials(argparse.Namespace(), gateway))
+    client = Client(gateway, credentials(argparse.Namespace(), gateway, paths.home()))
     for spec in stack.functions.values():
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
