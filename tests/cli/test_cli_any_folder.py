@@ -24,15 +24,8 @@ import yaml
 
 from faas_gpu import cli, running
 from faas_gpu.paths import REPO_ROOT
+from tests.cli.stub_gateway import Stub
 from tests.stack_process import free_port
-from tests.test_cli import Stub
-
-
-@pytest.fixture
-def stub():
-    s = Stub()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

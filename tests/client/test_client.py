@@ -11,18 +11,18 @@ import torch
 
 from faas_gpu import client
 from faas_gpu.paths import REPO_ROOT
-from tests.test_scheduler import _wait_units, cluster  # noqa: F401 — the fixture
+from tests.daemon_process import wait_units
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
 
 @pytest.fixture
-def remote_env(cluster, monkeypatch):  # noqa: F811
+def remote_env(cluster, monkeypatch):
     start, auth = cluster
     start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "8")
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 2)
+    wait_units(sched.url, auth, 2)
     monkeypatch.setenv("FAAS_GPU_SCHEDULER_URL", sched.url)
     monkeypatch.setenv("FAAS_GPU_TOKEN", auth["Authorization"][7:])
     monkeypatch.setenv("FAAS_GPU_MAX_BATCH", "8")

@@ -74,7 +74,8 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
 
     from faas_gpu.contract.wire import encode
     from faas_gpu.credentials import ensure_token
-    from tests.test_scheduler import Daemon, _artifact, _wait_units
+    from tests.classify_model import scripted_resnet
+    from tests.daemon_process import Daemon, wait_units
 
     (tmp_path / "etcd").mkdir()
     etcd = EtcdServer(tmp_path / "etcd")
@@ -87,8 +88,8 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
     manager = Daemon("gpu_manager", tmp_path, *args, "--backend", "sim", "--sim-profile", str(profile), "--units", "1")
     sched = Daemon("scheduler", tmp_path, *args)
     try:
-        _wait_units(sched.url, auth, 1)
-        data, _ = _artifact(1)
+        wait_units(sched.url, auth, 1)
+        data, _ = scripted_resnet(1)
         digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
         x = encode(torch.zeros(1, 4))
         assert requests.post(f"{sched.url}/v1/jobs/{digest}", data=x, headers=auth, timeout=30).status_code == 200
@@ -108,7 +109,7 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
             time.sleep(0.2)
         assert manager.proc.poll() is None and sched.proc.poll() is None
         deadline = time.monotonic() + 30
-        while (st := _wait_units(sched.url, auth, 1))["datastore"] != "ok" or st["leader_id"] is None:
+        while (st := wait_units(sched.url, auth, 1))["datastore"] != "ok" or st["leader_id"] is None:
             assert time.monotonic() < deadline, f"the scheduler did not see etcd again: {st}"
             time.sleep(0.2)
         assert st["leader"]

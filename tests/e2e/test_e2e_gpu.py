@@ -16,8 +16,8 @@ import requests
 import yaml
 
 from faas_gpu.paths import REPO_ROOT
+from tests.daemon_process import Daemon
 from tests.stack_process import StackProcess
-from tests.test_scheduler import Daemon
 
 RAW_HANDLER = """
 import json

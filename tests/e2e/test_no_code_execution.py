@@ -19,9 +19,9 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
+from tests.daemon_process import Daemon
 from tests.malicious import SavesAFile, malicious_pickle, torchscript
 from tests.stack_process import StackProcess
-from tests.test_scheduler import Daemon
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -13,26 +12,15 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.models import ArtifactError, ModelStore
-from faas_gpu.paths import REPO_ROOT
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager, ModelDoesNotFit, UnknownModel, UnknownUnit
 from gpu_manager.worker import ModelInputError, ModelLoadError, Worker
-
-sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
-from model import ResNetMini  # noqa: E402
-
-
-def _scripted(seed: int) -> tuple[bytes, torch.nn.Module]:
-    torch.manual_seed(seed)
-    m = ResNetMini().eval()
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(m), buf)
-    return buf.getvalue(), m
+from tests.classify_model import scripted_resnet
 
 
 @pytest.fixture(scope="module")
 def models():
-    return [_scripted(seed) for seed in (1, 2, 3)]
+    return [scripted_resnet(seed) for seed in (1, 2, 3)]
 
 
 @pytest.fixture

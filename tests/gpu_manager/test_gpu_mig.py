@@ -7,10 +7,8 @@ instance destroyed before its compute instances, anything while MIG mode is off.
 
 from __future__ import annotations
 
-import io
 import threading
 import time
-import zipfile
 
 import pynvml
 import pytest
@@ -25,6 +23,7 @@ from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager, UnitDraining
 from tests.fake_nvml import FakeGPU, MigNVML
+from tests.fake_worker import FakeWorker, stored_program
 
 AUTH = {"Authorization": "Bearer t"}
 BATCH = encode(torch.zeros(1, 3))
@@ -227,37 +226,6 @@ def test_describe_gpus():
 # -- the manager and its API ----------------------------------------------------------------
 
 
-class FakeWorker:
-    """A model worker without a process: echoes the batch; `gate` holds a job until set."""
-
-    made: list[FakeWorker] = []
-
-    def __init__(self, artifact, device, env=None, gate: threading.Event | None = None):
-        self.artifact, self.device, self.env, self.gate = artifact, device, env, gate
-        self.alive = False
-        FakeWorker.made.append(self)
-
-    def start(self):
-        self.alive = True
-
-    def run(self, payload, timeout_s=60):
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        return payload
-
-    def stop(self):
-        self.alive = False
-
-
-def _artifact(store: ModelStore, tag: str) -> str:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", "{}")
-        z.writestr("m/data/extra/tag", tag)
-    return store.put(buf.getvalue()).digest
-
-
 @pytest.fixture
 def node(tmp_path):
     """An A100 sliced (4g, 3g) and an H100 with MIG off, a manager over them, and its API."""
@@ -272,7 +240,7 @@ def node(tmp_path):
         worker_factory=lambda a, d, env=None: FakeWorker(a, d, env, gate),
         nvml=nvml,
     )
-    digest = _artifact(store, "m1")
+    digest = stored_program(store, "m1")
     yield mgr, nvml, a100, h100, create_app(mgr, "t").test_client(), digest, gate
     gate.set()
     mgr.close()

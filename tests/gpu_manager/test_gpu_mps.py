@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import stat
-import zipfile
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from gpu_manager.manager import GPUManager
 from gpu_manager.mps import CONTROL, MPSControl, MPSDaemon, MPSError, RunResult, subprocess_runner
 from gpu_manager.worker import Worker
 from tests.fake_nvml import FakeGPU, MigNVML
+from tests.fake_worker import FakeWorker, stored_program
 
 
 class FakeRunner:
@@ -109,29 +109,6 @@ def test_the_real_runner_runs_a_process_and_names_a_missing_program():
 # -- the manager's workers on MPS -----------------------------------------------------------
 
 
-class FakeWorker:
-    def __init__(self, artifact, device, env=None):
-        self.artifact, self.device, self.env, self.alive = artifact, device, env, False
-
-    def start(self):
-        self.alive = True
-
-    def run(self, payload, timeout_s=60):
-        return payload
-
-    def stop(self):
-        self.alive = False
-
-
-def _artifact(store: ModelStore, tag: str) -> str:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", "{}")
-        z.writestr("m/data/extra/tag", tag)
-    return store.put(buf.getvalue()).digest
-
-
 @pytest.fixture
 def mps_node(tmp_path):
     gpu = FakeGPU.a100_40gb()
@@ -155,7 +132,7 @@ def mps_node(tmp_path):
 def test_workers_join_their_units_mps_daemon_with_their_share(mps_node):
     mgr, _, _, runner, _, store, made, mps = mps_node
     units = sorted(mgr.units)
-    m1, m2 = _artifact(store, "m1"), _artifact(store, "m2")
+    m1, m2 = stored_program(store, "m1"), stored_program(store, "m2")
     mgr.set_active_thread_percentage(m2, 30)
     mgr.run(m1, units[0], b"x")
     mgr.run(m2, units[0], b"x")
@@ -193,7 +170,7 @@ def test_a_reconfiguration_stops_the_units_daemons_before_nvml_destroys_them(mps
     assert quit_at < destroy_at
     assert three_g not in mps.daemons and gpu.geometry() == ["4g.20gb", "2g.10gb", "1g.5gb"]
     new = next(u["unit"] for u in out["units"] if u["name"].endswith("1g.5gb"))
-    mgr.run(_artifact(store, "m"), new, b"x")  # the new unit gets its own daemon on first use
+    mgr.run(stored_program(store, "m"), new, b"x")  # the new unit gets its own daemon on first use
     assert mps.daemons[new].running
 
 
@@ -209,7 +186,7 @@ def test_without_mps_a_cuda_worker_only_sees_its_unit(tmp_path):
         worker_factory=lambda a, d, env=None: made.append(FakeWorker(a, d, env)) or made[-1],
     )
     (unit,) = mgr.units
-    mgr.run(_artifact(store, "m"), unit, b"x")
+    mgr.run(stored_program(store, "m"), unit, b"x")
     assert made[0].env == {"CUDA_VISIBLE_DEVICES": unit} and made[0].device == "cuda:0"
     assert mig.describe_gpus(nvml)[0]["geometry"] == ["7g.40gb"]
     mgr.close()

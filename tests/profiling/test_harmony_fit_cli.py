@@ -14,7 +14,7 @@ from faas_gpu.policies.harmony import App, plan
 from faas_gpu.policies.harmony.cost import ALIBABA_FC_CNY
 from faas_gpu.policies.harmony.fitter import CpuSample
 from faas_gpu.policy_data.harmony import load_models
-from tests.test_harmony_e2e import VGG19
+from tests.harmony_models import VGG19
 
 MODEL = """
 from torch import nn

@@ -14,35 +14,7 @@ from faas_gpu.history import EmbeddedHistory
 from provider.scaling import InflessScaling, ScalingRouter
 from provider.scaling.infless import MIN_AGE_S
 from provider.types import FunctionDeployment, FunctionRecord, ValidationError
-
-# batch -> ms at 1 CPU thread (2 threads: 60%); roughly a small CNN on this class of CPU
-TABLE = {1: 8.0, 2: 12.0, 4: 20.0, 8: 36.0, 16: 70.0}
-
-
-class TablePredictor:
-    def __init__(self, models):
-        self.models = models
-
-    def configs(self, model, gpu=False):
-        if model not in self.models:
-            raise LookupError(f"no profile for model {model!r}: run `faas-gpu profile` for it")
-        return [(b, c, 0, ms * (1.0 if c == 1 else 0.6)) for b, ms in self.models[model].items() for c in (1, 2)]
-
-
-class PlanRecorder:
-    def __init__(self):
-        self.plans = {}
-
-    def set_plan(self, namespace, name, plan):
-        self.plans[(namespace, name)] = plan
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
+from tests.provider.scaling_fakes import TABLE, Clock, PlanRecorder, TablePredictor
 
 
 @pytest.fixture

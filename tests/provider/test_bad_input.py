@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from faas_gpu.datastore import open_datastore
+from tests.harmony_models import VGG19
 from tests.stack_process import StackProcess
-from tests.test_harmony_e2e import VGG19
 
 NS = "openfaas-fn"
 DEEP = ("[" * 100_000 + "]" * 100_000).encode()

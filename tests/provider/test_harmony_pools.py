@@ -12,16 +12,8 @@ import pytest
 from provider.scaling import BadApp, HarmonyPools, ScalingRouter
 from provider.scaling.harmony import parse_apps
 from provider.types import FunctionDeployment, FunctionRecord, ValidationError
-from tests.test_autoscaler import Clock
-from tests.test_harmony_e2e import VGG19
-
-
-class PlanRecorder:
-    def __init__(self):
-        self.plans = {}
-
-    def set_plan(self, namespace, name, plan):
-        self.plans[(namespace, name)] = plan
+from tests.harmony_models import VGG19
+from tests.provider.scaling_fakes import Clock, PlanRecorder
 
 
 @pytest.fixture

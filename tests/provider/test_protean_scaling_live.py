@@ -19,8 +19,8 @@ from faas_gpu.datastore.embedded import EmbeddedDatastore
 from faas_gpu.history import EmbeddedHistory
 from provider.scaling import InflessScaling, ProteanFunctions, ScalingRouter, scaling_of
 from provider.types import FunctionDeployment, FunctionRecord, ValidationError
+from tests.provider.scaling_fakes import TABLE, Clock, TablePredictor
 from tests.stack_process import StackProcess
-from tests.test_autoscaler import TABLE, Clock, TablePredictor
 
 WINDOW_S = 2.0
 

@@ -8,31 +8,20 @@ scheduler's loop running jobs on the manager over HTTP.
 
 from __future__ import annotations
 
-import io
 import random
-import threading
 import time
-import zipfile
 
 import pytest
 import torch
-from werkzeug.serving import make_server
 
 from faas_gpu.contract.wire import encode
-from faas_gpu.datastore import open_datastore
-from faas_gpu.models import ModelStore
 from faas_gpu.policies import LALBScheduler, LBScheduler, Model, ModelCache, Request, Unit
 from faas_gpu.policies.lalb_job_distribution import JobClass, JobDistributionPreference, MigSlice, be_footprint
 from faas_gpu.policies.protean.distribution import JobDistributor, SliceState
 from faas_gpu.policy_data.protean import default_assumptions
-from gpu_manager.api import create_app
-from gpu_manager.daemon import StatusReporter
-from gpu_manager.discovery import discover_units
-from gpu_manager.manager import GPUManager
-from scheduler.core import Scheduler
-from tests.fake_nvml import FakeGPU, MigNVML
-from tests.stack_process import free_port
-from tests.test_gpu_mig import FakeWorker
+from tests.fake_nvml import FakeGPU
+from tests.fake_worker import stored_program
+from tests.scheduler.live_node import LiveNode
 
 SD = default_assumptions().slowdown
 A100_SLICES = [("4g.20gb", 0), ("2g.10gb", 4), ("1g.5gb", 6)]
@@ -197,88 +186,6 @@ def test_a_best_effort_backlog_tags_every_slice_and_sends_a_narrow_strict_job_of
 # -- the scheduler over a live GPU Manager ---------------------------------------------------
 
 
-def _artifact(store: ModelStore, tag: str = "m") -> str:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", "{}")
-        z.writestr("m/data/extra/tag", tag)
-    return store.put(buf.getvalue()).digest
-
-
-class LiveNode:
-    """Fake GPUs under a GPU Manager on real HTTP reporting into a datastore, and a scheduler over
-    it (not started unless `start`), with PROTEAN's distributor unless `distribution` is False."""
-
-    def __init__(
-        self,
-        tmp_path,
-        gpus: list[tuple[FakeGPU, list]],
-        distribution: bool = True,
-        name: str = "s",
-        policy: str = "lalb_o3",
-    ):
-        gpus = [(FakeGPU(g.name, g.memory_mb, g.profiles, mig=g.mig_on, uuid=g.uuid), layout) for g, layout in gpus]
-        self.gpus = [g for g, _ in gpus]
-        self.nvml = MigNVML(self.gpus)
-        for gpu, layout in gpus:
-            if layout:
-                self.nvml.preset(gpu, layout)
-        self.gate = threading.Event()
-        self.manager = GPUManager(
-            discover_units(self.nvml),
-            ModelStore(tmp_path / f"models-{name}"),
-            worker_factory=lambda a, d, env=None: FakeWorker(a, d, env, self.gate),
-            nvml=self.nvml,
-        )
-        self.server = make_server("127.0.0.1", free_port(), create_app(self.manager, "t"), threaded=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.ds = open_datastore(None, tmp_path / f"state-{name}.db")
-        self.reporter = StatusReporter(self.manager, self.ds, "n1", f"http://127.0.0.1:{self.server.server_port}")
-        self.reporter.report()
-        self.now = 0.0
-        self.scheduler = Scheduler(
-            self.ds,
-            ModelStore(tmp_path / f"sched-{name}"),
-            "t",
-            clock=lambda: self.now,
-            policy=policy,
-            distributor=JobDistributor(SD) if distribution else None,
-        )
-        self.scheduler.refresh_units()
-        self.digest = _artifact(self.scheduler.store)
-
-    def submit(self, model: str | None, best_effort: bool = False, digest: str | None = None):
-        return self.scheduler.submit(digest or self.digest, b"x", 10.0, best_effort=best_effort, model=model)
-
-    def round(self) -> list[str]:
-        """One placement round: the profile (or unit kind) of the unit each job went to, in order."""
-        with self.scheduler._lock:
-            decisions, units = self.scheduler._round()
-        return [self.label(units[d.unit].key) for d in decisions]
-
-    def label(self, key: str) -> str:
-        unit = key.split("/", 1)[1]
-        info = self.manager.units[unit].info
-        return info.profile or f"{info.kind}-{info.index}"
-
-    def finish(self, job) -> None:
-        """What the scheduler does when the manager answers: the unit is idle, the job gone."""
-        s = self.scheduler
-        with s._lock:
-            i = next(i for i, u in enumerate(s._units) if u.key == job.unit)
-            s._policy.complete(i, self.now)
-            job.unit = None
-            s._jobs.pop(job.id, None)
-
-    def close(self) -> None:
-        self.gate.set()
-        self.server.shutdown()
-        self.manager.close()
-        self.scheduler.close()
-        self.ds.close()
-
-
 @pytest.fixture
 def a100(tmp_path):
     n = LiveNode(tmp_path, [(FakeGPU.a100_40gb(), A100_SLICES)])
@@ -368,7 +275,7 @@ def test_a_whole_gpu_beside_mig_slices_stays_open_to_lalb(tmp_path):
 def test_two_gpus_leave_the_tie_between_their_4gs_to_the_model_cache(tmp_path):
     node = LiveNode(tmp_path, [(FakeGPU.a100_40gb(), A100_SLICES), (FakeGPU.a100_40gb(), A100_SLICES)])
     try:
-        other = _artifact(node.scheduler.store, "other")
+        other = stored_program(node.scheduler.store, "other")
         first = node.submit("resnet50", digest=other)
         assert node.round() == ["4g.20gb"]
         cached_on = first.unit
@@ -407,7 +314,7 @@ def test_the_flag_defaults_to_protean_with_reconfigure_and_shows_in_status(tmp_p
     import requests
 
     from scheduler.daemon import parse_args
-    from tests.test_scheduler import Daemon
+    from tests.daemon_process import Daemon
 
     assert parse_args(["--home", str(tmp_path)]).distribution == "off"
     assert parse_args(["--home", str(tmp_path), "--reconfigure"]).distribution == "protean"

@@ -7,11 +7,9 @@ deployment. The controller is driven tick by tick with the time passed in.
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
-import zipfile
 
 import pytest
 import requests
@@ -30,8 +28,8 @@ from scheduler.gpus import gpu_name_matches, read_gpus
 from scheduler.reconfigure import ReconfigController
 from scheduler.residency import Residency, ResidencyMeter, resident_counts
 from tests.fake_nvml import FakeGPU, MigNVML
+from tests.fake_worker import FakeWorker, stored_program
 from tests.stack_process import free_port
-from tests.test_gpu_mig import FakeWorker
 
 GPU = ("n1", 0)
 BE = "resnet50"  # 5 GB a batch: (2g, 1g) holds 2 of them within T_high, 3 and more need a 3g
@@ -127,15 +125,6 @@ def test_units_report_their_mig_profile_and_gpu_name():
 # -- the controller over a live GPU Manager -------------------------------------------------
 
 
-def _artifact(store: ModelStore) -> str:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", "{}")
-        z.writestr("m/data/extra/tag", "m")
-    return store.put(buf.getvalue()).digest
-
-
 class Node:
     """One fake A100 (4g, 2g, 1g) under a GPU Manager on real HTTP, reporting into a datastore,
     and a scheduler (not started: its loop is not needed) over that datastore."""
@@ -151,7 +140,7 @@ class Node:
             worker_factory=lambda a, d, env=None: FakeWorker(a, d, env, self.gate),
             nvml=self.nvml,
         )
-        self.digest = _artifact(self.manager.store)
+        self.digest = stored_program(self.manager.store)
         self.server = make_server("127.0.0.1", free_port(), create_app(self.manager, "t"), threaded=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -339,7 +328,7 @@ def test_scheduler_holds_keep_jobs_off_a_unit_until_released(tmp_path):
         )
     sched = Scheduler(ds, ModelStore(tmp_path / "sched"), "t", clock=lambda: 0.0)
     sched.refresh_units()
-    digest = _artifact(sched.store)
+    digest = stored_program(sched.store)
     sched.hold_units({"n1/MIG-a"})
     jobs = [sched.submit(digest, b"x", best_effort=True, model=BE) for _ in range(2)]
     with sched._lock:
@@ -392,7 +381,7 @@ def test_the_loop_acts_only_while_leader_and_reads_the_scheduler_jobs(tmp_path):
 
 
 def test_the_scheduler_daemon_runs_the_reconfigurator_with_the_flag(tmp_path):
-    from tests.test_scheduler import Daemon
+    from tests.daemon_process import Daemon
 
     home = tmp_path / "home"
     home.mkdir()

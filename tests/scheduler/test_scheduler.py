@@ -7,95 +7,18 @@ scheduler's clock, not the machine's.
 
 from __future__ import annotations
 
-import io
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
-import pytest
 import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
-from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
-from faas_gpu.paths import REPO_ROOT
 from scheduler.core import Scheduler
-from tests.stack_process import free_port
-
-sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
-from model import ResNetMini  # noqa: E402
-
-
-def _artifact(seed: int) -> tuple[bytes, torch.nn.Module]:
-    torch.manual_seed(seed)
-    m = ResNetMini().eval()
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(m), buf)
-    return buf.getvalue(), m
-
-
-class Daemon:
-    def __init__(self, module: str, home, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = home / f"{module}-{self.port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--home", str(home), "--port", str(self.port), *args],
-            cwd=REPO_ROOT,
-            stdout=open(self.log, "wb"),
-            stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True,
-        )
-        for _ in range(200):
-            try:
-                if requests.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                time.sleep(0.1)
-        raise RuntimeError(self.log.read_text()[-3000:])
-
-    def kill(self, sig=signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(30)
-
-
-@pytest.fixture
-def cluster(tmp_path, etcd_server):
-    """Returns a starter; everything it started is killed at the end."""
-    started: list[Daemon] = []
-    prefix = "/faas-gpu/units/"
-    ds = open_datastore(etcd_server.url)
-    ds.delete_prefix(prefix)
-    ds.delete_prefix("/faas-gpu/scheduler/")
-    token = ensure_token(tmp_path / "secrets")
-
-    def start(module: str, *args: str) -> Daemon:
-        d = Daemon(module, tmp_path, "--etcd", etcd_server.url, *args)
-        started.append(d)
-        return d
-
-    yield start, {"Authorization": f"Bearer {token}"}
-    for d in started:
-        d.kill()
-    ds.delete_prefix(prefix)
-    ds.delete_prefix("/faas-gpu/scheduler/")
-    ds.close()
-
-
-def _wait_units(sched_url, auth, n, timeout_s=20):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = requests.get(f"{sched_url}/v1/status", headers=auth, timeout=5).json()
-        if len(st["units"]) >= n and st["leader"]:
-            return st
-        time.sleep(0.2)
-    raise AssertionError(st)
+from tests.classify_model import scripted_resnet
+from tests.daemon_process import wait_units
 
 
 def _run(urls, auth, digest, x, results, errors):
@@ -121,8 +44,8 @@ def test_jobs_are_placed_by_lalb_and_hit_the_cache(cluster):
     start, auth = cluster
     start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "2")
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 2)
-    data, model = _artifact(1)
+    wait_units(sched.url, auth, 2)
+    data, model = scripted_resnet(1)
     digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
     x = torch.randn(3, 3, 32, 32)
     r1 = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(x), headers=auth, timeout=60)
@@ -144,8 +67,8 @@ def test_a_manager_killed_under_load_loses_no_job(cluster):
     m1 = start("gpu_manager", "--node", "n1", "--units", "1", "--unit-memory-mb", "4")
     start("gpu_manager", "--node", "n2", "--units", "1", "--unit-memory-mb", "4")
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 2)
-    data, _ = _artifact(2)
+    wait_units(sched.url, auth, 2)
+    data, _ = scripted_resnet(2)
     digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
     results, errors = [], []
     clients = [
@@ -169,7 +92,7 @@ def test_leader_killed_under_load_hands_over_and_answers_every_job(cluster):
     urls = [s1.url, s2.url]
     leader = next(s for s in (s1, s2) if requests.get(f"{s.url}/v1/status", headers=auth, timeout=5).json()["leader"])
     follower = s2 if leader is s1 else s1
-    data, _ = _artifact(3)
+    data, _ = scripted_resnet(3)
     for s in (s1, s2):  # each replica keeps its own copy of the artifacts
         requests.put(f"{s.url}/v1/models", data=data, headers=auth, timeout=30).raise_for_status()
     digest = requests.put(f"{leader.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
@@ -191,13 +114,13 @@ def test_leader_killed_under_load_hands_over_and_answers_every_job(cluster):
     for c in clients:
         c.join(120)
     assert errors == [] and len(results) == 16
-    assert _wait_units(follower.url, auth, 2)["leader"]
+    assert wait_units(follower.url, auth, 2)["leader"]
 
 
 def test_no_gpu_manager_means_503_after_a_bounded_wait(cluster):
     start, auth = cluster
     sched = start("scheduler", "--no-units-timeout", "1")
-    data, _ = _artifact(4)
+    data, _ = scripted_resnet(4)
     digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
     t0 = time.monotonic()
     r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 3, 32, 32)), headers=auth, timeout=60)
@@ -208,8 +131,8 @@ def test_model_larger_than_every_unit_is_507(cluster):
     start, auth = cluster
     start("gpu_manager", "--node", "n1", "--units", "1", "--unit-memory-mb", "0.5")
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 1)
-    data, _ = _artifact(5)
+    wait_units(sched.url, auth, 1)
+    data, _ = scripted_resnet(5)
     digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
     r = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 3, 32, 32)), headers=auth, timeout=60)
     assert r.status_code == 507 and "MB exceeds every unit (0.5 MB)" in r.text

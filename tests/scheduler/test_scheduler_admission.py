@@ -3,7 +3,7 @@
 import pytest
 
 from tests.fake_nvml import FakeGPU
-from tests.test_protean_distribution_live import LiveNode
+from tests.scheduler.live_node import LiveNode
 
 
 @pytest.mark.parametrize(("policy", "spreads"), [("lalb_o3", True), ("lb", False)])

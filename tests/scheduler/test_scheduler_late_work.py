@@ -12,9 +12,10 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import encode
+from tests.classify_model import scripted_resnet
+from tests.daemon_process import wait_units
 from tests.fake_nvml import FakeGPU
-from tests.test_protean_distribution_live import LiveNode
-from tests.test_scheduler import _artifact, _wait_units, cluster  # noqa: F401 (cluster: a fixture)
+from tests.scheduler.live_node import LiveNode
 
 
 def _one_gpu(tmp_path) -> LiveNode:
@@ -95,17 +96,17 @@ def _unit_models(manager_url: str, auth: dict) -> set[str]:
     return {m for u in units for m in u["models"]}
 
 
-def test_over_http_a_gone_caller_and_a_late_strict_job_never_reach_the_gpu(cluster, tmp_path):  # noqa: F811
+def test_over_http_a_gone_caller_and_a_late_strict_job_never_reach_the_gpu(cluster, tmp_path):
     start, auth = cluster
     profile = tmp_path / "slow-profile.txt"
     profile.write_text("slow 8 50 1 4000\nslow 8 50 8 4000\n")  # every batch holds the unit 4 s
     manager = start("gpu_manager", "--node", "n1", "--backend", "sim", "--sim-profile", str(profile),
                     "--sim-load-s", "0.05", "--units", "1")  # fmt: skip
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 1)
+    wait_units(sched.url, auth, 1)
     digests = []
     for seed in (1, 2, 3):  # one model each: a job that ran leaves its model in the unit's cache
-        data, _ = _artifact(seed)
+        data, _ = scripted_resnet(seed)
         digests.append(requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"])
     busy, gone, late = digests
     x = encode(torch.zeros(1, 4))
