@@ -1,3 +1,8 @@
+"""What every test folder shares: the real etcd and Redis servers (`tests.servers`, a plugin, which
+pytest allows only here), a faas-gpu config of each test's own, and the scheduler/GPU Manager
+cluster the scheduler, client and end-to-end tests start. Fixtures of one folder live in that
+folder's conftest.py."""
+
 import os
 import shutil
 import tempfile

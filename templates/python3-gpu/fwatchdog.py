@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 # faas_gpu.contract.duration's grammar, copied: this file runs in images without faas-gpu
-# (tests/test_contract.py checks that the two agree)
+# (tests/contract/test_contract.py checks that the two agree)
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 HOP_BY_HOP = {

@@ -3,7 +3,7 @@ per-user config, the other commands find it through that record when neither $FA
 nor a `.faas-gpu` beside the stack file or in the current folder names one, `down` clears it,
 and every failure names the places searched.
 
-The in-process tests drive `faas_gpu.cli.main` against the stub provider of test_cli; the last
+The in-process tests drive `faas_gpu.cli.main` against the stub provider (tests/cli/stub_gateway.py); the last
 one starts a real stack with `faas-gpu up` and walks README's developer flow (new, build,
 deploy, invoke, logs, remove, down) from a folder outside the repository.
 """

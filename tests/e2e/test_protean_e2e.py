@@ -45,7 +45,7 @@ def overloaded(tmp_path_factory):
                 "handler": "./classify",
                 "image": "protean/classify:latest",
                 # an SLO no strict job here misses: this is about order (a strict job past its
-                # deadline is dropped as a miss, test_scheduler_late_work.py)
+                # deadline is dropped as a miss, tests/scheduler/test_scheduler_late_work.py)
                 "annotations": {"com.faas-gpu.slo-ms": "10000", "com.faas-gpu.max-batch": "1"},
                 "environment": {"handler_threads": "64"},
             }

@@ -2,7 +2,7 @@
 bounds, the weighted split and keep-alive, over a real embedded datastore and history.
 
 The runtime here only records the plans it is given (the real one is exercised end to end in
-tests/test_infless_e2e.py); the predictor is a table of latencies, as a profile store holds them.
+tests/e2e/test_infless_e2e.py); the predictor is a table of latencies, as a profile store holds them.
 """
 
 from collections import Counter

@@ -1,6 +1,6 @@
 """HarmonyBatch in the provider without processes: annotations, app headers, plans applied as pools.
 
-The runtime records the pools it is given (tests/test_harmony_e2e.py runs the real one); the
+The runtime records the pools it is given (tests/e2e/test_harmony_e2e.py runs the real one); the
 coefficients are VGG-19's from HarmonyBatch's model.json (see that test).
 """
 

@@ -3,7 +3,7 @@ of requests in flight, delayed termination after a surplus window, bounds, and w
 governs a function (`com.faas-gpu.scaling`).
 
 The first tests drive the real `Autoscaler` tick by tick under fake time, over a real embedded
-datastore and history (as tests/test_autoscaler.py does); the last ones run a real stack process
+datastore and history (as tests/provider/test_autoscaler.py does); the last ones run a real stack process
 with a 2 s surplus window and real replicas, and read the replicas from the provider's API.
 """
 

@@ -1,6 +1,6 @@
 """Deploy-time validation (provider/validation.py): each rule on its own, no processes.
 
-The HTTP answers these rules give (400 naming the field) are in tests/test_bad_input.py.
+The HTTP answers these rules give (400 naming the field) are in tests/provider/test_bad_input.py.
 """
 
 from __future__ import annotations
