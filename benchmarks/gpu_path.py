@@ -229,7 +229,7 @@ def embed_figures(callers: int, seconds: float) -> dict:
         manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1")
         scheduler = Daemon("scheduler", home)
         try:
-            _wait_units(scheduler.url, auth, 1)
+            wait_units(scheduler.url, auth, 1)
             r = requests.put(f"{scheduler.url}/v1/models", data=buf.getvalue(), headers=auth, timeout=120)
             r.raise_for_status()
             digest = r.json()["digest"]

