@@ -31,12 +31,28 @@ def remote_env(cluster, monkeypatch):
     client.uninstall()
 
 
-def test_jit_load_returns_a_remote_model_with_the_same_answers(remote_env, tmp_path):
+def _old_torchscript(module: torch.nn.Module, path) -> None:
+    """An old TorchScript artifact, as a user has one (the deprecated calls are the user's, long ago)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+        torch.jit.save(torch.jit.script(module), path)
+
+
+def test_jit_load_returns_a_remote_model_with_the_same_answers(remote_env, tmp_path, caplog):
+    """TorchScript still runs; torch's deprecation is said once in the log, not warned on each load."""
+    import warnings
+
     torch.manual_seed(0)
     local = ResNetMini().eval()
-    torch.jit.save(torch.jit.script(local), tmp_path / "model.pt")
+    _old_torchscript(local, tmp_path / "model.pt")
     assert client.install()
-    model = torch.jit.load(str(tmp_path / "model.pt"))
+    with warnings.catch_warnings(), caplog.at_level("WARNING"):
+        warnings.simplefilter("error", DeprecationWarning)
+        model = torch.jit.load(str(tmp_path / "model.pt"))
+        torch.jit.load(str(tmp_path / "model.pt"))
+    assert caplog.text.count("TorchScript, which torch deprecates") <= 1  # once a process
     assert isinstance(model, client.RemoteModel)
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(model(x), local(x), atol=1e-5)
@@ -107,6 +123,32 @@ def test_without_a_scheduler_models_stay_local(monkeypatch, caplog):
     assert "run locally on the CPU" in caplog.text
     m = ResNetMini()
     assert client.remote(m) is m
+    client.uninstall()
+
+
+def test_save_model_writes_a_program_with_a_dynamic_batch_the_managers_accept(tmp_path):
+    import zipfile
+
+    from faas_gpu import save_model
+    from faas_gpu.models.safe_formats import detect_format
+
+    torch.manual_seed(3)
+    local = ResNetMini().eval()
+    path = save_model(local, torch.randn(1, 3, 32, 32), tmp_path / "model.pt2")
+    with zipfile.ZipFile(path) as z:
+        assert detect_format(z) == "export"
+    loaded = torch.export.load(path).module()
+    for batch in (1, 5):
+        x = torch.randn(batch, 3, 32, 32)
+        assert torch.allclose(loaded(x), local(x), atol=1e-5)
+    assert not local.training
+
+
+def test_save_model_of_a_module_torch_export_cannot_convert_says_what_to_do(tmp_path):
+    with pytest.raises(client.NotConvertible) as err:
+        client.save_model(Branchy(), torch.ones(1, 3), tmp_path / "model.pt2")
+    assert "Branchy" in str(err.value) and "torch.cond" in str(err.value) and "faas_gpu.remote" in str(err.value)
+    assert not (tmp_path / "model.pt2").exists()
 
 
 def test_export_load_gives_a_remote_program(remote_env, tmp_path):

@@ -6,6 +6,9 @@ relative imports resolve exactly as in `build/<fn>/function/` under the template
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import io
 import json
 import shutil
 import struct
@@ -17,6 +20,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from faas_gpu.paths import REPO_ROOT
 from tests.functions.handler_import import FUNCTIONS, Event, load_handler
 
 
@@ -204,3 +208,167 @@ def test_make_weights_script_is_deterministic(tmp_path):
         [sys.executable, str(FUNCTIONS / "classify" / "make_weights.py"), str(outs[0])], capture_output=True, text=True
     )
     assert "exists" in again.stdout
+
+
+# --- the python3-gpu template: the ways a model is saved and loaded ---
+
+TEMPLATE = REPO_ROOT / "templates" / "python3-gpu"
+
+NET = """import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+"""
+
+HANDLERS = {
+    # 1. a torch.export program (faas_gpu.save_model): no class of the helper script needed
+    "export": """import json
+from pathlib import Path
+
+import torch
+
+model = torch.export.load(Path(__file__).parent / "model.pt2").module()
+""",
+    # 2. a state dict + the module's code in the handler, handed to faas_gpu.remote
+    "state_dict": """import json
+from pathlib import Path
+
+import torch
+
+from faas_gpu import remote
+
+from .net import Net
+
+net = Net()
+net.load_state_dict(torch.load(Path(__file__).parent / "weights.pt", weights_only=True))
+model = remote(net)
+""",
+    # a whole-module torch.save from a helper script: the class is `net.Net` there, `function.net` here
+    "pickle": """import json
+from pathlib import Path
+
+import torch
+
+model = torch.load(Path(__file__).parent / "model.pt", weights_only=False)
+""",
+}
+HANDLE = """
+
+def handle(event, context):
+    x = torch.tensor(json.loads(event.body)["inputs"], dtype=torch.float32)
+    with torch.inference_mode():
+        return {"statusCode": 200, "body": {"outputs": model(x).tolist()}}
+"""
+
+
+def _function_folder(tmp_path: Path, way: str) -> Path:
+    """A function folder as a user's helper script leaves it: the net's code beside the handler,
+    saved from a script that imported it as the top-level module `net`."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "net.py").write_text(NET)
+    (folder / "handler.py").write_text(HANDLERS[way] + HANDLE)
+    helper = {
+        "export": "faas_gpu.save_model(net, torch.randn(1, 4), 'model.pt2')",
+        "state_dict": "torch.save(net.state_dict(), 'weights.pt')",
+        "pickle": "torch.save(net, 'model.pt')",
+    }[way]
+    script = f"import torch, faas_gpu\nfrom net import Net\ntorch.manual_seed(0)\nnet = Net().eval()\n{helper}\n"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return folder
+
+
+def _template_app(tmp_path: Path, src: Path, monkeypatch):
+    """The template's index.py, imported as the watchdog runs it: function/ beside it, no scheduler."""
+    from faas_gpu import client
+
+    monkeypatch.delenv("FAAS_GPU_SCHEDULER_URL", raising=False)
+    root = tmp_path / "run"
+    shutil.copytree(src, root / "function")
+    for mod in [m for m in sys.modules if m == "function" or m.startswith("function.")]:
+        del sys.modules[mod]
+    spec = importlib.util.spec_from_file_location("python3_gpu_index", TEMPLATE / "index.py")
+    index = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(root))
+    try:
+        spec.loader.exec_module(index)
+    finally:
+        sys.path.remove(str(root))
+        client.uninstall()
+    return index.app.test_client()
+
+
+@pytest.mark.parametrize("way", ["export", "state_dict"])
+def test_the_template_serves_a_model_saved_each_supported_way(tmp_path, monkeypatch, way):
+    import warnings
+
+    src = _function_folder(tmp_path, way)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # no deprecated torch API on these paths
+        app = _template_app(tmp_path, src, monkeypatch)
+        for batch in (1, 3):  # save_model's batch dimension is dynamic
+            r = app.post("/", data=json.dumps({"inputs": [[0.5, -1.0, 2.0, 0.0]] * batch}))
+            assert r.status_code == 200, r.text
+            assert len(r.get_json()["outputs"]) == batch
+
+
+def test_a_whole_module_pickle_from_a_helper_script_is_served_as_an_error_saying_what_to_do(tmp_path, monkeypatch):
+    """Not a ModuleNotFoundError crash loop: the replica stays up and every call says what to do."""
+    app = _template_app(tmp_path, _function_folder(tmp_path, "pickle"), monkeypatch)
+    r = app.post("/", data=json.dumps({"inputs": [[0.0] * 4]}))
+    assert r.status_code == 500
+    assert "the handler failed to load: NotConvertible" in r.text
+    assert "model.pt is a pickled module whose class lives in module 'net' (Net)" in r.text
+    assert "faas_gpu.save_model(model, example_input, 'model.pt2')" in r.text and "state_dict" in r.text
+
+
+def test_a_whole_module_pickle_refused_by_weights_only_says_what_to_do(tmp_path):
+    from faas_gpu import client
+
+    src = _function_folder(tmp_path, "pickle")
+    try:
+        assert client.install() is False  # no scheduler: torch.load only gains the explanation
+        with pytest.raises(client.NotConvertible, match="pickled module whose class lives in module 'net'"):
+            torch.load(src / "model.pt")  # torch's default weights_only=True
+        with pytest.raises(client.NotConvertible, match="faas_gpu.save_model"):
+            torch.load(src / "model.pt", weights_only=False)
+        buf = io.BytesIO()
+        torch.save({"w": torch.ones(2)}, buf)  # state dicts and tensors load as before
+        buf.seek(0)
+        assert torch.equal(torch.load(buf)["w"], torch.ones(2))
+    finally:
+        client.uninstall()
+
+
+def test_the_template_skeleton_documents_the_supported_ways():
+    text = (TEMPLATE / "function" / "handler.py").read_text()
+    for way in ("faas_gpu.save_model", "torch.export.load", "state_dict", "faas_gpu.remote", "TorchScript"):
+        assert way in text
+
+
+def test_faas_gpu_export_saves_a_script_model_the_handler_loads(tmp_path, capsys):
+    from faas_gpu.cli import main
+
+    (tmp_path / "net.py").write_text(
+        NET + "\n\nclass Branchy(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return x * 2 if x.sum() > 0 else x\n"
+    )
+    out = tmp_path / "function" / "model.pt2"
+    out.parent.mkdir()
+    assert main(["export", "--model", f"{tmp_path / 'net.py'}:Net", "--input-shape", "4", "-o", str(out)]) == 0
+    assert "torch.export.load(path).module()" in capsys.readouterr().out
+    model = torch.export.load(out).module()  # no import of net.py needed
+    assert model(torch.ones(5, 4)).shape == (5, 3)
+    assert main(["export", "--model", f"{tmp_path / 'net.py'}:Branchy", "--input-shape", "4", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot run on the GPU path" in err and "torch.cond" in err and "faas_gpu.remote" in err
+    assert main(["export", "--model", "nope.py:Net", "--input-shape", "4"]) == 1
+    assert "export: --model: no such file nope.py" in capsys.readouterr().err

@@ -192,3 +192,93 @@ def test_a_new_model_under_an_old_name_drops_the_old_measurements(store):
     profile_model(store, "m", other, (32,), batches=[1], threads=[1], repeat=1, warmup=0, on=["cpu"])
     assert [c[:3] for c in LatencyPredictor(store).configs("m")] == [(1, 1, 0)]
     assert store.model_profiles("m").keys() == {(1, 1, "cpu", 0)}
+
+
+# -- a machine too busy to profile: what the report says and what is stored --------------------
+def _report(rows):
+    from faas_gpu.profiling.report import ErrorReport, ReportRow
+
+    return ErrorReport("resnet-mini", [ReportRow(b, t, "cpu", 0, p, m, s) for b, t, p, m, s in rows])
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    from faas_gpu.profiling.report import spread
+
+    assert spread([10.0, 10.0, 10.0, 10.0, 10.0]) == 0.0
+    assert spread([9.0, 10.0, 10.0, 10.0, 11.0]) == 0.0  # one outlier each side: the median's neighbours hold
+    assert spread([5.0, 8.0, 10.0, 30.0, 60.0]) == pytest.approx((30.0 - 8.0) / 10.0)
+    assert spread([7.0]) == 0.0
+
+
+def test_measurements_with_a_big_spread_are_reported_noisy_with_what_to_do():
+    from faas_gpu.profiling.report import noise_verdict
+
+    rows = [(1, 1, 1.1, 1.0, 0.04), (8, 1, 4.0, 4.2, 0.9), (32, 2, 14.0, 15.0, 2.5)]
+    report = _report(rows)
+    verdict = noise_verdict(
+        report, {(b, t, "cpu", 0): s for b, t, _, _, s in rows}, 0.3, "faas-gpu profile -f s.yml fn"
+    )
+    assert verdict.noisy
+    text = verdict.message
+    assert text.startswith("resnet-mini: this machine was too busy to profile")
+    assert "2 of 3 configurations varied by more than 30%" in text and "worst 250% at batch 32, 2 threads, cpu" in text
+    assert "`faas-gpu profile -f s.yml fn --remeasure` when the machine is idle" in text and "--repeat 20" in text
+    table = report.table()
+    assert "spread" in table.splitlines()[0] and "250.0%" in table
+    assert "repeats spread by 90.0% (median), 250.0% at most" in table.splitlines()[-1]
+
+
+def test_a_prediction_off_by_10x_is_noisy_even_when_each_configuration_repeated_steadily():
+    from faas_gpu.profiling.report import noise_verdict
+
+    report = _report([(1, 1, 1.0, 1.05, 0.02), (32, 1, 126.2, 10.0, 0.05)])  # the 1262% row
+    verdict = noise_verdict(report, {(1, 1, "cpu", 0): 0.02, (32, 1, "cpu", 0): 0.05})
+    assert verdict.noisy and "1 of 2 predictions are off by more than 100% (worst 1162% at batch 32" in verdict.message
+
+
+def test_quiet_measurements_are_not_noisy():
+    from faas_gpu.profiling.report import noise_verdict
+
+    report = _report([(1, 1, 1.0, 1.1, 0.03), (8, 1, 4.0, 3.6, 0.08)])
+    verdict = noise_verdict(report, {(1, 1, "cpu", 0): 0.03, (8, 1, "cpu", 0): 0.08})
+    assert not verdict.noisy and verdict.message == ""
+
+
+def _fake_measure(spread_of):
+    """measure() as a busy (or quiet) machine gives it: fabricated samples, no clock."""
+
+    def measure(gm, module, x, repeat, warmup, device="cpu", ops=True, whole=True, samples_out=None):
+        b = x.shape[0]
+        wide = spread_of(b)
+        runs = [1.0 * b, 1.0 * b, (1.0 + wide) * b, (1.0 + 2 * wide) * b, (1.0 + 3 * wide) * b]
+        if samples_out is not None:
+            samples_out["whole"], samples_out["ops"] = runs, runs
+        nodes = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+        return ({n: runs[2] / len(nodes) for n in nodes} if ops else {}), runs[2]
+
+    return measure
+
+
+def test_a_noisy_run_keeps_a_clean_profile_and_stores_one_marked_noisy_when_there_is_none(store, monkeypatch):
+    import faas_gpu.profiling.operators as ops_mod
+
+    kw = dict(batches=[1, 4], threads=[1], repeat=5, warmup=0, on=["cpu"], max_spread=0.3, retries=1)
+    monkeypatch.setattr(ops_mod, "measure", _fake_measure(lambda b: 0.01))
+    quiet = profile_model(store, "m", tiny(), (32,), **kw)
+    assert not quiet.noisy and quiet.stored and store.noisy("m") is None
+    clean = store.model_profiles("m")
+
+    calls = []
+    busy = _fake_measure(lambda b: 2.0)
+    monkeypatch.setattr(ops_mod, "measure", lambda *a, **k: calls.append(1) or busy(*a, **k))
+    noisy = profile_model(store, "m", tiny(), (32,), remeasure=True, **kw)
+    assert len(calls) == 4  # each configuration measured again once (retries=1)
+    assert noisy.noisy and not noisy.stored and "too busy to profile" in noisy.verdict
+    assert store.model_profiles("m") == clean and store.noisy("m") is None  # the clean profile stays
+
+    first = profile_model(store, "n", tiny(), (32,), **kw)  # no profile yet: stored, marked
+    assert first.noisy and first.stored and store.model_profiles("n")
+    assert "too busy to profile" in store.noisy("n")
+    monkeypatch.setattr(ops_mod, "measure", _fake_measure(lambda b: 0.01))
+    again = profile_model(store, "n", tiny(), (32,), remeasure=True, **kw)  # what `up` does next time
+    assert again.stored and store.noisy("n") is None
