@@ -10,7 +10,7 @@ def remote(module):
 
 def save_model(module, example, path):
     """Save `module` as python3-gpu loads it: a torch.export program with a dynamic batch dimension
-    (`faas_gpu.client.save_model`); the handler loads it with torch.export.load(path).module()."""
-    from faas_gpu.client import save_model as _save_model
+    (`faas_gpu.saving.save_model`); the handler loads it with torch.export.load(path).module()."""
+    from faas_gpu.saving import save_model as _save_model
 
     return _save_model(module, example, path)

@@ -38,7 +38,6 @@ import os
 import threading
 import time
 import warnings
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +57,14 @@ from faas_gpu.contract import env
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.slo import Budget
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.saving import (  # noqa: F401 — save_model and explain_pickle: names handlers use here
+    HOW_TO_SAVE,
+    NotConvertible,
+    check_sendable,
+    explain_pickle,
+    export_program,
+    save_model,
+)
 
 log = logging.getLogger("faas_gpu.client")
 _installed = ""  # "remote" or "local" once install() ran
@@ -107,19 +114,6 @@ class RemoteError(RuntimeError):
         self.status = status
 
 
-HOW_TO_SAVE = (
-    "save the model with faas_gpu.save_model(model, example_input, 'model.pt2') (a torch.export program: "
-    "torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim('batch')},)) then "
-    "torch.export.save) and load it in the handler with torch.export.load('model.pt2').module(), "
-    "or ship a state dict or safetensors, build the module in the handler and call faas_gpu.remote(module); "
-    "TorchScript (torch.jit.load) still runs for models you already have that way"
-)
-
-
-class NotConvertible(RuntimeError):
-    """A whole model loaded in the handler that cannot become an artifact the GPU path accepts."""
-
-
 class RemoteModel(torch.nn.Module):
     """A model whose forward runs on a GPU unit; the local module stays as the artifact's source."""
 
@@ -155,7 +149,7 @@ class RemoteModel(torch.nn.Module):
             raise self._refused
         if self._artifact is None:
             self._artifact = self._export(example)
-        _check_sendable(self._artifact, type(self.local).__name__)
+        check_sendable(self._artifact, type(self.local).__name__)
         r = self._request("PUT", "/v1/models", data=self._artifact)
         self._digest = r.json()["digest"]
         return self._digest
@@ -221,105 +215,6 @@ class RemoteModel(torch.nn.Module):
             headers[h.MODEL] = self.config.model_name
         r = self._request("POST", f"/v1/jobs/{digest}", budget, data=encode(x), headers=headers)
         return decode(r.content), h.ours(r.headers)
-
-
-def export_program(module: torch.nn.Module, example: torch.Tensor, where: str = "") -> bytes:
-    """`module` as the bytes of a torch.export program whose first dimension is a named batch
-    dimension: traced at batch 2 (batch 1 would be specialised away), so the scheduler's batches of
-    any size run it. NotConvertible, with torch's first line, when torch.export cannot convert it."""
-    buf = io.BytesIO()
-    if not isinstance(example, torch.Tensor) or example.dim() < 1:
-        raise NotConvertible("faas-gpu: the example input must be a tensor with a batch dimension, e.g. (1, 3, 32, 32)")
-    ex = example[:1].expand(2, *example.shape[1:]).clone()
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    try:
-        program = torch.export.export(module, (ex,), dynamic_shapes=({0: batch},))
-        torch.export.save(program, buf)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise NotConvertible(
-            f"faas-gpu: the model ({type(module).__name__}) cannot run on the GPU path: torch.export could not "
-            f"convert it{' ' + where if where else ''} ({type(exc).__name__}: {first})"
-        ) from exc
-    return buf.getvalue()
-
-
-def save_model(module: torch.nn.Module, example: torch.Tensor, path: str | os.PathLike) -> Path:
-    """Save `module` the way python3-gpu loads it: a torch.export program with a dynamic batch
-    dimension (`example`: one input batch, e.g. torch.randn(1, 3, 32, 32)), checked with the GPU
-    Managers' own rules before it is written, so a refusal comes here rather than at the first
-    call. The handler loads it with `torch.export.load(path).module()`; no class of the helper
-    script is needed there (the program is data, not a pickle of the script's classes).
-
-    NotConvertible (what failed and what to do instead) when it cannot be exported."""
-    was_training = module.training
-    module.eval()
-    try:
-        data = export_program(module, example, where="")
-    except NotConvertible as exc:
-        raise NotConvertible(
-            f"{exc}; make forward traceable (no Python `if` on tensor values: torch.cond), or ship a state dict "
-            f"or safetensors and build the module in the handler with faas_gpu.remote(module)"
-        ) from exc.__cause__
-    finally:
-        module.train(was_training)
-    _check_sendable(data, type(module).__name__)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)  # replicas starting while it is written never read half a file
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def explain_pickle(data: bytes, name: str = "the file") -> str | None:
-    """What to tell the handler's author when `data` is a `torch.save` pickle of a whole model
-    (None for anything else: a state dict, a tensor, a program). Read from the pickle's opcodes,
-    never unpickled."""
-    from faas_gpu.models.safe_formats import pickled_class
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            top = pickled_class(z)
-    except (zipfile.BadZipFile, OSError):
-        return None
-    if top is None or top.startswith(("collections.", "builtins.", "torch._utils.", "torch.Tensor")):
-        return None
-    module, _, cls = top.rpartition(".")
-    how = (
-        f"Save it instead with faas_gpu.save_model(model, example_input, '{Path(name).stem}.pt2') in the script "
-        f"that made it (a torch.export program: no class needed to load it) and load it in the handler with "
-        f"torch.export.load('{Path(name).stem}.pt2').module(); or save model.state_dict(), build {cls} in the "
-        f"handler from the handler's own module (from .{module.rsplit('.', 1)[-1]} import {cls}) and load the "
-        f"weights with torch.load(..., weights_only=True)"
-    )
-    if module.startswith("torch."):
-        return (
-            f"faas-gpu: {name} is a pickled whole model ({top}); torch.load refuses it by default "
-            f"(weights_only=True) and the GPU path never takes a pickle. {how}"
-        )
-    where = "the script that saved it ('__main__')" if module == "__main__" else f"module '{module}'"
-    return (
-        f"faas-gpu: {name} is a pickled module whose class lives in {where} ({cls}); the handler runs as the "
-        f"package 'function', where that module is not importable under that name, and the GPU path never "
-        f"takes a pickle. {how}"
-    )
-
-
-def _check_sendable(artifact: bytes, what: str) -> None:
-    """The managers' own checks, here: a refused artifact is the handler's error, with what to do."""
-    from faas_gpu.contract.errors import ArtifactError
-    from faas_gpu.models.safe_formats import detect_format
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(artifact)) as z:
-            detect_format(z)
-    except (ArtifactError, zipfile.BadZipFile) as exc:
-        raise NotConvertible(
-            f"faas-gpu: the model ({what}) cannot be sent to the GPU path: {exc}; {HOW_TO_SAVE}"
-        ) from None
 
 
 def _config() -> ClientConfig | None:

@@ -4,7 +4,7 @@
 
 MODULE:FACTORY as `faas-gpu profile` takes it (a path/to/file.py or a dotted module, and a
 function returning the torch.nn.Module, weights loaded). The model is written as a torch.export
-program with a dynamic batch dimension (`faas_gpu.client.save_model`), checked with the GPU
+program with a dynamic batch dimension (`faas_gpu.saving.save_model`), checked with the GPU
 Managers' rules; the handler loads it with `torch.export.load(path).module()` and needs none of
 the script's classes. A script can call `faas_gpu.save_model(model, example, path)` itself:
 this command is the same for a model whose code should stay out of the handler.
@@ -19,9 +19,9 @@ from .common import CliError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from faas_gpu.client import NotConvertible, save_model
     from faas_gpu.profiling.cli import UsageError, load_model, parse_shape
     from faas_gpu.profiling.operators import input_maker
+    from faas_gpu.saving import NotConvertible, save_model
 
     try:
         shape = parse_shape(args.input_shape, "--input-shape")
