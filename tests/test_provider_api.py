@@ -212,6 +212,40 @@ def test_gateway_scale_without_a_max_label_stops_at_ce_5_the_provider_at_20(stac
     assert replicas(stack, "unlabelled") == 1
 
 
+@pytest.mark.slow
+def test_plain_function_scales_up_under_throughput_and_back_as_the_certifier_checks(stack):
+    """Test_ScaleUpAndDownFromThroughPut against the gateway: min 1, max 2, ~10 requests/s (the
+    certifier's 2 workers at 5 QPS); the built-in alert rule must reach 2 within a minute, and
+    return to 1 within a minute once the load stops."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    labels = {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "2"}
+    assert deploy(stack, "throughput", labels=labels).status_code == 202
+    stack.wait_ready("throughput")
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            requests.post(f"{stack.url}/function/throughput", data=b"x", timeout=10)
+            stop.wait(max(0.0, 0.2 - (time.monotonic() - t0)))  # 5 QPS each
+
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(2):
+            pool.submit(worker)
+        deadline, peak = time.monotonic() + 60, 1
+        while time.monotonic() < deadline and peak < 2:
+            peak = max(peak, replicas(stack, "throughput"))
+            time.sleep(0.5)
+        stop.set()
+    assert peak == 2, "never reached com.openfaas.scale.max under load"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and replicas(stack, "throughput") != 1:
+        time.sleep(0.5)
+    assert replicas(stack, "throughput") == 1
+
+
 def alert(stack, function_name, status, base=None):
     body = {
         "receiver": "scale-up",
