@@ -253,16 +253,12 @@ class Provider:
 
     def info(self) -> dict:
         """faas-provider's ProviderInfo."""
-        return {
-            "provider": "faas-gpu",
-            "orchestration": "local-process",
-            "version": {"commit_message": "", "sha": _git_sha(), "release": __version__},
-        }
+        return {"provider": "faas-gpu", "orchestration": "local-process", "version": _version_info()}
 
     def gateway_version(self) -> dict:
         """The gateway's own VersionInfo for the gateway's /system/info (CE builds it from the
         gateway's version, not the provider's); one program here, so the same release and sha."""
-        return {"commit_message": "", "sha": _git_sha(), "release": __version__}
+        return _version_info()
 
     def close(self) -> None:
         if self.autoscaler is not None:
@@ -270,6 +266,11 @@ class Provider:
         self.runtime.close()
         self.queue.close()
         self.datastore.close()
+
+
+def _version_info() -> dict:
+    """faas-provider's VersionInfo; `commit_message` is `omitempty` in Go, so it is left out."""
+    return {"sha": _git_sha(), "release": __version__}
 
 
 def _git_sha() -> str:
