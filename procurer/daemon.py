@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from faas_gpu import paths
 from faas_gpu.cloud import EmulatedCloud
+from faas_gpu.contract import env as contract_env
 from faas_gpu.datastore import Datastore
 from faas_gpu.policies.protean import CostMeter, Procurement
 
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.home = paths.home()
     a.home = a.home.resolve()
     if a.spot_prices is None:
-        a.spot_prices = Path(os.environ.get("FAAS_GPU_SPOT_PRICES") or DEFAULT_SPOT_CSV)
+        a.spot_prices = contract_env.SPOT_PRICES.read() or DEFAULT_SPOT_CSV
     for name in ("nodes", "period", "boot", "eviction_interval", "price_step"):
         value = getattr(a, name)
         if value < 0 or (value == 0 and name in ("period", "eviction_interval", "price_step")):

@@ -11,6 +11,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
+from faas_gpu.contract import env as contract_env
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.history import open_history
@@ -46,7 +47,7 @@ def build_provider(config: ProviderConfig) -> Provider:
     gpu_env, fn_credentials = {}, None
     if config.scheduler_url:
         # replicas get their function's own token (faas_gpu.fn_credentials), never the cluster's
-        gpu_env = {"FAAS_GPU_SCHEDULER_URL": config.scheduler_url}
+        gpu_env = {contract_env.SCHEDULER_URL.name: config.scheduler_url}
         fn_credentials = FunctionCredentials(datastore, config.secrets_dir / "function-tokens")
     schedulers = Directory(datastore).start() if config.scheduler_url else None  # + those announced
     runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)

@@ -86,8 +86,8 @@ NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S"]
 
 
 def _watchdog_parser():
-    path = Path(TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py")
-    spec = importlib.util.spec_from_file_location("fwatchdog_copy", path)
+    path = Path(TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "durations.py")
+    spec = importlib.util.spec_from_file_location("fwatchdog_durations_copy", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.parse_duration

@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from faas_gpu.contract import env as contract_env
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.schedulers import Directory
@@ -306,14 +307,15 @@ class LocalRuntime(Runtime):
             TMPDIR=str(tmp),
             HOSTNAME=rid,
             secret_mount_path=str(secrets_dir),
-            FAAS_GPU_FUNCTION=record.name,
-            FAAS_GPU_PARENT_PID=str(os.getpid()),  # the watchdog dies with this provider
-            FAAS_GPU_NAMESPACE=record.namespace,
         )
-        if env.get("FAAS_GPU_SCHEDULER_URL") and self.schedulers is not None:  # every scheduler
-            env["FAAS_GPU_SCHEDULER_URL"] = merge_schedulers(env["FAAS_GPU_SCHEDULER_URL"], self.schedulers.urls())
+        env[contract_env.FUNCTION.name] = record.name
+        env[contract_env.PARENT_PID.name] = str(os.getpid())  # the watchdog dies with this provider
+        env[contract_env.NAMESPACE.name] = record.namespace
+        url = contract_env.SCHEDULER_URL.name
+        if env.get(url) and self.schedulers is not None:  # every scheduler
+            env[url] = merge_schedulers(env[url], self.schedulers.urls())
         if self.gpu_env and self.credentials is not None:
-            env["FAAS_GPU_TOKEN"] = self.credentials.token(record.namespace, record.name)
+            env[contract_env.TOKEN.name] = self.credentials.token(record.namespace, record.name)
         if spec.http_mode and "upstream_url" not in spec.env:
             env["upstream_url"] = f"http://127.0.0.1:{free_port()}"
         proc = popen(spec.argv, spec.cwd, env, run_dir, port)

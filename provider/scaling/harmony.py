@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract import env as contract_env
 from faas_gpu.contract.headers import APP as APP_HEADER
 from faas_gpu.contract.headers import SLO_MS as SLO_HEADER
 from faas_gpu.contract.slo import parse_slo_ms
@@ -323,12 +324,12 @@ class HarmonyPools:
         g = pool.group
         names = [a["name"] for a in g["apps"]]
         timeouts = ",".join(f"{n}={t * 1000:.3f}" for n, t in zip(names, g["timeouts_s"], strict=True))
-        env = {"FAAS_GPU_MAX_BATCH": str(g["batch"]), "FAAS_GPU_APP_TIMEOUTS_MS": timeouts}
+        env = {contract_env.MAX_BATCH.name: str(g["batch"]), contract_env.APP_TIMEOUTS_MS.name: timeouts}
         if g["instance"] == "cpu":
-            env["FAAS_GPU_CPU_THREADS"] = str(max(1, math.ceil(g["vcpu"])))
-            env["FAAS_GPU_SCHEDULER_URL"] = ""  # a CPU group runs its model in the instance
+            env[contract_env.CPU_THREADS.name] = str(max(1, math.ceil(g["vcpu"])))
+            env[contract_env.SCHEDULER_URL.name] = ""  # a CPU group runs its model in the instance
         else:
-            env["FAAS_GPU_GPU_MEMORY_GB"] = str(g["gpu_memory_gb"])
+            env[contract_env.GPU_MEMORY_GB.name] = str(g["gpu_memory_gb"])
         return env
 
     def describe(self, ctx: ScalingContext) -> dict | None:

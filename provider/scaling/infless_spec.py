@@ -6,7 +6,6 @@ instance (the env it runs with, the JSON a restarted provider reads back) have o
 
 from __future__ import annotations
 
-import math
 import threading
 import uuid
 from collections import deque
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract import env as contract_env
 from faas_gpu.policies.infless import (
     Candidate,
     FixedKeepAlive,
@@ -62,12 +62,8 @@ class FunctionPolicy:
         raw = ann.get(SLO)
         if raw is None:
             raise ValidationError(f"annotations: {SLO} is required with {MODEL} (the latency SLO in ms)")
-        try:
-            slo_ms = float(raw)
-        except ValueError:
-            raise ValidationError(f"annotations: {SLO} must be a number of milliseconds, got {raw!r}") from None
-        if not math.isfinite(slo_ms) or slo_ms <= 0:
-            raise ValidationError(f"annotations: {SLO} must be positive, got {raw!r}")
+        annotation_keys.SLO_CHECK(f"annotations: {SLO}", raw)  # the deploy rule, for records read back too
+        slo_ms = float(raw)
         lo, hi = record.deployment.scale_bounds()
         return cls(
             model,
@@ -131,13 +127,13 @@ class Instance:
     def env(self, slo_s: float) -> dict[str, str]:
         c = self.candidate
         env = {
-            "FAAS_GPU_MAX_BATCH": str(c.batch),
-            "FAAS_GPU_BATCH_TIMEOUT_MS": f"{self.timeout_s * 1000:.3f}",
-            "FAAS_GPU_CPU_THREADS": str(max(1, int(c.cpu))),
-            "FAAS_GPU_SLO_MS": f"{slo_s * 1000:g}",
+            contract_env.MAX_BATCH.name: str(c.batch),
+            contract_env.BATCH_TIMEOUT_MS.name: f"{self.timeout_s * 1000:.3f}",
+            contract_env.CPU_THREADS.name: str(max(1, int(c.cpu))),
+            contract_env.SLO_MS.name: f"{slo_s * 1000:g}",
         }
         if c.gpu:
-            env["FAAS_GPU_GPU_SHARE"] = str(int(c.gpu))
+            env[contract_env.GPU_SHARE.name] = str(int(c.gpu))
         return env
 
     def spec(self, slo_s: float) -> InstanceSpec:

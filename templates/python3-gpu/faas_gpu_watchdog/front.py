@@ -1,0 +1,171 @@
+"""The HTTP front: the watchdog's server, its routes (`/_/health`, `/_/ready`, everything else to
+the function), the request body's limit and the concurrency limit (`max_inflight`)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+from .durations import request_timeout
+from .fork import fork
+from .proxy import HOP_BY_HOP, proxy
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fwatchdog"
+    sys_version = ""
+    wd: Watchdog
+
+    def log_message(self, format, *args):  # noqa: A002 — of-watchdog logs no access lines
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle + delayed ACK cost 40 ms
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connection.settimeout(self.wd.cfg.read_timeout + self.wd.cfg.write_timeout + 60)
+
+    # -- plumbing ------------------------------------------------------------------------
+    def reply(
+        self,
+        code: int,
+        body: bytes,
+        headers: list[tuple[str, str]] | None = None,
+        content_type: str = "text/plain; charset=utf-8",
+    ) -> None:
+        # the upstream's own Date and Server win (of-watchdog copies them and Go adds a Date only
+        # when none is set); BaseHTTPRequestHandler.send_response would add a second of each
+        upstream = {k.lower() for k, _ in headers or ()}
+        self.log_request(code)
+        self.send_response_only(code)
+        if "server" not in upstream:
+            self.send_header("Server", self.version_string())
+        if "date" not in upstream:
+            self.send_header("Date", self.date_time_string())
+        has_ct = False
+        for k, v in headers or ():
+            if k.lower() in HOP_BY_HOP or k.lower() == "content-length":
+                continue
+            has_ct = has_ct or k.lower() == "content-type"
+            self.send_header(k, v)
+        if not has_ct:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def request_timeout(self) -> float:
+        """This request's timeout in seconds (0: none)."""
+        return request_timeout(self.wd.cfg.exec_timeout, self.headers.get("X-Timeout"))
+
+    def _body(self) -> bytes | None:
+        limit = self.wd.cfg.max_body_bytes
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks, total = [], 0
+            while True:
+                size_line = self.rfile.readline(65537)
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                total += size
+                if total > limit:
+                    return None
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline(65537)
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > limit:
+            return None
+        return self.rfile.read(length) if length else b""
+
+    # -- routing -------------------------------------------------------------------------
+    def do_GET(self):  # noqa: N802
+        self.route()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = do_GET  # noqa: N815
+
+    def route(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/_/health":
+            return self.health()
+        if path == "/_/ready":
+            return self.ready()
+        wd = self.wd
+        with wd.inflight_lock:
+            if wd.cfg.max_inflight and wd.inflight >= wd.cfg.max_inflight:
+                over = True
+            else:
+                over = False
+                wd.inflight += 1
+        if over:
+            self._body()
+            return self.reply(429, b"Concurrent request limit exceeded.\n")
+        if wd.metrics.enabled:
+            wd.metrics.in_flight.inc()
+        t0 = time.monotonic()
+        code = 500
+        try:
+            body = self._body()
+            if body is None:
+                code = 413
+                self.close_connection = True
+                return self.reply(413, f"request body is larger than {wd.cfg.max_body_bytes} bytes\n".encode())
+            code = proxy(self, body, t0) if wd.cfg.mode == "http" else fork(self, body, t0)
+        finally:
+            with wd.inflight_lock:
+                wd.inflight -= 1
+                wd.drained.notify_all()
+            if wd.metrics.enabled:
+                wd.metrics.in_flight.dec()
+            wd.metrics.observe(code, self.command, time.monotonic() - t0)
+
+    def health(self) -> None:
+        if self.command != "GET":
+            return self.reply(405, b"Method not allowed\n")
+        if self.wd.accepting and self.wd.lock_present():
+            return self.reply(200, b"OK")
+        return self.reply(503, b"Service Unavailable\n")
+
+    def ready(self) -> None:
+        wd = self.wd
+        if self.command != "GET":
+            return self.reply(405, b"Method not allowed\n")
+        if not (wd.accepting and wd.lock_present()):
+            return self.reply(503, b"Service Unavailable\n")
+        if wd.cfg.max_inflight and wd.inflight >= wd.cfg.max_inflight:
+            return self.reply(429, b"Concurrent request limit exceeded.\n")
+        if wd.cfg.mode == "http" and not wd.upstream.up():
+            return self.reply(503, b"upstream not ready\n")
+        if wd.cfg.ready_path and wd.cfg.mode == "http":
+            try:
+                conn = http.client.HTTPConnection(*wd.upstream.address, timeout=5)
+                conn.request("GET", wd.cfg.ready_path)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                return self.reply(resp.status, data, resp.getheaders())
+            except OSError:
+                return self.reply(503, b"upstream not ready\n")
+        return self.reply(200, b"OK")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # socketserver's 5 refuses bursts; Go's listener (of-watchdog) takes SOMAXCONN
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-request is no error worth a traceback in the function's log."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)

@@ -1,0 +1,98 @@
+"""http mode: every request forwarded to the function's own HTTP server (`upstream_url`) over one
+kept-alive connection per serving thread, within the request's timeout."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .front import Handler
+
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+}
+
+
+class Upstream:
+    """The function's server: whether it accepts connections, and each thread's connection to it."""
+
+    def __init__(self, url: str):
+        up = urlsplit(url)
+        self.address = (up.hostname or "127.0.0.1", up.port or 80)
+        self.local = threading.local()
+
+    def up(self) -> bool:
+        try:
+            with socket.create_connection(self.address, timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def conn(self, timeout: float | None) -> http.client.HTTPConnection:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(*self.address, timeout=timeout)
+            self.local.conn = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def drop(self) -> None:
+        conn = getattr(self.local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self.local.conn = None
+
+
+def proxy(h: Handler, body: bytes, t0: float) -> int:
+    """Forward the request `h` is serving; answer with the upstream's response (504 on timeout,
+    500 when it cannot be reached); returns the status sent."""
+    wd = h.wd
+    upstream = wd.upstream
+    timeout = h.request_timeout() or None
+    headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers.pop("Content-Length", None)
+    headers["Content-Length"] = str(len(body))
+    for attempt in (1, 2):
+        conn = upstream.conn(timeout)
+        try:
+            conn.request(h.command, h.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            break
+        except TimeoutError:
+            upstream.drop()
+            msg = f"Timeout after {time.monotonic() - t0:.3f}s waiting for the function\n"
+            h.reply(504, msg.encode(), [("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}")])
+            return 504
+        except (OSError, http.client.HTTPException) as exc:
+            upstream.drop()
+            # a kept-alive upstream connection may have been closed meanwhile: retry once
+            if attempt == 2 or not isinstance(
+                exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+            ):
+                h.reply(
+                    500,
+                    f"Can't reach service for: {exc}\n".encode(),
+                    [("X-OpenFaaS-Internal", "of-watchdog")],
+                )
+                return 500
+    if resp.will_close:
+        upstream.drop()
+    out = [(k, v) for k, v in resp.getheaders() if k.lower() != "x-duration-seconds"]
+    out.append(("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}"))
+    h.reply(resp.status, data, out, content_type=wd.cfg.content_type)
+    return resp.status
