@@ -1,4 +1,4 @@
-"""Wiring: build the Provider from a config, and the WSGI apps of its two ports."""
+"""Wiring: build the Provider from a config, and the WSGI apps of its ports (gateway, provider, metrics)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 
-from flask import Flask
+from flask import Flask, Response
 from werkzeug.http import HTTP_STATUS_CODES
 
 from faas_gpu import paths
@@ -28,7 +28,7 @@ from .invoke import Invoker
 from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
 from .runtime.local import LocalRuntime
-from .scaling import HarmonyPools, InflessScaling, ProteanFunctions, ScalingRouter
+from .scaling import HarmonyPools, InflessScaling, InvocationRateRule, ProteanFunctions, ScalingRouter
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
 
@@ -79,7 +79,13 @@ def build_provider(config: ProviderConfig) -> Provider:
         ),
         ProteanFunctions(surplus_window_s=config.protean_surplus_window_s),
     ]
-    autoscaler = ScalingRouter(runtime, policies, set_replicas=store.set_replicas, period_s=config.autoscale_period_s)
+    autoscaler = ScalingRouter(
+        runtime,
+        policies,
+        set_replicas=store.set_replicas,
+        period_s=config.autoscale_period_s,
+        alert_rule=InvocationRateRule() if config.alert_rule else None,
+    )
     invoker.dispatcher = autoscaler
     return Provider(
         config, credentials, datastore, store, secrets, logs, runtime, invoker, queue, autoscaler, fn_credentials
@@ -103,8 +109,18 @@ def _go_status_line(response):
     return response
 
 
+def _metrics_app(metrics: GatewayMetrics) -> Flask:
+    """The CE gateway's second server (gateway/main.go `runMetricsServer`, :8082): `/metrics`
+    and `/healthz` only, no auth, so Prometheus set-ups written for OpenFaaS find them."""
+    app = Flask("faas-gpu-gateway-metrics")
+    app.add_url_rule("/metrics", "metrics", metrics.exposition)
+    app.add_url_rule("/healthz", "healthz", lambda: Response("OK", mimetype="text/plain"), methods=["GET"])
+    app.after_request(_go_status_line)
+    return app
+
+
 class Stack:
-    """Both ports' apps over one Provider, plus the async worker (the queue-worker's role)."""
+    """All ports' apps over one Provider, plus the async worker (the queue-worker's role)."""
 
     def __init__(self, provider: Provider):
         self.provider = provider
@@ -121,6 +137,7 @@ class Stack:
         self.provider_metrics.instrument(pv)
         pv.add_url_rule("/metrics", "metrics", self.provider_metrics.exposition)
 
+        self.metrics_app = _metrics_app(self.gateway_metrics).wsgi_app
         self.gateway_app = InvocationApp(provider, self.gateway_metrics, gw.wsgi_app, gateway=True)
         self.provider_app = InvocationApp(provider, self.gateway_metrics, pv.wsgi_app, gateway=False)
         self.worker = AsyncWorker(
@@ -145,4 +162,6 @@ class Stack:
         port = sock.getsockname()[1] if sock is not None else int(environ.get("SERVER_PORT", 0))
         if port == self.provider.config.provider_port:
             return self.provider_app(environ, start_response)
+        if port and port == self.provider.config.metrics_port:
+            return self.metrics_app(environ, start_response)
         return self.gateway_app(environ, start_response)

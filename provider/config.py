@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu import paths
+from faas_gpu.contract import env as env_vars
 from faas_gpu.contract.duration import parse_duration
 
 __all__ = ["DEFAULT_NAMESPACE", "ProviderConfig", "parse_duration"]  # parse_duration: the contract's, for callers here
@@ -19,6 +20,10 @@ class ProviderConfig:
     bind: str = "127.0.0.1"
     gateway_port: int = 8080
     provider_port: int = 8081
+    metrics_port: int | None = None
+    """The gateway's metrics on a port of their own (`/metrics`, `/healthz`), as the CE gateway
+    serves them on :8082; None: $FAAS_GPU_METRICS_PORT, else 8082; 0: not served apart (the
+    gateway and provider ports keep their own /metrics)."""
     home: Path = field(default_factory=paths.home)
     etcd_url: str | None = None
     redis_url: str | None = None
@@ -51,6 +56,9 @@ class ProviderConfig:
     gpus: int = 0
     """GPUs whose SM shares the autoscaler may give (0: CPU configurations only)."""
     autoscale_period_s: float = 1.0
+    alert_rule: bool = True
+    """Plain functions autoscale by OpenFaaS CE's APIHighInvocationRate alert, evaluated here
+    (`scaling.replicas`); off when an external Prometheus + AlertManager posts /system/alert."""
     harmony_coefficients: Path | None = None
     """HarmonyBatch latency/cost coefficients (model.json format); default <home>/harmony-models.json."""
     harmony_plan_period_s: float = 10.0
@@ -75,6 +83,8 @@ class ProviderConfig:
             cfg.infless_profiles = Path(env["FAAS_GPU_INFLESS_PROFILES"])
         if "FAAS_GPU_MAX_BODY_BYTES" in env:
             cfg.max_body_bytes = int(env["FAAS_GPU_MAX_BODY_BYTES"])
+        if cfg.metrics_port is None:
+            cfg.metrics_port = env_vars.METRICS_PORT.read(env)
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
         return cfg

@@ -21,9 +21,10 @@ from .invoke import Invoker
 from .logs import LogStore
 from .runtime import LaunchError, Runtime
 from .scaling import ScalingRouter
+from .scaling.replicas import alert_replicas
 from .store import FunctionStore, SecretStore
-from .types import FunctionDeployment, FunctionRecord, ValidationError
-from .validation import clamp_replicas
+from .types import FunctionDeployment, FunctionRecord, ValidationError, validate_name
+from .validation import clamp_replicas, gateway_scale_bounds, scale_factor
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +109,20 @@ class Provider:
         if self.fn_credentials is not None:  # after its replicas stopped: none restarts with it
             self.fn_credentials.revoke(ns, name)
 
-    def scale(self, path_name: str, body: object, namespace_query: str | None) -> tuple[FunctionRecord, str | None]:
-        """Scale within com.openfaas.scale.min/max; the message says so when the request was clamped."""
+    def scale(
+        self, path_name: str, body: object, namespace_query: str | None, *, gateway: bool = False
+    ) -> tuple[FunctionRecord, str | None]:
+        """Scale within com.openfaas.scale.min/max; the message says so when the request was clamped.
+
+        The provider API refuses 0 as faas-netes CE does; the gateway routes (`gateway`) clamp as
+        the CE gateway does (gateway/scaling/ranges.go): 0 becomes the minimum, and with no
+        `com.openfaas.scale.max` the maximum is CE's 5 (`validation.gateway_scale_bounds`)."""
         if not isinstance(body, dict):
             raise ValidationError("body: must be a ScaleServiceRequest JSON object")
         replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ValidationError("replicas: must be a non-negative integer")
-        if replicas == 0:
+        if replicas == 0 and not gateway:
             raise ValidationError("replicas: cannot be set to 0 in OpenFaaS CE")
         service = body.get("serviceName") or path_name
         if not isinstance(service, str):
@@ -125,12 +132,52 @@ class Provider:
             record = self.store.get(ns, name)
             if record is None:
                 raise NotFoundError(f"function {name}.{ns} not found")
-            record.replicas, clamped = clamp_replicas(replicas, record.deployment.scale_bounds())
+            labels = record.deployment.labels
+            bounds = gateway_scale_bounds(labels) if gateway else record.deployment.scale_bounds()
+            record.replicas, clamped = clamp_replicas(replicas, bounds)
             self.store.put(record)
+        return self._apply_replicas(record), clamped
+
+    def scale_by_alert(self, function_name: str, status: str) -> None:
+        """One alert of AlertManager's webhook (`POST /system/alert`), as the CE gateway's
+        alert handler applies it: "firing" adds ceil(max/100*factor) replicas, anything else goes
+        back to the minimum. Like CE, a function it cannot look up (unknown, bad name, a scale
+        factor of 0) is skipped, not an error: AlertManager would only retry it. A function a
+        faas-gpu policy scales is left to that policy."""
+        raw, _, suffix = function_name.rpartition(".")  # CE's GetNamespace: the last dot
+        name, ns = (raw, suffix) if raw else (function_name, None)
+        try:
+            key = (self.namespace(ns), validate_name(name))
+        except ValidationError:
+            log.info("alert for %r: not a function name; skipped", function_name[:80])
+            return
+        with self._lock:
+            record = self.store.get(*key)
+            if record is None:
+                log.info("alert for %s.%s: no such function; skipped", key[1], key[0])
+                return
+            if self.autoscaler is not None and self.autoscaler.manages(key):
+                log.info("alert for %s.%s: its faas-gpu scaling policy scales it; skipped", key[1], key[0])
+                return
+            labels = record.deployment.labels
+            factor = scale_factor(labels)
+            if factor == 0:
+                return
+            lo, hi = gateway_scale_bounds(labels)
+            new = alert_replicas(status, record.replicas, lo, hi, factor)
+            log.info("[Scale] function=%s.%s %d => %d (alert %s)", key[1], key[0], record.replicas, new, status)
+            if new == record.replicas:
+                return
+            record.replicas = new
+            self.store.put(record)
+        self._apply_replicas(record)
+
+    def _apply_replicas(self, record: FunctionRecord) -> FunctionRecord:
+        """A stored replica count applied: through the function's policy, else by the runtime."""
         if self.autoscaler is not None and self.autoscaler.scale_to(record.key, record.replicas):
-            return self.store.get(ns, name) or record, clamped  # the function's policy applied (and stored) it
+            return self.store.get(*record.key) or record  # the function's policy applied (and stored) it
         self.runtime.apply(record)
-        return record, clamped
+        return record
 
     def scale_from_zero(self, key: tuple[str, str]) -> None:
         if self.autoscaler is not None and self.autoscaler.scale_from_zero(key):
@@ -205,11 +252,13 @@ class Provider:
         return started
 
     def info(self) -> dict:
-        return {
-            "provider": "faas-gpu",
-            "orchestration": "local-process",
-            "version": {"commit_message": "", "sha": _git_sha(), "release": __version__},
-        }
+        """faas-provider's ProviderInfo."""
+        return {"provider": "faas-gpu", "orchestration": "local-process", "version": _version_info()}
+
+    def gateway_version(self) -> dict:
+        """The gateway's own VersionInfo for the gateway's /system/info (CE builds it from the
+        gateway's version, not the provider's); one program here, so the same release and sha."""
+        return _version_info()
 
     def close(self) -> None:
         if self.autoscaler is not None:
@@ -217,6 +266,11 @@ class Provider:
         self.runtime.close()
         self.queue.close()
         self.datastore.close()
+
+
+def _version_info() -> dict:
+    """faas-provider's VersionInfo; `commit_message` is `omitempty` in Go, so it is left out."""
+    return {"sha": _git_sha(), "release": __version__}
 
 
 def _git_sha() -> str:

@@ -179,14 +179,16 @@ class InvocationApp:
     ) -> Result:
         try:
             url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
+            status = None
             try:
                 if url is None:
                     result = _error(503, f"No endpoints available for: {raw_name}.")
                 else:
                     result = self.invoker.forward(url, method, path, query, headers, body)
+                    status = result.status
                     self.invoker.count(key)
             finally:
-                self.invoker.done(key)
+                self.invoker.done(key, status)
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
         except Unavailable as exc:  # crash-looping or failing to start: say so at once

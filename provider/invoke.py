@@ -161,10 +161,11 @@ class Invoker:
             raise
         return url
 
-    def done(self, key: tuple[str, str]) -> None:
-        """The request `endpoint` counted has been answered or has failed (the dispatcher's in-flight count)."""
+    def done(self, key: tuple[str, str], status: int | None = None) -> None:
+        """The request `endpoint` counted has been answered with `status` or has failed (None):
+        the dispatcher's in-flight count and its count of 200s."""
         if self.dispatcher is not None:
-            self.dispatcher.departed(key)
+            self.dispatcher.departed(key, status)
 
     def count(self, key: tuple[str, str]) -> None:
         with self._lock:

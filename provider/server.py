@@ -1,4 +1,4 @@
-"""Serve the gateway (8080) and provider API (8081) from one gunicorn gthread worker.
+"""Serve the gateway (8080), provider API (8081) and gateway metrics (8082) from one gunicorn gthread worker.
 
 One worker, many threads: the replicas, the embedded datastore and the dispatcher's view of
 the replicas live in that worker's memory, as they do in faasd's single provider process.
@@ -34,11 +34,12 @@ class _Daemon:
         self.stack = Stack(build_provider(c))
         self.stack.start()
         log.info(
-            "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, state %s",
+            "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, metrics %s, state %s",
             c.bind,
             c.gateway_port,
             c.bind,
             c.provider_port,
+            f"http://{c.bind}:{c.metrics_port}/metrics" if c.metrics_port else "not served apart",
             c.home,
         )
         return self.stack
@@ -53,6 +54,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--gateway-port", type=int, default=8080)
     p.add_argument("--provider-port", type=int, default=8081)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="the gateway's /metrics and /healthz on a port of their own, as the OpenFaaS gateway's :8082 "
+        "(default $FAAS_GPU_METRICS_PORT, else 8082; 0: off)",
+    )
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL, e.g. http://127.0.0.1:2379 (default: embedded store)")
     p.add_argument("--redis", help="Redis URL for the async queue (default: embedded queue)")
@@ -73,6 +80,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
+    p.add_argument(
+        "--no-alert-rule",
+        action="store_true",
+        help="plain functions do not autoscale by the built-in APIHighInvocationRate rule (use it when an "
+        "external Prometheus + AlertManager posts /system/alert)",
+    )
     p.add_argument("--harmony-coefficients", type=Path, help="HarmonyBatch coefficients (model.json format)")
     p.add_argument("--harmony-plan-period", type=float, default=10.0, help="seconds between HarmonyBatch plans")
     p.add_argument(
@@ -85,6 +98,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         p.error(f"--threads: must be at least 1, got {a.threads}")
     if a.max_inflight_per_function is not None and a.max_inflight_per_function < 1:
         p.error(f"--max-inflight-per-function: must be at least 1, got {a.max_inflight_per_function}")
+    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
+        p.error(f"--metrics-port: must be a port number (0: off), got {a.metrics_port}")
     try:
         surplus_s = parse_duration(a.protean_surplus_window, "--protean-surplus-window")
     except ValueError as exc:
@@ -93,6 +108,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "bind": a.bind,
         "gateway_port": a.gateway_port,
         "provider_port": a.provider_port,
+        "metrics_port": a.metrics_port,
+        "alert_rule": not a.no_alert_rule,
         "etcd_url": a.etcd,
         "redis_url": a.redis,
         "scheduler_url": a.scheduler,
@@ -111,7 +128,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         overrides["home"] = a.home.resolve()
     if a.namespace:
         overrides["namespaces"] = tuple(a.namespace)
-    cfg = ProviderConfig.from_env(**overrides)
+    try:
+        cfg = ProviderConfig.from_env(**overrides)
+    except ValueError as exc:
+        p.error(str(exc))
+    if cfg.metrics_port and cfg.metrics_port in (cfg.gateway_port, cfg.provider_port):
+        p.error(f"--metrics-port: {cfg.metrics_port} is already the gateway's or the provider's port")
     if a.max_body_bytes:
         cfg.max_body_bytes = a.max_body_bytes
     return cfg
@@ -124,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     daemon = _Daemon(cfg)
     binds = [f"{cfg.bind}:{cfg.gateway_port}", f"{cfg.bind}:{cfg.provider_port}"]
+    if cfg.metrics_port:
+        binds.append(f"{cfg.bind}:{cfg.metrics_port}")
     OneWorkerServer(binds, daemon.load, daemon.close, threads=cfg.threads, timeout_s=120).run()
     return 0
 

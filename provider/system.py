@@ -1,9 +1,13 @@
 """The faas-provider REST API (`/system/*`), as faas-provider's serve.go routes it.
 
-One blueprint serves both ports: the provider's (8081) and the gateway's (8080), which differ
-only in the shape of /system/info and in their metrics. This module only wires routes: each verb
-lives in its own module under `provider/handlers/` (faasd's layout) and is handed only the parts
-of the Provider it uses, so the file list of `handlers/` reads like the API it serves.
+One blueprint serves both ports: the provider's (8081) and the gateway's (8080). They differ
+where the CE gateway differs from faas-provider: the shape of /system/info, scale requests
+(clamped on the gateway, 0 refused by the provider), /system/logs of an unknown function (501 on
+the gateway), `/system/alert` (AlertManager's webhook, gateway only), and their metrics.
+
+This module only wires routes: each verb lives in its own module under `provider/handlers/`
+(faasd's layout) and is handed only the parts of the Provider it uses, so the file list of
+`handlers/` reads like the API it serves.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from .core import Provider
+from .handlers.alert import make_alert_handler
 from .handlers.auth import make_auth_check
 from .handlers.delete import make_delete_handler
 from .handlers.deploy import make_deploy_handler
@@ -51,9 +56,12 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
         make_instances_reader(p.get, p.instances),
         methods=["GET"],
     )
-    route("/system/scale-function/<name>", "scale", make_scale_handler(p.scale), methods=["POST"])
+    route("/system/scale-function/<name>", "scale", make_scale_handler(p.scale, gateway=gateway), methods=["POST"])
+    if gateway:
+        route("/system/alert", "alert", make_alert_handler(p.scale_by_alert), methods=["POST"])
     # info, namespaces
-    route("/system/info", "info", make_info_handler(p.info, gateway=gateway), methods=["GET"])
+    info = make_info_handler(p.info, gateway=gateway, gateway_version=p.gateway_version)
+    route("/system/info", "info", info, methods=["GET"])
     route("/system/namespaces", "namespaces", make_namespaces_lister(p.config.namespaces), methods=["GET"])
     route("/system/namespace/<name>", "namespace", namespace_not_implemented, methods=["GET"])
     # secrets
@@ -65,7 +73,8 @@ def system_blueprint(provider: Provider, *, gateway: bool) -> Blueprint:
         methods=["POST", "PUT", "DELETE"],
     )
     # logs, health, the gateway's Prometheus query
-    route("/system/logs", "logs", make_logs_handler(p.namespace, p.store.get, p.logs), methods=["GET"])
+    logs = make_logs_handler(p.namespace, p.store.get, p.logs, gateway=gateway)
+    route("/system/logs", "logs", logs, methods=["GET"])
     route("/healthz", "healthz", healthz, methods=["GET", "HEAD"])
     route("/api/v1/query", "prometheus_query", make_query_handler(p.invoker.counts), methods=["GET"])
     return bp

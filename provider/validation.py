@@ -68,6 +68,11 @@ SCALE_MAX_LABEL = "com.openfaas.scale.max"
 SCALE_FACTOR_LABEL = "com.openfaas.scale.factor"
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 20
+GATEWAY_MAX_REPLICAS = 5
+"""The CE gateway's `scaling.DefaultMaxReplicas`: its scale route and alert handler stop here
+when the function has no `com.openfaas.scale.max` (gateway/scaling/ranges.go)."""
+DEFAULT_SCALE_FACTOR = 10
+"""The CE gateway's `scaling.DefaultScalingFactor` (percent of the maximum per alert)."""
 OURS = ann.PREFIX
 
 ANNOTATIONS: dict[str, Check] = ann.CHECKS
@@ -228,6 +233,29 @@ def validate_deployment(
     scale_bounds(labels)
     _resources("limits", limits or {})
     _resources("requests", requests or {})
+
+
+def gateway_scale_bounds(labels: Mapping[str, str] | None) -> tuple[int, int]:
+    """(min, max) replicas on the gateway routes: the labels, else the CE gateway's 1 and 5.
+
+    The CE gateway (gateway/scaling/ranges.go) clamps every scale request to 1..5 whatever the
+    labels say, and its alert handler to min(label max, 5); here a `com.openfaas.scale.max` above
+    5 is honoured (the label states the user's intent and the provider API honours it), and only
+    its absence means CE's 5. A minimum above 5 with no maximum keeps the range non-empty."""
+    lo, _hi = scale_bounds(labels)
+    raw_max = (labels or {}).get(SCALE_MAX_LABEL)
+    hi = int(raw_max.strip()) if raw_max is not None else max(lo, GATEWAY_MAX_REPLICAS)
+    return lo, hi
+
+
+def scale_factor(labels: Mapping[str, str] | None) -> int:
+    """`com.openfaas.scale.factor` (validated 0..100 at deploy), else CE's 10; 0 turns alert scaling off
+    (the CE gateway's service query refuses a factor outside 1..100 and the alert then changes nothing)."""
+    raw = (labels or {}).get(SCALE_FACTOR_LABEL)
+    if raw is None:
+        return DEFAULT_SCALE_FACTOR
+    SCALE_LABELS[SCALE_FACTOR_LABEL](f"labels: {SCALE_FACTOR_LABEL}", raw)
+    return int(raw.strip())
 
 
 def clamp_replicas(requested: int, bounds: tuple[int, int]) -> tuple[int, str | None]:

@@ -21,6 +21,9 @@ def pytest_configure(config):
     writes): the session gets a folder of its own before any fixture starts a stack."""
     config._faas_gpu_config = tempfile.mkdtemp(prefix="faas-gpu-config-")
     os.environ["FAAS_GPU_CONFIG"] = config._faas_gpu_config
+    # stacks started by tests run side by side: none takes the fixed metrics port 8082 unless
+    # the test gives it a free one (`--metrics-port`, as StackProcess does)
+    os.environ.setdefault("FAAS_GPU_METRICS_PORT", "0")
 
 
 def pytest_unconfigure(config):

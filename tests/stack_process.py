@@ -26,6 +26,7 @@ class StackProcess:
         self.home = home
         self.gateway_port = free_port()
         self.provider_port = free_port()
+        self.metrics_port = free_port()
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "stack-test.log"
@@ -37,6 +38,11 @@ class StackProcess:
     @property
     def provider_url(self) -> str:
         return f"http://127.0.0.1:{self.provider_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's metrics port (CE's :8082)."""
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     @property
     def auth(self) -> tuple[str, str]:
@@ -61,6 +67,8 @@ class StackProcess:
                 str(self.gateway_port),
                 "--provider-port",
                 str(self.provider_port),
+                "--metrics-port",
+                str(self.metrics_port),
                 *self.extra_args,
             ],
             cwd=REPO_ROOT,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from faas_gpu import paths, running
 from faas_gpu.build import build as build_image
+from faas_gpu.contract import env as env_vars
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
@@ -36,6 +37,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         str(args.provider_port),
         *store,
     ]
+    if args.metrics_port is not None:
+        stack_args += ["--metrics-port", str(args.metrics_port)]
     if args.redis:
         stack_args += ["--redis", args.redis]
     if not args.no_gpu:
@@ -74,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default="127.0.0.1")
     p.add_argument("--gateway-port", type=int, default=8080)
     p.add_argument("--provider-port", type=int, default=8081)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="the gateway's /metrics and /healthz apart, as OpenFaaS's :8082 (default $FAAS_GPU_METRICS_PORT, "
+        "else 8082; 0: off)",
+    )
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)
     p.add_argument(
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
     print(f"  gateway:      {gateway_url}")
     print(f"  provider API: http://{host}:{args.provider_port}")
+    metrics_port = args.metrics_port if args.metrics_port is not None else env_vars.METRICS_PORT.read()
+    if metrics_port:
+        print(f"  metrics:      http://{host}:{metrics_port}/metrics")
     if not args.no_gpu:
         scheduler_urls = ", ".join(f"http://{host}:{args.scheduler_port + i}" for i in range(args.schedulers))
         print(

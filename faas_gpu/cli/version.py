@@ -20,12 +20,16 @@ def cmd_version(args: argparse.Namespace) -> int:
     if not isinstance(info, dict):
         return 0
     provider = info.get("provider")
-    if isinstance(provider, dict):  # the gateway's GatewayInfo wraps ProviderInfo
+    gateway_version = None
+    if isinstance(provider, dict):  # the gateway's GatewayInfo wraps ProviderInfo, beside its own version
         name, orchestration, version = provider.get("provider"), provider.get("orchestration"), provider.get("version")
+        gateway_version = info.get("version") if isinstance(info.get("version"), dict) else None
     else:  # a provider answering directly
         name, orchestration, version = provider, info.get("orchestration"), info.get("version")
     version = version if isinstance(version, dict) else {}
     print(f"\nGateway\n uri: {client.gateway}")
+    if gateway_version is not None:
+        print(f" version: {gateway_version.get('release', '')}\n sha: {gateway_version.get('sha', '')}")
     print(f"\nProvider\n name: {name}\n orchestration: {orchestration}")
     print(f" version: {version.get('release', '')}\n sha: {version.get('sha', '')}")
     return 0

@@ -73,6 +73,9 @@ HARMONY_COEFFICIENTS: Var[Path | None] = Var("FAAS_GPU_HARMONY_COEFFICIENTS", No
 INFLESS_PROFILES: Var[Path | None] = Var("FAAS_GPU_INFLESS_PROFILES", None, Path, "INFless profile files' folder")
 INFLESS_DATA: Var[Path | None] = Var("FAAS_GPU_INFLESS_DATA", None, Path, "INFless data folder (simulator)")
 SPOT_PRICES: Var[Path | None] = Var("FAAS_GPU_SPOT_PRICES", None, Path, "spot price CSV (procurer)")
+METRICS_PORT: Var[int] = Var(
+    "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
+)
 
 # -- an instance: set by the provider's runtime, read by the template and the GPU client --------
 SCHEDULER_URL: Var[tuple[str, ...]] = Var(

@@ -8,6 +8,7 @@ built in a test from fakes. `provider/system.py` only wires them to routes.
   POST /system/scale-function/<name>)
 - `read` (list), `replicas` (one function's status), `instances` (faas-gpu's per-instance view)
 - `secrets`, `logs`, `info`, `namespaces`, `health`, `query` (the gateway's one Prometheus query)
+- `alert` (AlertManager's webhook on the gateway routes: scales plain functions as CE does)
 - `auth` (basic auth in front of /system/*), `errors` (exceptions to status lines),
   `http` (the bits every verb shares: plain-text replies, the JSON body, the namespace query)
 """

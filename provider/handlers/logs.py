@@ -2,6 +2,12 @@
 
 The query is parsed before anything is read, so a bad one is a 422 (as faas-provider answers);
 a followed stream ends when the client hangs up, even while no lines arrive.
+
+The two ports answer as their OpenFaaS counterparts do. The provider API as faas-provider's
+logs/handler.go: `Content-Type: application/x-ndjson`, 404 for an unknown function. The gateway
+routes as the CE gateway's log proxy (gateway/handlers/logs.go): it maps the provider's 404 (and
+501) to **501 with an empty body**, and streams a 200 without copying the provider's headers, so Go
+sniffs the first lines and sends `text/plain; charset=utf-8`; the body is the same NDJSON.
 """
 
 from __future__ import annotations
@@ -20,14 +26,20 @@ from ..logs import LogStore, parse_time
 from ..types import FunctionRecord, validate_name
 from .http import text
 
+GATEWAY_CONTENT_TYPE = "text/plain; charset=utf-8"
+PROVIDER_CONTENT_TYPE = "application/x-ndjson"
+
 
 def make_logs_handler(
     namespace: Callable[[str | None], str],
     record: Callable[[str, str], FunctionRecord | None],
     logs: LogStore,
+    *,
+    gateway: bool = False,
 ) -> Callable[[], Response]:
     """`namespace` resolves the query's namespace (Provider.namespace), `record` looks the
-    function up (FunctionStore.get) so an unknown one is a 404, `logs` reads the lines."""
+    function up (FunctionStore.get) so an unknown one is a 404 (501 on the gateway routes),
+    `logs` reads the lines."""
 
     def handle() -> Response:
         args = request.args
@@ -40,6 +52,8 @@ def make_logs_handler(
         except ValueError as exc:
             return text(f"cannot parse the log request: {exc}", 422)
         if record(ns, name) is None:
+            if gateway:
+                return Response(status=501)
             raise NotFoundError(f"function {name}.{ns} not found")
         stop = threading.Event()
         client = request.environ.get("gunicorn.socket")
@@ -63,7 +77,7 @@ def make_logs_handler(
                 if watcher:
                     watcher.join(timeout=1)
 
-        return Response(stream(), mimetype="application/x-ndjson")
+        return Response(stream(), content_type=GATEWAY_CONTENT_TYPE if gateway else PROVIDER_CONTENT_TYPE)
 
     return handle
 

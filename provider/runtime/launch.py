@@ -28,6 +28,11 @@ CLASSIC_WATCHDOG = paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py"
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "OMP_NUM_THREADS", "PYTHONPATH")
 MAX_ARG_STRLEN = 131072  # Linux: one exec argument or environment string (`fprocess=...`)
 
+SCRIPT_SUFFIXES = (".py", ".js", ".mjs", ".ts", ".rb", ".pl", ".php", ".sh", ".jar")
+BUILD_HINT = (
+    "build the function into that store with `faas-gpu build -f stack.yaml` (or `faas-cli build "
+    "--shrinkwrap -f stack.yaml`, then `faas-gpu build -f stack.yaml`), then deploy again"
+)
 GPU_ANNOTATIONS = annotation_keys.TO_ENV  # the annotations an instance gets as its GPU client's variables
 
 
@@ -68,19 +73,28 @@ def plan_launch(
         mode = env_vars.get("mode", "http")
         image_id = f"{image.image}@{getattr(image, 'created', '')}"
     elif dep.envProcess:
-        words = shlex.split(dep.envProcess)
+        try:
+            words = shlex.split(dep.envProcess)
+        except ValueError as exc:
+            raise LaunchError(f"envProcess: {dep.envProcess[:80]!r} is not a command line ({exc})") from None
         if not words or shutil.which(words[0]) is None:
             raise LaunchError(
-                f"image: {dep.image!r} is not in the local image store (build it with "
-                f"`faas-gpu build`) and envProcess {dep.envProcess!r} is not runnable here"
+                f"image: {dep.image!r} is not in the image store {images.root} and envProcess "
+                f"{dep.envProcess[:80]!r} is not runnable on this host; {BUILD_HINT}"
+            )
+        script = _missing_script(words, run_root)
+        if script is not None:  # e.g. the template's `python index.py`: its code is in the image
+            raise LaunchError(
+                f"image: {dep.image!r} is not in the image store {images.root}, and envProcess "
+                f"{dep.envProcess[:80]!r} runs {script!r}, which only a built image holds; {BUILD_HINT}"
             )
         fprocess, argv, cwd = dep.envProcess, [sys.executable, str(CLASSIC_WATCHDOG)], None
         mode = env_vars.get("mode", "classic")
         image_id = dep.image
     else:
         raise LaunchError(
-            f"image: {dep.image!r} is not in the local image store; build it with "
-            "`faas-gpu build -f stack.yml` (or give an envProcess that runs on this host)"
+            f"image: {dep.image!r} is not in the image store {images.root}; {BUILD_HINT} "
+            "(or give an envProcess that runs on this host)"
         )
     for timeout_key in ("read_timeout", "write_timeout", "exec_timeout"):
         if timeout_key in env_vars:
@@ -110,6 +124,23 @@ def plan_launch(
     identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
     digest = hashlib.sha256(identity).hexdigest()[:16]
     return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+
+
+def _missing_script(words: list[str], cwd: Path) -> str | None:
+    """The relative script an interpreter command runs that is not in `cwd` (where an image-less
+    replica starts), or None. `python index.py` is what faas-cli sends for a python3-gpu function
+    (the template's fprocess): without the built image, every invocation would answer 500 "can't
+    open file .../index.py"; refused at deploy instead. `-c` / `-m` run no file."""
+    for arg in words[1:]:
+        if arg in ("-c", "-m", "-e", "--eval"):
+            return None
+        if arg.startswith("-"):
+            continue
+        path = Path(arg)
+        if path.is_absolute() or not (arg.endswith(SCRIPT_SUFFIXES) or "/" in arg):
+            return None
+        return None if (cwd / path).exists() else arg
+    return None
 
 
 def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:

@@ -3,21 +3,24 @@
 `base` holds the seam (`ScalingPolicy`, `ScalingContext`, `ScalingDecision`, the load meter),
 `router` the provider's one autoscaler loop, and one module per policy: `infless` (INFless's
 non-uniform instances), `harmony` (HarmonyBatch's pools), `protean` (PROTEAN's one container per
-batch) and `replicas` (plain OpenFaaS replicas, the default). The algorithms themselves are the
-pure ones in `faas_gpu.policies`; these modules turn annotations into their inputs.
+batch) and `replicas` (plain OpenFaaS replicas, the default, with CE's alert-driven autoscaling).
+The algorithms themselves are the pure ones in `faas_gpu.policies`; these modules turn
+annotations into their inputs.
 """
 
 from .base import Load, LoadMeter, ScalingContext, ScalingDecision, ScalingPolicy
 from .harmony import BadApp, HarmonyPools
 from .infless import InflessScaling
 from .protean import ProteanFunctions
-from .replicas import PlainReplicas
+from .replicas import AlertState, InvocationRateRule, PlainReplicas, alert_replicas
 from .router import ScalingRouter, scaling_of
 
 __all__ = [
+    "AlertState",
     "BadApp",
     "HarmonyPools",
     "InflessScaling",
+    "InvocationRateRule",
     "Load",
     "LoadMeter",
     "PlainReplicas",
@@ -26,5 +29,6 @@ __all__ = [
     "ScalingDecision",
     "ScalingPolicy",
     "ScalingRouter",
+    "alert_replicas",
     "scaling_of",
 ]

@@ -36,6 +36,9 @@ class Load:
     by_app: Mapping[str, int] = field(default_factory=dict)
     in_flight: int = 0
     peak_in_flight: int = 0
+    ok: int = 0
+    """Requests answered 200: what `gateway_function_invocation_total{code="200"}` counts, the
+    series OpenFaaS CE's autoscaling alert is written over (`scaling.replicas`)."""
 
 
 class LoadMeter:
@@ -50,6 +53,7 @@ class LoadMeter:
         self._by_app: dict[str, int] = {}
         self._in_flight = 0
         self._peak = 0
+        self._ok = 0
 
     def arrive(self, label: str | None) -> None:
         with self._lock:
@@ -59,14 +63,17 @@ class LoadMeter:
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
 
-    def depart(self) -> None:
+    def depart(self, status: int | None = None) -> None:
+        """A request is over; `status` is the replica's answer (None: it never got one)."""
         with self._lock:
             self._in_flight = max(0, self._in_flight - 1)
+            if status == 200:
+                self._ok += 1
 
     def read(self, *, new_period: bool = False) -> Load:
         """The counters now; `new_period` starts the next period's peak at what is in flight."""
         with self._lock:
-            load = Load(self._arrivals, dict(self._by_app), self._in_flight, self._peak)
+            load = Load(self._arrivals, dict(self._by_app), self._in_flight, self._peak, self._ok)
             if new_period:
                 self._peak = self._in_flight
         return load

@@ -1,42 +1,149 @@
 """Plain OpenFaaS replicas: the policy of a function that names no faas-gpu scaling.
 
-Such a function runs `replicas` identical replicas, changed only by a scale request (or by a
-request that finds it at zero), as OpenFaaS CE without its Pro autoscaler does; the replicas
-stay within `com.openfaas.scale.min` / `.max` (the scale request is clamped before it gets here).
+Such a function runs `replicas` identical replicas, changed by a scale request, by a request that
+finds it at zero, and by OpenFaaS CE's autoscaling. CE scales these functions with Prometheus and
+AlertManager: the rule `APIHighInvocationRate` (faas-netes chart, prometheus-cfg.yaml)
+
+    sum(rate(gateway_function_invocation_total{code="200"}[10s])) BY (function_name) > 5  for: 5s
+
+fires, AlertManager (alertmanager-cfg.yaml: group_wait 5s, group_interval 10s, repeat_interval
+30s, send_resolved) posts it to the gateway's `/system/alert`, and the gateway moves the replicas
+by `alert_replicas` (gateway/handlers/alerthandler.go `CalculateReplicas`). With no Prometheus
+beside faas-gpu, `InvocationRateRule` evaluates that rule and AlertManager's timing over the
+gateway's own counters, once a period, from the time the router hands it (no clock is read here);
+`/system/alert` stays for an external AlertManager (`faas-gpu serve --no-alert-rule` then).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import dataclass, replace
 
 from ..types import FunctionRecord
+from ..validation import gateway_scale_bounds, scale_factor
 from .base import Key, ScalingContext, ScalingDecision
+
+FIRING = "firing"
+RESOLVED = "resolved"
+
+
+def alert_replicas(status: str, current: int, lo: int, hi: int, factor: int) -> int:
+    """CE's `CalculateReplicas`: "firing" adds ceil(max/100*factor) up to max; any other status
+    (or a step of 0) goes back to min. `hi` here is already the gateway's maximum."""
+    step = math.ceil(hi / 100 * factor)
+    if status == FIRING and step > 0:
+        return min(current + step, hi)
+    return lo
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """One function's rule as Prometheus and AlertManager would hold it."""
+
+    samples: tuple[tuple[float, int], ...] = ()
+    """(time, successful invocations so far) within the rate window."""
+    pending_since: float | None = None
+    """Since when the expression has been true (Prometheus' pending alert)."""
+    firing: bool = False
+    notified_firing: bool = False
+    """The last notification sent said "firing" (so a resolve is owed)."""
+    sending: str | None = None
+    """What the next notification says, and `next_at` when it goes (AlertManager's group timers)."""
+    next_at: float | None = None
+
+
+@dataclass(frozen=True)
+class InvocationRateRule:
+    """APIHighInvocationRate with AlertManager's timing; `evaluate` is the whole of it."""
+
+    threshold_rps: float = 5.0
+    window_s: float = 10.0
+    for_s: float = 5.0
+    group_wait_s: float = 5.0
+    group_interval_s: float = 10.0
+    repeat_interval_s: float = 30.0
+
+    def rate(self, samples: tuple[tuple[float, int], ...]) -> float:
+        """Successful invocations per second over the window (0 with fewer than two samples)."""
+        if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
+            return 0.0
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        return max(0, c1 - c0) / (t1 - t0)
+
+    def evaluate(self, state: AlertState, ok_count: int, now: float) -> tuple[AlertState, str | None]:
+        """The state after observing `ok_count` at `now`, and the notification due now, if any."""
+        samples = tuple(s for s in state.samples if s[0] >= now - self.window_s) + ((now, ok_count),)
+        pending_since, firing = state.pending_since, state.firing
+        if self.rate(samples) > self.threshold_rps:
+            pending_since = now if pending_since is None else pending_since
+            firing = firing or now - pending_since >= self.for_s
+        else:
+            pending_since, firing = None, False
+        notified, sending, next_at = state.notified_firing, state.sending, state.next_at
+        want = FIRING if firing else RESOLVED if notified else None
+        if want is None:
+            sending, next_at = None, None
+        elif want != sending:  # the group changed: AlertManager sends it after its wait
+            first = want == FIRING and not notified
+            sending, next_at = want, now + (self.group_wait_s if first else self.group_interval_s)
+        event = None
+        if sending is not None and next_at is not None and now >= next_at:
+            event = sending
+            if sending == FIRING:
+                notified, next_at = True, now + self.repeat_interval_s
+            else:
+                notified, sending, next_at = False, None, None
+        new = replace(
+            state,
+            samples=samples,
+            pending_since=pending_since,
+            firing=firing,
+            notified_firing=notified,
+            sending=sending,
+            next_at=next_at,
+        )
+        return new, event
 
 
 class PlainReplicas:
-    """The default policy: no state, no periodic change, scale requests applied as asked."""
+    """The default policy: scale requests applied as asked, and CE's alert-driven autoscaling
+    (`rule`; None: no periodic change, as with an external AlertManager)."""
 
     name = "replicas"
     managed = False
 
-    def __init__(self) -> None:
+    def __init__(self, rule: InvocationRateRule | None = None) -> None:
         self._rr = itertools.count()
+        self.rule = rule
 
     def validate(self, record: FunctionRecord) -> None:
         """Only the deployment's own validation (scale labels included) applies."""
 
     def adopt(self, record: FunctionRecord, now: float, previous: object | None) -> ScalingDecision:
-        return ScalingDecision(None, record.replicas)
+        return ScalingDecision(previous, record.replicas)
 
     def decide(self, ctx: ScalingContext) -> ScalingDecision:
-        return ScalingDecision(None, ctx.replicas)
+        """The rule's notification due now, applied as `/system/alert` applies AlertManager's."""
+        if self.rule is None:
+            return ScalingDecision(ctx.state, ctx.replicas)
+        prior = ctx.state if isinstance(ctx.state, AlertState) else AlertState()
+        state, event = self.rule.evaluate(prior, ctx.load.ok, ctx.now)
+        if event is None or ctx.replicas == 0:  # at zero, a request scales it from zero first
+            return ScalingDecision(state, ctx.replicas)
+        labels = ctx.record.deployment.labels
+        factor = scale_factor(labels)
+        if factor == 0:
+            return ScalingDecision(state, ctx.replicas)
+        lo, hi = gateway_scale_bounds(labels)
+        return ScalingDecision(state, alert_replicas(event, ctx.replicas, lo, hi, factor))
 
     def scale_to(self, ctx: ScalingContext, n: int) -> ScalingDecision:
-        return ScalingDecision(None, n)
+        return ScalingDecision(ctx.state, n)
 
     def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:
         lo, _hi = ctx.record.deployment.scale_bounds()
-        return ScalingDecision(None, ctx.replicas if ctx.replicas > 0 else max(1, lo))
+        return ScalingDecision(ctx.state, ctx.replicas if ctx.replicas > 0 else max(1, lo))
 
     def arrived(self, key: Key, state: object, headers: dict[str, str] | None) -> str | None:
         return None
@@ -49,7 +156,7 @@ class PlainReplicas:
         """Nothing to keep: the record holds the count."""
 
     def forget(self, key: Key, *, deleted: bool) -> None:
-        """Nothing is kept."""
+        """Nothing is kept outside the router's state."""
 
     def describe(self, ctx: ScalingContext) -> dict | None:
         return None  # `/instances` lists the runtime's replicas as not managed

@@ -29,7 +29,7 @@ from .base import Key, LoadMeter, ScalingContext, ScalingDecision, ScalingPolicy
 from .harmony import APPS
 from .infless_spec import MODEL, SLO
 from .protean import SCALING
-from .replicas import PlainReplicas
+from .replicas import InvocationRateRule, PlainReplicas
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +79,15 @@ class ScalingRouter:
         set_replicas: Callable[[str, str, int], object],
         period_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        alert_rule: InvocationRateRule | None = None,
     ):
-        """`set_replicas` stores a function's desired replicas (the store's; it returns the record)."""
+        """`set_replicas` stores a function's desired replicas (the store's; it returns the record);
+        `alert_rule` autoscales plain functions as OpenFaaS CE's alert does (None: they are not)."""
         self.runtime = runtime
         self.set_replicas = set_replicas
         self.period_s = period_s
         self.clock = clock
-        self.plain = PlainReplicas()
+        self.plain = PlainReplicas(alert_rule)
         self.policies: dict[str, ScalingPolicy] = {p.name: p for p in policies}
         self.policies.setdefault(self.plain.name, self.plain)
         self._fns: dict[Key, _Governed] = {}
@@ -149,11 +151,12 @@ class ScalingRouter:
             return
         entry.meter.arrive(entry.policy.arrived(key, entry.state, headers))
 
-    def departed(self, key: Key) -> None:
-        """A request counted by `arrived` was answered or failed (PROTEAN counts those in flight)."""
+    def departed(self, key: Key, status: int | None = None) -> None:
+        """A request counted by `arrived` was answered (`status`) or failed (PROTEAN counts those
+        in flight, plain replicas' alert rule the 200s)."""
         entry = self._fns.get(key)
         if entry is not None:
-            entry.meter.depart()
+            entry.meter.depart(status)
 
     def pick(self, key: Key, ready: list[tuple[str, str]], headers: dict[str, str] | None = None) -> str | None:
         entry = self._fns.get(key)

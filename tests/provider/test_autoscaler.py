@@ -175,3 +175,119 @@ def test_scale_zero_releases_an_idle_function_after_keep_alive_and_prewarms_it(s
     first_zero = counts.index(0)
     assert 1 in counts[first_zero:]  # started again before the next predicted call
     assert counts[-1] == 1
+
+
+# -- plain functions: OpenFaaS CE's alert-driven autoscaling (provider/scaling/replicas.py) ---------
+from provider.scaling import AlertState, InvocationRateRule, alert_replicas  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("status", "current", "lo", "hi", "factor", "expected"),
+    [
+        ("firing", 1, 1, 5, 10, 2),  # ceil(5/100*10) = 1
+        ("firing", 1, 1, 2, 10, 2),  # the certifier's throughput test: max 2
+        ("firing", 2, 2, 2, 10, 2),  # min == max: scaling off
+        ("firing", 4, 1, 5, 50, 5),  # ceil(2.5) = 3, held at max
+        ("firing", 1, 1, 20, 20, 5),
+        ("resolved", 5, 2, 5, 10, 2),
+        ("anything-else", 5, 1, 5, 10, 1),
+    ],
+)
+def test_alert_replicas_is_ce_calculate_replicas(status, current, lo, hi, factor, expected):
+    assert alert_replicas(status, current, lo, hi, factor) == expected
+
+
+def test_the_rule_fires_after_its_for_and_group_wait_repeats_and_resolves():
+    rule, state, ok, events = InvocationRateRule(), AlertState(), 0, []
+    for t in range(0, 70):  # 10 successful invocations a second for 40 s, then none
+        ok += 10 if t < 40 else 0
+        state, event = rule.evaluate(state, ok, float(t))
+        if event:
+            events.append((t, event))
+    # pending from t=1, firing at t=6 (for: 5s), sent at t=11 (group_wait 5s), again every 30 s;
+    # the 10 s rate is down to 5 (not above it) at t=44, the resolve goes a group_interval (10 s) later
+    assert events == [(11, "firing"), (41, "firing"), (54, "resolved")]
+
+
+def test_the_rule_stays_quiet_at_5_per_second_and_for_a_burst_the_10s_rate_absorbs():
+    rule, state, ok = InvocationRateRule(), AlertState(), 0
+    for t in range(60):  # exactly the threshold: the rule says "> 5"
+        ok += 5
+        state, event = rule.evaluate(state, ok, float(t))
+        assert event is None
+    for t in range(60, 100):  # idle, then 40 requests within one second: 4/s over the window
+        ok += 40 if t == 80 else 0
+        state, event = rule.evaluate(state, ok, float(t))
+        assert event is None and state.pending_since is None
+
+
+@pytest.fixture
+def plain(tmp_path):
+    """The router with no faas-gpu policy: every function is plain replicas, with the alert rule."""
+    clock, replicas = Clock(), {}
+    a = ScalingRouter(
+        PlanRecorder(),
+        [],
+        set_replicas=lambda ns, n, r: replicas.__setitem__((ns, n), r),
+        clock=clock,
+        alert_rule=InvocationRateRule(),
+    )
+    a.replicas, a.fake_clock = replicas, clock
+    return a
+
+
+def served(a, key, rps, seconds, status=200):
+    """`rps` requests a second answered `status`, one tick a second; the replicas after each tick."""
+    seen = []
+    for _ in range(int(seconds)):
+        for _ in range(int(rps)):
+            a.arrived(key)
+            a.departed(key, status)
+        a.fake_clock.t += 1
+        a.tick()
+        seen.append(a.replicas[key])
+    return seen
+
+
+def adopt(a, r):
+    """Deploy `r` under the router; the fake store starts at its replicas."""
+    a.prepare(r)
+    a.replicas.setdefault(r.key, r.replicas)
+
+
+def test_a_plain_function_scales_up_under_load_to_its_max_and_back_to_min(plain):
+    # the certifier's Test_ScaleUpAndDownFromThroughPut: min 1, max 2, 2 workers at 5 QPS each
+    r = record({}, labels={"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "2"})
+    adopt(plain, r)
+    under_load = served(plain, r.key, 10, 30)
+    assert max(under_load) == 2 and under_load.index(2) < 20  # the certifier waits a minute
+    cooling = served(plain, r.key, 0, 30)
+    assert cooling[-1] == 1 and cooling.index(1) < 25
+
+
+def test_plain_scaling_steps_by_the_factor_of_max_and_holds_min_equals_max(plain):
+    r = record({}, labels={"com.openfaas.scale.max": "10", "com.openfaas.scale.factor": "20"})
+    adopt(plain, r)
+    seen = served(plain, r.key, 20, 75)
+    assert sorted(set(seen)) == [1, 3, 5, 7]  # +ceil(10*20%) = 2 at 11 s, then every 30 s
+    fixed = record({}, labels={"com.openfaas.scale.min": "2", "com.openfaas.scale.max": "2"})
+    fixed.deployment.service = "fixed"
+    fixed.replicas = 2
+    adopt(plain, fixed)
+    assert set(served(plain, fixed.key, 20, 40)) == {2}  # Test_ScalingDisabledViaLabels
+
+
+def test_only_200s_count_and_no_max_label_means_ce_5(plain):
+    r = record({})
+    adopt(plain, r)
+    assert set(served(plain, r.key, 50, 20, status=500)) == {1}  # errors are not throughput
+    assert max(served(plain, r.key, 50, 200)) == 5
+
+
+def test_without_the_rule_plain_functions_keep_their_replicas(tmp_path):
+    clock, replicas = Clock(), {}
+    a = ScalingRouter(PlanRecorder(), [], set_replicas=lambda ns, n, r: replicas.__setitem__((ns, n), r), clock=clock)
+    a.replicas, a.fake_clock = replicas, clock
+    r = record({})
+    adopt(a, r)
+    assert set(served(a, r.key, 50, 30)) == {1}

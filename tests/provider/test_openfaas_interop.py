@@ -113,8 +113,34 @@ def test_real_openfaas_gateway_in_front_of_the_provider(tmp_path):
         assert stack.wait_ready("cat", replicas=2)["replicas"] == 2
         counted = requests.get(f"{url}/system/functions", auth=stack.auth, timeout=10).json()[0]
         assert counted["invocationCount"] == 1  # from our answer to the gateway's Prometheus query
+        _same_gateway_answers(url, stack)
     finally:
         os.killpg(gw.pid, signal.SIGTERM)
         gw.wait(10)
         stack.stop()
         shutil.rmtree(tmp_path / "home", ignore_errors=True)
+
+
+def _same_gateway_answers(ce_url: str, stack: StackProcess) -> None:
+    """Where faas-gpu's gateway routes copy the CE gateway, both answer alike (in front of one provider)."""
+
+    def replicas() -> int:
+        return requests.get(f"{stack.url}/system/function/cat", auth=stack.auth, timeout=10).json()["replicas"]
+
+    for base in (ce_url, stack.url):
+        r = requests.post(f"{base}/system/scale-function/cat", json={"replicas": 0}, auth=stack.auth, timeout=10)
+        assert r.status_code == 202 and replicas() == 1, base  # 0 becomes the minimum
+        r = requests.post(f"{base}/system/scale-function/cat", json={"replicas": 50}, auth=stack.auth, timeout=10)
+        assert r.status_code == 202 and replicas() == 5, base  # CE's maximum without a label
+        r = requests.get(f"{base}/system/logs", params={"name": "no-such-fn"}, auth=stack.auth, timeout=10)
+        assert (r.status_code, r.content) == (501, b""), base
+        alert = {"status": "resolved", "alerts": [{"status": "resolved", "labels": {"function_name": "cat"}}]}
+        r = requests.post(f"{base}/system/alert", json=alert, auth=stack.auth, timeout=10)
+        assert r.status_code == 200 and replicas() == 1, base
+        ghost = {"alerts": [{"status": "firing", "labels": {"function_name": "no-such-fn"}}]}
+        assert requests.post(f"{base}/system/alert", json=ghost, auth=stack.auth, timeout=10).status_code == 200
+        assert requests.post(f"{base}/system/alert", json={"alerts": 5}, auth=stack.auth, timeout=10).status_code == 400
+    ce_info = requests.get(f"{ce_url}/system/info", auth=stack.auth, timeout=10).json()
+    ours = requests.get(f"{stack.url}/system/info", auth=stack.auth, timeout=10).json()
+    assert set(ce_info) == set(ours) and set(ours["version"]) <= set(ce_info["version"])
+    assert ce_info["arch"] in ("", ours["arch"])  # CE's is set by its build's ldflags (TARGETARCH)

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from tests.stack_process import StackProcess
+from provider.handlers.info import go_arch
+from tests.stack_process import StackProcess, free_port
 
 NS = "openfaas-fn"
 
@@ -52,6 +53,19 @@ def test_system_routes_need_basic_auth(stack, port):
     r = requests.get(f"{base}/system/functions", auth=("admin", "wrong"), timeout=5)
     assert r.status_code == 401
     assert requests.get(f"{base}/system/functions", auth=stack.auth, timeout=5).status_code == 200
+
+
+def test_gateway_metrics_also_on_their_own_port_as_ce_8082(stack, cat_fn):
+    requests.post(f"{stack.url}/function/{cat_fn}", data=b"x", timeout=10)
+    r = requests.get(f"{stack.metrics_url}/metrics", timeout=5)
+    assert r.status_code == 200 and "gateway_function_invocation_total" in r.text
+    assert f'function_name="{cat_fn}.{NS}"' in r.text
+    r = requests.get(f"{stack.metrics_url}/healthz", timeout=5)
+    assert (r.status_code, r.text) == (200, "OK")
+    assert requests.post(f"{stack.metrics_url}/healthz", timeout=5).status_code == 405
+    # only those two: neither the API nor the functions are reachable there
+    assert requests.get(f"{stack.metrics_url}/system/functions", auth=stack.auth, timeout=5).status_code == 404
+    assert requests.post(f"{stack.metrics_url}/function/{cat_fn}", data=b"x", timeout=5).status_code == 404
 
 
 def test_healthz_and_metrics_are_open(stack):
@@ -142,6 +156,10 @@ def test_namespaces_and_info(stack):
     assert requests.get(f"{stack.url}/system/namespaces", auth=stack.auth, timeout=5).json() == [NS]
     gw = requests.get(f"{stack.url}/system/info", auth=stack.auth, timeout=5).json()
     assert gw["provider"]["provider"] == "faas-gpu" and set(gw) == {"provider", "version", "arch"}
+    # the certifier's Test_ProviderInfo: the gateway's own version and the provider's, each complete
+    assert gw["version"]["release"] and gw["version"]["sha"] and gw["provider"]["version"]["release"]
+    assert set(gw["version"]) == {"sha", "release"}  # commit_message is omitempty in Go, and empty here
+    assert gw["arch"] == go_arch() and gw["arch"] in ("amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv64")
     pv = requests.get(f"{stack.provider_url}/system/info", auth=stack.auth, timeout=5).json()
     assert pv["provider"] == "faas-gpu" and "orchestration" in pv and "sha" in pv["version"]
     r = requests.get(f"{stack.url}/system/namespace/{NS}", auth=stack.auth, timeout=5)
@@ -161,13 +179,121 @@ def test_scale_min_max_labels(stack):
     )
     assert r.status_code == 202
     assert stack.wait_ready("scaled", replicas=3)["replicas"] == 3
+    # the provider API refuses 0 as faas-netes CE does ...
+    r = requests.post(
+        f"{stack.provider_url}/system/scale-function/scaled?namespace={NS}",
+        json={"replicas": 0},
+        auth=stack.auth,
+        timeout=5,
+    )
+    assert r.status_code == 400 and r.text.startswith("replicas:")
+    # ... the gateway makes it the minimum, as the CE gateway's scaling/ranges.go does
     r = requests.post(
         f"{stack.url}/system/scale-function/scaled?namespace={NS}",
         json={"replicas": 0},
         auth=stack.auth,
         timeout=5,
     )
-    assert r.status_code == 400 and r.text.startswith("replicas:")
+    assert r.status_code == 202 and "scaled to 2" in r.text
+    assert replicas(stack, "scaled") == 2
+
+
+def replicas(stack, name):
+    return requests.get(f"{stack.url}/system/function/{name}", auth=stack.auth, timeout=5).json()["replicas"]
+
+
+def test_gateway_scale_without_a_max_label_stops_at_ce_5_the_provider_at_20(stack):
+    assert deploy(stack, "unlabelled").status_code == 202
+    for base, expected in ((stack.url, 5), (stack.provider_url, 20)):
+        r = requests.post(f"{base}/system/scale-function/unlabelled", json={"replicas": 50}, auth=stack.auth, timeout=5)
+        assert r.status_code == 202 and f"scaled to {expected}" in r.text
+        assert replicas(stack, "unlabelled") == expected
+    requests.post(f"{stack.url}/system/scale-function/unlabelled", json={"replicas": 1}, auth=stack.auth, timeout=5)
+    assert replicas(stack, "unlabelled") == 1
+
+
+@pytest.mark.slow
+def test_plain_function_scales_up_under_throughput_and_back_as_the_certifier_checks(stack):
+    """Test_ScaleUpAndDownFromThroughPut against the gateway: min 1, max 2, ~10 requests/s (the
+    certifier's 2 workers at 5 QPS); the built-in alert rule must reach 2 within a minute, and
+    return to 1 within a minute once the load stops."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    labels = {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "2"}
+    assert deploy(stack, "throughput", labels=labels).status_code == 202
+    stack.wait_ready("throughput")
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            requests.post(f"{stack.url}/function/throughput", data=b"x", timeout=10)
+            stop.wait(max(0.0, 0.2 - (time.monotonic() - t0)))  # 5 QPS each
+
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(2):
+            pool.submit(worker)
+        deadline, peak = time.monotonic() + 60, 1
+        while time.monotonic() < deadline and peak < 2:
+            peak = max(peak, replicas(stack, "throughput"))
+            time.sleep(0.5)
+        stop.set()
+    assert peak == 2, "never reached com.openfaas.scale.max under load"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and replicas(stack, "throughput") != 1:
+        time.sleep(0.5)
+    assert replicas(stack, "throughput") == 1
+
+
+def alert(stack, function_name, status, base=None):
+    body = {
+        "receiver": "scale-up",
+        "status": status,
+        "alerts": [
+            {
+                "status": status,
+                "labels": {"alertname": "APIHighInvocationRate", "function_name": function_name, "code": "200"},
+                "startsAt": "2024-01-01T00:00:00Z",
+            }
+        ],
+    }
+    return requests.post(f"{base or stack.url}/system/alert", json=body, auth=stack.auth, timeout=10)
+
+
+def test_alertmanager_webhook_scales_a_plain_function_as_ce_does(stack):
+    labels = {"com.openfaas.scale.max": "4", "com.openfaas.scale.factor": "50"}
+    assert deploy(stack, "alerted", labels=labels).status_code == 202
+    r = alert(stack, f"alerted.{NS}", "firing")
+    assert (r.status_code, r.text) == (200, "")
+    assert replicas(stack, "alerted") == 3  # 1 + ceil(4/100*50)
+    assert alert(stack, "alerted", "firing").status_code == 200  # no namespace: the default one
+    assert replicas(stack, "alerted") == 4  # held at com.openfaas.scale.max
+    assert alert(stack, f"alerted.{NS}", "resolved").status_code == 200
+    assert replicas(stack, "alerted") == 1  # back to com.openfaas.scale.min
+    # an unknown function is skipped with 200, as CE does (AlertManager would only retry it)
+    assert (alert(stack, f"no-such-fn.{NS}", "firing").status_code) == 200
+    assert alert(stack, "Not A Name!", "firing").status_code == 200
+    # behind basic auth like every /system route; the provider API has no alert route (CE's gateway only)
+    assert requests.post(f"{stack.url}/system/alert", json={}, timeout=5).status_code == 401
+    assert alert(stack, "alerted", "firing", base=stack.provider_url).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "body:"),
+        ({"alerts": "firing"}, "alerts:"),
+        ({"alerts": [7]}, "alerts[0]:"),
+        ({"alerts": [{"status": 1}]}, "alerts[0].status:"),
+        ({"alerts": [{"status": "firing", "labels": []}]}, "alerts[0].labels:"),
+        ({"alerts": [{"status": "firing", "labels": {"function_name": 5}}]}, "alerts[0].labels.function_name:"),
+        ({"status": ["firing"]}, "status:"),
+    ],
+)
+def test_a_bad_alert_body_is_400_naming_the_field(stack, body, field):
+    r = requests.post(f"{stack.url}/system/alert", json=body, auth=stack.auth, timeout=5)
+    assert r.status_code == 400 and r.text.startswith(field), r.text
 
 
 # -- invoking ----------------------------------------------------------------------------
@@ -249,6 +375,20 @@ def test_logs_stream_ndjson_with_classic_lines(stack, cat_fn):
         f"{stack.url}/system/logs", params={"name": cat_fn, "since": "not-a-time"}, auth=stack.auth, timeout=10
     )
     assert r.status_code == 422
+
+
+def test_logs_content_types_and_unknown_functions_as_ce_gateway_and_faas_provider(stack, cat_fn):
+    params = {"name": cat_fn, "follow": "false", "tail": "1"}
+    gw = requests.get(f"{stack.url}/system/logs", params=params, auth=stack.auth, timeout=10)
+    pv = requests.get(f"{stack.provider_url}/system/logs", params=params, auth=stack.auth, timeout=10)
+    assert gw.headers["Content-Type"] == "text/plain; charset=utf-8"  # what Go sniffs of the NDJSON
+    assert pv.headers["Content-Type"] == "application/x-ndjson"  # faas-provider's logs/handler.go
+    assert json.loads(gw.text.splitlines()[0])["name"] == cat_fn
+    unknown = {"name": "no-such-fn", "follow": "false"}
+    r = requests.get(f"{stack.url}/system/logs", params=unknown, auth=stack.auth, timeout=10)
+    assert (r.status_code, r.content) == (501, b"")  # CE maps the provider's 404 to an empty 501
+    r = requests.get(f"{stack.provider_url}/system/logs", params=unknown, auth=stack.auth, timeout=10)
+    assert r.status_code == 404
 
 
 def test_logs_follow_streams_new_lines(stack, cat_fn):
@@ -370,3 +510,38 @@ def test_status_lines_carry_gos_reason_phrases(stack):
     r.read()
     assert (r.status, r.reason) == (404, "Not Found")
     conn.close()
+
+
+def test_replica_answers_carry_one_date_and_one_server_header(stack):
+    """An http-mode replica (the watchdog in front of its upstream) answers with one Date and one
+    Server, and so does the gateway in front of it: gunicorn treats both as its own (hop-by-hop
+    in gunicorn.util), so the gateway's replace the replica's instead of joining them."""
+    import http.client
+    import sys
+
+    upstream = free_port()
+    env = {"mode": "http", "upstream_url": f"http://127.0.0.1:{upstream}"}
+    process = f"{sys.executable} -m http.server {upstream} --bind 127.0.0.1"  # sends its own Server and Date
+    assert deploy(stack, "http-fn", envProcess=process, envVars=env).status_code == 202
+    stack.wait_ready("http-fn")
+    host, port = stack.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    for path in ("/function/http-fn/", "/function/no-such-fn"):
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        assert len(r.msg.get_all("Date")) == 1 and len(r.msg.get_all("Server")) == 1, (path, r.msg.items())
+    conn.close()
+    requests.delete(f"{stack.url}/system/functions", json={"functionName": "http-fn"}, auth=stack.auth, timeout=30)
+
+
+def test_an_unbuilt_python3_gpu_function_is_refused_naming_the_store_and_the_build(stack):
+    """faas-cli sends the template's fprocess; without the built image every call would be a 500."""
+    r = deploy(stack, "gpu-fn", envProcess="python index.py")
+    assert r.status_code == 400, r.text
+    assert r.text.startswith("image:") and str(stack.home / "images") in r.text
+    assert "index.py" in r.text and "faas-gpu build -f stack.yaml" in r.text and "--shrinkwrap" in r.text
+    assert requests.get(f"{stack.url}/system/function/gpu-fn", auth=stack.auth, timeout=5).status_code == 404
+    r = deploy(stack, "not-here", envProcess="no-such-program --x")
+    assert r.status_code == 400 and str(stack.home / "images") in r.text
+    assert deploy(stack, "inline-py", envProcess="python -c 'print(1)'").status_code == 202  # runs no file

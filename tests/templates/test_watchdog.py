@@ -132,6 +132,25 @@ def test_http_mode_dict_body_status_and_headers(watchdogs, function_dir):
     assert r.status_code == 202 and r.headers["X-List"] == "1"
 
 
+def test_http_mode_answers_carry_the_upstreams_one_date_and_one_server(watchdogs, function_dir):
+    """of-watchdog copies the upstream's headers and Go adds a Date only when none is set: one
+    each, the upstream's (waitress here), never the watchdog's beside them."""
+    import http.client
+
+    wd = watchdogs(http_env(), cwd=function_dir)
+    conn = http.client.HTTPConnection("127.0.0.1", int(wd.url.rsplit(":", 1)[1]), timeout=10)
+    conn.request("GET", "/none")
+    r = conn.getresponse()
+    r.read()
+    assert len(r.msg.get_all("Date")) == 1 and len(r.msg.get_all("Server")) == 1
+    assert "fwatchdog" not in r.msg["Server"]
+    conn.request("GET", "/_/health")  # the watchdog's own answers keep its own
+    r = conn.getresponse()
+    r.read()
+    assert len(r.msg.get_all("Date")) == 1 and r.msg["Server"].startswith("fwatchdog")
+    conn.close()
+
+
 def test_handler_that_raises_gives_500_and_instance_survives(watchdogs, function_dir):
     wd = watchdogs(http_env(), cwd=function_dir)
     r = requests.post(f"{wd.url}/raise", timeout=10)

@@ -41,7 +41,15 @@ class Handler(BaseHTTPRequestHandler):
         headers: list[tuple[str, str]] | None = None,
         content_type: str = "text/plain; charset=utf-8",
     ) -> None:
-        self.send_response(code)
+        # the upstream's own Date and Server win (of-watchdog copies them and Go adds a Date only
+        # when none is set); BaseHTTPRequestHandler.send_response would add a second of each
+        upstream = {k.lower() for k, _ in headers or ()}
+        self.log_request(code)
+        self.send_response_only(code)
+        if "server" not in upstream:
+            self.send_header("Server", self.version_string())
+        if "date" not in upstream:
+            self.send_header("Date", self.date_time_string())
         has_ct = False
         for k, v in headers or ():
             if k.lower() in HOP_BY_HOP or k.lower() == "content-length":
