@@ -154,8 +154,8 @@ class InvocationApp:
             key = self.invoker.resolve(raw_name)
         except ValueError:
             return _error(404, f"No endpoints available for: {raw_name}.")
-        try:  # PROTEAN's request class and SLO: checked here (400), read by the instance with the same parser
-            parse_request(headers)
+        try:  # PROTEAN's request class and SLO: parsed here (400), forwarded as parsed
+            headers = parse_request(headers).forwarded(headers)
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"

@@ -6,8 +6,9 @@ instance; the instance sends the scheduler what is left of it on each attempt (`
 `X-Faas-Gpu-Deadline-Ms`, so a retry is not given its whole SLO again); the scheduler converts
 that budget to an absolute deadline exactly once, when it admits the job (`Job.deadline`).
 
-Who parses: the gateway checks both headers before it forwards a call (a bad one is answered 400
-with the messages below), the instance's `index.py` reads them for its batch queue, the scheduler
+Who parses: the gateway parses both headers before it forwards a call (a bad one is answered 400
+with the messages below) and forwards its result in canonical form (`RequestSlo.forwarded`), the
+instance's `index.py` reads that for its batch queue, the scheduler
 reads the class and the budget, and the PROTEAN policies (`classify`) apply a function's defaults.
 All of them call these functions.
 """
@@ -76,6 +77,17 @@ class RequestSlo:
 
     request_class: RequestClass | None = None
     slo_ms: float | None = None
+
+    def forwarded(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """`headers` with the class and SLO as parsed here, written canonically (`strict`, `250`),
+        and an empty one dropped: what the gateway forwards, so the instance behind it reads the
+        gateway's result rather than the caller's spelling."""
+        out = {k: v for k, v in headers.items() if k not in (CLASS, SLO_MS)}
+        if self.request_class is not None:
+            out[CLASS] = self.request_class.value
+        if self.slo_ms is not None:
+            out[SLO_MS] = format(self.slo_ms, ".15g")
+        return out
 
 
 def parse_request(headers: Mapping[str, str]) -> RequestSlo:

@@ -47,6 +47,17 @@ def test_an_slo_is_a_budget_in_ms_and_a_bad_one_names_its_header():
     assert slo.read_request({headers.CLASS: "urgent", headers.SLO_MS: "100"}) == slo.RequestSlo(None, 100.0)
 
 
+def test_the_gateway_forwards_the_class_and_slo_as_it_parsed_them():
+    raw = {headers.CLASS: " Strict ", headers.SLO_MS: "250.0", "X-Other": "kept"}
+    out = slo.parse_request(raw).forwarded(raw)
+    assert out == {headers.CLASS: "strict", headers.SLO_MS: "250", "X-Other": "kept"}
+    assert slo.read_request(out) == slo.parse_request(raw)  # the instance reads what the gateway parsed
+    empty = {headers.CLASS: "", headers.SLO_MS: " "}
+    assert slo.parse_request(empty).forwarded(empty) == {}
+    big = {headers.SLO_MS: "3599999.125"}
+    assert slo.parse_request(big).forwarded(big)[headers.SLO_MS] == "3599999.125"
+
+
 def test_the_budget_left_is_what_the_scheduler_turns_into_a_deadline():
     assert slo.parse_budget_ms(" 12.5 ") == 12.5 and slo.parse_budget_ms("-3") == -3.0
     assert slo.parse_budget_ms(None) is None and slo.parse_budget_ms("") is None
