@@ -3,7 +3,6 @@ real model the GPU Manager and scheduler tests upload, one per seed so each has 
 
 from __future__ import annotations
 
-import io
 import sys
 
 import torch
@@ -13,11 +12,11 @@ from faas_gpu.paths import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
+from tests.torchscript import torchscript_bytes  # noqa: E402
+
 
 def scripted_resnet(seed: int) -> tuple[bytes, torch.nn.Module]:
     """The TorchScript bytes of a ResNetMini seeded with `seed`, and the module to compare with."""
     torch.manual_seed(seed)
     m = ResNetMini().eval()
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(m), buf)
-    return buf.getvalue(), m
+    return torchscript_bytes(m), m

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from tests.torchscript import torchscript_bytes
+
 
 class RunsAShellCommand:
     """Unpickling this calls os.system (what `torch.load(weights_only=False)` did in the worker)."""
@@ -65,9 +67,7 @@ class SavesAFileOnLoad(torch.nn.Module):
 
 
 def torchscript(module: torch.nn.Module) -> bytes:
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(module), buf)
-    return buf.getvalue()
+    return torchscript_bytes(module)
 
 
 def exported_linear() -> bytes:

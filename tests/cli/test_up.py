@@ -6,7 +6,6 @@ processes with SIGKILL, and checks /proc for what is left.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
@@ -26,6 +25,8 @@ from tests.stack_process import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
+
+from tests.torchscript import torchscript_bytes
 
 MODULES = ("faas_gpu.supervise", "provider.server", "scheduler", "gpu_manager")
 
@@ -165,9 +166,8 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
         manager = stack.url("gpu-manager")
         token = (stack.home / "secrets" / "gpu-manager-token").read_text().strip()
         auth = {"Authorization": f"Bearer {token}"}
-        buf = io.BytesIO()
-        torch.jit.save(torch.jit.script(ResNetMini().eval()), buf)
-        digest = requests.put(f"{manager}/v1/models", data=buf.getvalue(), headers=auth, timeout=30).json()["digest"]
+        artifact = torchscript_bytes(ResNetMini().eval())
+        digest = requests.put(f"{manager}/v1/models", data=artifact, headers=auth, timeout=30).json()["digest"]
         x = encode(torch.randn(1, 3, 32, 32))
         r = requests.post(f"{manager}/v1/jobs/{digest}?unit=cpu-0", data=x, headers=auth, timeout=120)
         assert r.status_code == 200, r.text
@@ -179,7 +179,7 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
         _wait(lambda: not any(procs.alive(p) for p in tree), 15, "the manager's workers outlived it")
         _wait(lambda: stack.pid("gpu-manager") != old and _healthy(manager), 30, "the manager was not restarted")
         assert procs.runs(stack.pid("gpu-manager"), "gpu_manager", stack.home)
-        r = requests.put(f"{manager}/v1/models", data=buf.getvalue(), headers=auth, timeout=30)
+        r = requests.put(f"{manager}/v1/models", data=artifact, headers=auth, timeout=30)
         r = requests.post(f"{manager}/v1/jobs/{digest}?unit=cpu-0", data=x, headers=auth, timeout=120)
         assert r.status_code == 200, r.text
     finally:

@@ -16,6 +16,8 @@ from tests.daemon_process import wait_units
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
+from tests.torchscript import save_torchscript
+
 
 @pytest.fixture
 def remote_env(cluster, monkeypatch):
@@ -33,11 +35,7 @@ def remote_env(cluster, monkeypatch):
 
 def _old_torchscript(module: torch.nn.Module, path) -> None:
     """An old TorchScript artifact, as a user has one (the deprecated calls are the user's, long ago)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
-        torch.jit.save(torch.jit.script(module), path)
+    save_torchscript(module, path)
 
 
 def test_jit_load_returns_a_remote_model_with_the_same_answers(remote_env, tmp_path, caplog):

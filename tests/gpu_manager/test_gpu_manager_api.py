@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -22,13 +21,13 @@ from tests.stack_process import free_port
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
+from tests.torchscript import torchscript_bytes
+
 
 @pytest.fixture(scope="module")
 def artifact() -> bytes:
     torch.manual_seed(0)
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(ResNetMini().eval()), buf)
-    return buf.getvalue()
+    return torchscript_bytes(ResNetMini().eval())
 
 
 @pytest.fixture(scope="module")

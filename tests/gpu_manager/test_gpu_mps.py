@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import stat
 
@@ -18,6 +17,7 @@ from gpu_manager.mps import CONTROL, MPSControl, MPSDaemon, MPSError, RunResult,
 from gpu_manager.worker import Worker
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker, stored_program
+from tests.torchscript import torchscript_bytes
 
 
 class FakeRunner:
@@ -200,9 +200,7 @@ class Doubles(torch.nn.Module):
 def test_a_real_worker_process_gets_the_env_before_cuda_starts(tmp_path):
     """The env goes to the worker process, which applies it before it imports torch. (A model
     that read os.environ in forward was a pickle; TorchScript and torch.export cannot read it.)"""
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(Doubles()), buf)
-    artifact = ModelStore(tmp_path).put(buf.getvalue())
+    artifact = ModelStore(tmp_path).put(torchscript_bytes(Doubles()))
     worker = Worker(artifact, "cpu", env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"})
     worker.start()
     try:

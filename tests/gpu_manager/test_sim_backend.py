@@ -12,6 +12,7 @@ from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager
 from gpu_manager.sim_backend import Profile, SimWorker
 from gpu_manager.worker import ModelInputError
+from tests.torchscript import torchscript_bytes
 
 PROFILE = REPO_ROOT.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"
 
@@ -35,12 +36,8 @@ def test_bad_profiles_are_refused(tmp_path):
 
 
 def test_manager_on_the_sim_back_end_takes_the_profiled_time(tmp_path):
-    import io
-
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), buf)  # any artifact: the sim back end never loads it
     store = ModelStore(tmp_path)
-    digest = store.put(buf.getvalue()).digest
+    digest = store.put(torchscript_bytes(torch.nn.Linear(2, 2))).digest  # any artifact: the sim back end never loads it
     profile = Profile.from_infless(PROFILE, threads=2, sm_percent=50)
     mgr = GPUManager(cpu_units(1, 64), store, worker_factory=lambda a, d: SimWorker(profile, load_s=0.05))
     t0 = time.perf_counter()

@@ -15,15 +15,15 @@ from faas_gpu.paths import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
+from tests.torchscript import torchscript_bytes
+
 
 @pytest.fixture(scope="module")
 def artifacts() -> dict[str, bytes]:
     torch.manual_seed(0)
     m = ResNetMini().eval()
     out = {}
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(m), buf)
-    out["torchscript"] = buf.getvalue()
+    out["torchscript"] = torchscript_bytes(m)
     buf = io.BytesIO()
     torch.save(m, buf)
     out["pickle"] = buf.getvalue()
