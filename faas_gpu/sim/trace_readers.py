@@ -80,6 +80,18 @@ def _number(text: str, where: str) -> float:
     return v
 
 
+def _numbers(cells: list[str], where: str) -> np.ndarray:
+    """A row of counts, parsed at numpy's speed (a day's CSV is ~46 k rows x 1440 minutes)."""
+    try:
+        values = np.asarray(cells, dtype=float)
+    except ValueError:
+        values = np.array([_number(v, where) for v in cells])  # names the bad cell
+    if not (np.isfinite(values) & (values >= 0)).all():
+        bad = next(c for c, v in zip(cells, values, strict=True) if not (math.isfinite(v) and v >= 0))
+        raise ScenarioError(f"{where}: must be >= 0, got {bad[:40]!r}")
+    return values
+
+
 def read_azure2019(invocations: Path, durations: Path | None = None, memory: Path | None = None) -> list[TraceFunction]:
     """The day's functions from the invocations CSV, with durations and memory joined where given."""
     with invocations.open(newline="") as fh:
@@ -98,7 +110,7 @@ def read_azure2019(invocations: Path, durations: Path | None = None, memory: Pat
             where = f"trace.file: {invocations.name} line {lineno}"
             if len(row) != len(header):
                 raise ScenarioError(f"{where}: {len(row)} columns, the header has {len(header)}")
-            counts = np.array([_number(v, where) for v in row[4:]])
+            counts = _numbers(row[4:], where)
             owner, app, func, trigger = row[:4]
             keys.append((owner, app, func))
             functions.append(TraceFunction(f"{func[:10]}-{trigger}", counts[:width]))
