@@ -12,7 +12,7 @@ from tqdm import tqdm
 from .engine import simulate
 from .report import write_report
 from .scenario import POLICIES, ScenarioError, load_scenario
-from .trace import build_arrivals
+from .trace import build_workload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,20 +21,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", help=f"comma-separated, overriding the scenario's ({', '.join(POLICIES)})")
     p.add_argument("--o3-limit", type=int, help="skip limit for lalb_o3")
     p.add_argument("--out", type=Path, default=Path("sim-out"), help="folder for CSV and PNG (default sim-out)")
+    p.add_argument(
+        "--scale",
+        type=float,
+        help="multiply every minute of every function by this factor (default: the scenario's, 1 = as recorded)",
+    )
+    p.add_argument(
+        "--reuse-functions",
+        action="store_true",
+        help="allow a working set larger than the trace's functions by taking them again at other minutes (printed)",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario)
+        if args.scale is not None:
+            if not args.scale > 0:
+                raise ScenarioError(f"--scale: must be positive, got {args.scale}")
+            scenario.trace.scale, scenario.trace.mean_requests_per_minute = args.scale, None
+        if args.reuse_functions:
+            scenario.trace.reuse_functions = True
         policies = args.policies.split(",") if args.policies else [scenario.policy]
         for name in policies:
             if name not in POLICIES:
                 raise ScenarioError(f"--policies: unknown policy {name!r} ({', '.join(POLICIES)})")
-        total = len(build_arrivals(scenario.trace, scenario.models, scenario.seed)[0]) * len(policies)
+        workload = build_workload(scenario.trace, scenario.models, scenario.seed)
+        for note in workload.notes:
+            print(note, file=sys.stderr)
+        total = len(workload.arrivals) * len(policies)
         results = []
         with tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr) as bar:
             for name in policies:
                 bar.set_description(name)
-                results.append(simulate(scenario, name, args.o3_limit, progress=bar.update))
+                results.append(simulate(scenario, name, args.o3_limit, progress=bar.update, workload=workload))
     except ScenarioError as exc:
         print(f"faas-gpu sim: {exc}", file=sys.stderr)
         return 2

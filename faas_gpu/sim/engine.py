@@ -16,7 +16,7 @@ import simpy
 from faas_gpu.policies import Dispatch, ModelCache, Request, Unit, make_scheduler
 
 from .scenario import Scenario
-from .trace import build_arrivals
+from .trace import Workload, build_workload
 
 
 @dataclass
@@ -60,11 +60,17 @@ def simulate(
     policy: str | None = None,
     o3_limit: int | None = None,
     progress: Callable[[int], None] | None = None,
+    workload: Workload | None = None,
 ) -> RunResult:
-    """Run one policy over the scenario's trace; `progress(n)` is called per completed request."""
+    """Run one policy over the scenario's trace; `progress(n)` is called per completed request.
+
+    `workload` is the scenario's `build_workload` result when the caller already has it (the CLI
+    builds it once to print its notes and count the requests, then runs every policy on it).
+    """
     policy = policy or scenario.policy
     o3 = scenario.o3_limit if o3_limit is None else o3_limit
-    arrivals, models = build_arrivals(scenario.trace, scenario.models, scenario.seed)
+    workload = workload or build_workload(scenario.trace, scenario.models, scenario.seed)
+    arrivals, models = workload.arrivals, workload.models
     catalog = {m.name: m for m in models}
     cl = scenario.cluster
     units = [

@@ -47,7 +47,25 @@ POLICIES = ("lb", "lalb", "lalb_o3")
 KEYS = {"name", "seed", "cluster", "models", "trace", "policy"}
 CLUSTER_KEYS = {"nodes", "units_per_node", "unit_memory_mb"}
 MODEL_KEYS = {"name", "size_mb", "load_s", "infer_s"}
-TRACE_KEYS = {"files", "file", "format", "minutes", "start_minute", "requests_per_minute", "working_set"}
+TRACE_KEYS = {
+    "files",
+    "file",
+    "format",
+    "durations",
+    "memory",
+    "minutes",
+    "start_minute",
+    "working_set",
+    "reuse_functions",
+    "scale",
+    "mean_requests_per_minute",
+    "arrivals",
+    "infer_time",
+    "requests_per_minute",  # refused with a pointer to scale / mean_requests_per_minute
+}
+TRACE_FORMATS = ("per-minute", "azure2019", "azure2021")
+ARRIVALS = ("poisson", "uniform", "recorded")
+INFER_TIMES = ("trace", "catalog")
 POLICY_KEYS = {"name", "o3_limit"}
 
 
@@ -64,12 +82,27 @@ class Cluster:
 
 @dataclass
 class TraceSpec:
+    """Which trace, which minutes, and how it is replayed (see `faas_gpu.sim.trace`).
+
+    By default the trace is replayed as recorded: `scale` 1, no function reused. `scale`
+    multiplies every minute of every function alike; `mean_requests_per_minute` (the GPU-FaaS
+    paper's 325) sets `scale` so the working set's mean rate is that figure, the minute-to-minute
+    shape kept. `reuse_functions` allows a working set larger than the trace's functions, by
+    taking each function's series again at other start minutes (printed when used).
+    """
+
     files: list[Path]
-    format: str  # "per-minute" (one count per line, one function per file) or "azure2019"
+    format: str  # "per-minute" (one count per line, one function per file), "azure2019" or "azure2021"
     minutes: int
     start_minute: int
-    requests_per_minute: int
     working_set: int
+    durations: Path | None = None  # Azure 2019 function_durations_percentiles CSV
+    memory: Path | None = None  # Azure 2019 app_memory_allocated CSV
+    reuse_functions: bool = False
+    scale: float = 1.0
+    mean_requests_per_minute: float | None = None
+    arrivals: str = "poisson"  # within a minute: "poisson", "uniform" or "recorded" (azure2021 timestamps)
+    infer_time: str = "trace"  # a function's inference time: its recorded mean duration where known, or "catalog"
 
 
 @dataclass
@@ -168,9 +201,32 @@ def parse_scenario(data: Any, file: str = "scenario", base: Path | None = None) 
             c.fail(
                 f"models.{m.name}.size_mb", f"{m.size_mb} MB is bigger than every unit ({cluster.unit_memory_mb} MB)"
             )
-    tr = c.keys(data["trace"], TRACE_KEYS, "trace")
+    trace = _trace(c, c.keys(data["trace"], TRACE_KEYS, "trace"), base)
+    pol = c.keys(data["policy"], POLICY_KEYS, "policy")
+    name = pol.get("name")
+    if name not in POLICIES:
+        c.fail("policy.name", f"must be one of {', '.join(POLICIES)}, got {name!r}")
+    o3 = c.number(pol, "o3_limit", "policy", integer=True, positive=False, default=25)
+    return Scenario(str(data.get("name", file)), seed, cluster, models, trace, name, o3)
+
+
+def _sniff_format(path: Path) -> str:
+    """An Azure CSV's format from its header line (2019 invocations, or 2021 per-invocation)."""
+    with path.open(newline="") as fh:
+        head = fh.readline()
+    return "azure2021" if "end_timestamp" in head else "azure2019"
+
+
+def _trace(c: _Check, tr: dict, base: Path) -> TraceSpec:
+    if "requests_per_minute" in tr:
+        c.fail(
+            "trace.requests_per_minute",
+            "no longer exists: it rescaled every minute to one figure, flattening bursts and giving idle "
+            "functions requests; the trace is now replayed as recorded. Use scale (a factor for every "
+            "minute) or mean_requests_per_minute (the factor that gives that mean rate, shape kept)",
+        )
     if ("files" in tr) == ("file" in tr):
-        c.fail("trace", "give either files (per-minute count files) or file (an Azure 2019 CSV)")
+        c.fail("trace", "give either files (per-minute count files) or file (an Azure 2019 or 2021 CSV)")
     raw_files = tr["files"] if "files" in tr else [tr["file"]]
     if not isinstance(raw_files, list) or not raw_files or not all(isinstance(f, str) for f in raw_files):
         c.fail("trace.files", "must be a non-empty list of paths")
@@ -178,23 +234,47 @@ def parse_scenario(data: Any, file: str = "scenario", base: Path | None = None) 
     for i, f in enumerate(files):
         if not f.is_file():
             c.fail(f"trace.files[{i}]" if "files" in tr else "trace.file", f"{raw_files[i]} not found")
-    fmt = tr.get("format", "per-minute" if "files" in tr else "azure2019")
-    if fmt not in ("per-minute", "azure2019"):
-        c.fail("trace.format", f"must be per-minute or azure2019, got {fmt!r}")
-    trace = TraceSpec(
+    fmt = tr.get("format") or ("per-minute" if "files" in tr else _sniff_format(files[0]))
+    if fmt not in TRACE_FORMATS:
+        c.fail("trace.format", f"must be one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
+    if fmt != "per-minute" and "files" in tr:
+        c.fail("trace.files", f"a {fmt} trace is one file: give trace.file")
+    extra: dict[str, Path] = {}
+    for key in ("durations", "memory"):
+        if key in tr:
+            if fmt != "azure2019":
+                c.fail(f"trace.{key}", "only an Azure 2019 trace has a separate durations or memory file")
+            if not isinstance(tr[key], str) or not _resolve(tr[key], base).is_file():
+                c.fail(f"trace.{key}", f"{tr[key]!r} not found")
+            extra[key] = _resolve(tr[key], base)
+    reuse = tr.get("reuse_functions", False)
+    if not isinstance(reuse, bool):
+        c.fail("trace.reuse_functions", f"must be true or false, got {reuse!r}")
+    if "scale" in tr and "mean_requests_per_minute" in tr:
+        c.fail("trace.scale", "give scale or mean_requests_per_minute, not both")
+    mean_rpm = c.number(tr, "mean_requests_per_minute", "trace") if "mean_requests_per_minute" in tr else None
+    arrivals = tr.get("arrivals", "recorded" if fmt == "azure2021" else "poisson")
+    if arrivals not in ARRIVALS:
+        c.fail("trace.arrivals", f"must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
+    if arrivals == "recorded" and fmt != "azure2021":
+        c.fail("trace.arrivals", f"recorded arrival times exist only in an Azure 2021 trace, not {fmt}")
+    infer_time = tr.get("infer_time", "trace")
+    if infer_time not in INFER_TIMES:
+        c.fail("trace.infer_time", f"must be one of {', '.join(INFER_TIMES)}, got {infer_time!r}")
+    return TraceSpec(
         files=files,
         format=fmt,
         minutes=c.number(tr, "minutes", "trace", integer=True),
         start_minute=c.number(tr, "start_minute", "trace", integer=True, positive=False, default=0),
-        requests_per_minute=c.number(tr, "requests_per_minute", "trace", integer=True),
         working_set=c.number(tr, "working_set", "trace", integer=True),
+        durations=extra.get("durations"),
+        memory=extra.get("memory"),
+        reuse_functions=reuse,
+        scale=float(c.number(tr, "scale", "trace", default=1.0)),
+        mean_requests_per_minute=None if mean_rpm is None else float(mean_rpm),
+        arrivals=arrivals,
+        infer_time=infer_time,
     )
-    pol = c.keys(data["policy"], POLICY_KEYS, "policy")
-    name = pol.get("name")
-    if name not in POLICIES:
-        c.fail("policy.name", f"must be one of {', '.join(POLICIES)}, got {name!r}")
-    o3 = c.number(pol, "o3_limit", "policy", integer=True, positive=False, default=25)
-    return Scenario(str(data.get("name", file)), seed, cluster, models, trace, name, o3)
 
 
 def _models(c: _Check, raw: Any) -> list[Model]:

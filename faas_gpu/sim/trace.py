@@ -1,29 +1,46 @@
-"""From an invocation trace to timed requests: the GPU-FaaS paper's workload recipe (§V-A).
+"""From an invocation trace to timed requests, replayed as recorded.
 
-1. Candidate functions: each row of an Azure Functions 2019 CSV, or — for per-minute count
-   files of single functions (INFless's Azure extracts) — windows of each file spread over its
-   length, each window one candidate function.
-2. The working set is the top-k candidates by invocations in the simulated minutes.
-3. Each minute's total is scaled to `requests_per_minute` (largest remainder, so it is exact).
-4. Functions map to models so that sizes are spread evenly (models sorted by size, stepped
-   through with a stride coprime to their count); past the catalog's size a model is reused
-   under a new name (`vgg19#2`), a distinct cache item with the same profile, so the working
-   set is `k` distinct models as in the paper.
-5. Arrivals fall uniformly at random inside their minute (seeded).
+1. The trace's functions are read as recorded (`trace_readers`: per-minute count files, the Azure
+   Functions 2019 CSVs, the Azure Functions 2021 per-invocation trace).
+2. The working set is the top-k functions by invocations in the simulated minutes. Asking for
+   more functions than the trace holds is an error naming both numbers, unless the scenario sets
+   `reuse_functions`: then each function's series is taken again at other start minutes spread
+   over the trace (each window a function of its own) and the top-k of those windows is the
+   working set — a choice printed with the run, never silent.
+3. Each function gets the invocations its trace records, minute by minute: a burst minute stays a
+   burst, an idle minute or function stays idle. An explicit `scale` multiplies every minute of
+   every function alike; counts are rounded per function on the running sum (round half up), so
+   a function's total is its recorded total × scale and an idle minute stays at 0.
+   `mean_requests_per_minute` is the GPU-FaaS paper's set-up (325/min): the scale that makes the
+   working set's mean rate that figure, the shape kept.
+4. Functions map to models. Without memory figures, sizes are spread evenly over the popularity
+   ranks (models sorted by size, stepped through with a stride coprime to their count). With the
+   Azure 2019 memory file, a function's memory quantile in the working set picks the model at the
+   same size quantile (bigger functions, bigger models): the catalogue's GPU sizes and load times
+   stay, as no trace records a GPU footprint. A function's recorded mean duration becomes its
+   inference time (`infer_time: trace`, the default where the trace has durations;
+   `infer_time: catalog` keeps the model's). Past the catalogue's size a model is reused under a
+   new name (`vgg19#2`), a distinct cache item with the same profile, so the working set is k
+   distinct models, as in the paper.
+5. Arrivals inside a minute: `poisson` (a Poisson process holding the minute's count: the count's
+   times uniform at random, seeded), `uniform` (evenly spaced, 60/n s apart, at a seeded phase) or
+   `recorded` (the Azure 2021 timestamps; under a scale, the recorded times are repeated or a
+   seeded subset taken).
 """
 
 from __future__ import annotations
 
-import csv
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from faas_gpu.policies import Model
 
 from .scenario import ScenarioError, TraceSpec
+from .trace_readers import TraceFunction, read_azure2019, read_azure2021, read_per_minute
+
+MIN_INFER_S = 0.001  # Azure records durations of 0 ms; a job takes at least a millisecond here
 
 
 @dataclass(frozen=True)
@@ -32,80 +49,96 @@ class Arrival:
     model: str
 
 
-def _read_per_minute(path: Path) -> np.ndarray:
-    values = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            v = float(line)
-        except ValueError:
-            raise ScenarioError(
-                f"trace.files: {path.name} line {lineno}: expected one invocation count per line, got {line[:40]!r}"
-            ) from None
-        if v < 0 or not math.isfinite(v):
-            raise ScenarioError(f"trace.files: {path.name} line {lineno}: counts must be >= 0")
-        values.append(v)
-    if not values:
-        raise ScenarioError(f"trace.files: {path.name} is empty")
-    return np.array(values)
+@dataclass
+class Window:
+    """A working-set function: one function's invocations over the simulated minutes."""
+
+    name: str
+    counts: np.ndarray  # per simulated minute, as recorded
+    times: np.ndarray | None  # arrival times in seconds from the window's start (2021 only)
+    duration_s: float | None
+    memory_mb: float | None
 
 
-def _read_azure2019(path: Path) -> list[np.ndarray]:
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if not header or header[:4] != ["HashOwner", "HashApp", "HashFunction", "Trigger"]:
-            raise ScenarioError(
-                f"trace.file: {path.name} is not an Azure Functions 2019 CSV "
-                "(header HashOwner,HashApp,HashFunction,Trigger,1..1440)"
-            )
-        rows = []
-        for lineno, row in enumerate(reader, 2):
-            try:
-                rows.append(np.array([float(v) for v in row[4:]]))
-            except ValueError:
-                raise ScenarioError(f"trace.file: {path.name} line {lineno}: counts must be numbers") from None
-    if not rows:
-        raise ScenarioError(f"trace.file: {path.name} has no functions")
-    return rows
+@dataclass
+class Workload:
+    """The simulated requests and how they came from the trace."""
+
+    arrivals: list[Arrival]
+    models: list[Model]  # one per working-set function, in popularity order
+    functions: list[str]  # the trace function (or window) behind each model
+    recorded: np.ndarray  # functions x minutes: the trace's invocations
+    counts: np.ndarray  # functions x minutes: the requests generated (recorded x scale)
+    scale: float
+    notes: list[str] = field(default_factory=list)  # choices to print with the run
+
+    def arrival_counts(self) -> np.ndarray:
+        """Functions x minutes counted from the arrivals themselves (the check against the trace)."""
+        index = {m.name: i for i, m in enumerate(self.models)}
+        out = np.zeros(self.counts.shape, dtype=int)
+        for a in self.arrivals:
+            out[index[a.model], int(a.time // 60)] += 1
+        return out
 
 
-def candidate_functions(spec: TraceSpec) -> list[np.ndarray]:
-    """Per-minute counts over the simulated minutes, one array per candidate function."""
-    lo, hi = spec.start_minute, spec.start_minute + spec.minutes
+def read_trace(spec: TraceSpec) -> list[TraceFunction]:
     if spec.format == "azure2019":
-        rows = _read_azure2019(spec.files[0])
-        if hi > len(rows[0]):
-            raise ScenarioError(f"trace.minutes: the trace has {len(rows[0])} minutes, asked for {lo}..{hi}")
-        return [r[lo:hi] for r in rows]
-    series = [_read_per_minute(f) for f in spec.files]
-    per_file = max(1, math.ceil(2 * spec.working_set / len(series)))
-    out = []
-    for s in series:
-        if hi > len(s):
-            raise ScenarioError(f"trace.minutes: a file has {len(s)} minutes, asked for {lo}..{hi}")
-        stride = max(spec.minutes, (len(s) - hi) // per_file)
-        for k in range(per_file):
-            start = lo + k * stride
-            if start + spec.minutes <= len(s):
-                out.append(s[start : start + spec.minutes])
-    return out
+        return read_azure2019(spec.files[0], spec.durations, spec.memory)
+    if spec.format == "azure2021":
+        return read_azure2021(spec.files[0])
+    return read_per_minute(spec.files)
 
 
-def _scale(counts: np.ndarray, total: int) -> np.ndarray:
-    """Integer counts proportional to `counts`, summing exactly to `total` (largest remainder)."""
-    s = counts.sum()
-    if s == 0:
-        base = np.full(len(counts), total // len(counts))
-        base[: total - base.sum()] += 1
-        return base
-    exact = counts * total / s
-    out = np.floor(exact).astype(int)
-    order = np.argsort(-(exact - out), kind="stable")
-    out[order[: total - out.sum()]] += 1
-    return out
+def _window(f: TraceFunction, start: int, minutes: int, name: str) -> Window:
+    times = None
+    if f.times is not None:
+        lo, hi = start * 60.0, (start + minutes) * 60.0
+        times = f.times[(f.times >= lo) & (f.times < hi)] - lo
+    return Window(name, f.counts[start : start + minutes], times, f.duration_s, f.memory_mb)
+
+
+def select_functions(spec: TraceSpec, functions: list[TraceFunction]) -> tuple[list[Window], list[str]]:
+    """The working set (top-k by invocations in the simulated minutes) and the notes on how."""
+    lo, hi = spec.start_minute, spec.start_minute + spec.minutes
+    for f in functions:
+        if hi > f.minutes:
+            raise ScenarioError(f"trace.minutes: {f.name} has {f.minutes} minutes, asked for {lo}..{hi}")
+    n, ws = len(functions), spec.working_set
+    notes = []
+    if ws <= n:
+        candidates = [_window(f, lo, spec.minutes, f.name) for f in functions]
+    elif not spec.reuse_functions:
+        raise ScenarioError(
+            f"trace.working_set: {ws} functions asked for, the trace holds {n}; "
+            "set trace.reuse_functions: true (faas-gpu sim --reuse-functions) to take functions again "
+            "from other minutes of the trace"
+        )
+    else:
+        copies = math.ceil(2 * ws / n)
+        candidates, strides = [], set()
+        for f in functions:
+            stride = max(spec.minutes, (f.minutes - hi) // copies)
+            strides.add(stride)
+            for k in range(copies):
+                start = lo + (k * stride) % (f.minutes - hi + 1)
+                candidates.append(_window(f, start, spec.minutes, f.name if k == 0 else f"{f.name}@{start}"))
+        notes.append(
+            f"trace: working set {ws} > the trace's {n} functions; reusing each function's series at {copies} "
+            f"start minutes ({'/'.join(str(s) for s in sorted(strides))} min apart from minute {lo}), "
+            f"the top {ws} of these {len(candidates)} windows by invocations (trace.reuse_functions)"
+        )
+    totals = np.array([c.counts.sum() for c in candidates])
+    top = np.argsort(-totals, kind="stable")[:ws]
+    chosen = [candidates[i] for i in top]
+    if sum(c.counts.sum() for c in chosen) == 0:
+        raise ScenarioError("trace: no invocations in the simulated minutes (empty trace)")
+    return chosen, notes
+
+
+def scale_counts(recorded: np.ndarray, scale: float) -> np.ndarray:
+    """Every minute x scale, rounded per function on the running sum (exact for scale 1, 0 stays 0)."""
+    running = np.floor(np.cumsum(recorded * scale, axis=-1) + 0.5)
+    return np.diff(running, axis=-1, prepend=0.0).astype(int)
 
 
 def assign_models(k: int, catalog: list[Model]) -> list[Model]:
@@ -121,22 +154,90 @@ def assign_models(k: int, catalog: list[Model]) -> list[Model]:
     return out
 
 
-def build_arrivals(spec: TraceSpec, catalog: list[Model], seed: int) -> tuple[list[Arrival], list[Model]]:
-    """The timed requests of the scenario, sorted by time, and the models they use."""
-    candidates = candidate_functions(spec)
-    totals = np.array([c.sum() for c in candidates])
-    if totals.sum() == 0:
-        raise ScenarioError("trace: no invocations in the simulated minutes (empty trace)")
-    k = min(spec.working_set, len(candidates))
-    top = np.argsort(-totals, kind="stable")[:k]
-    counts = np.stack([candidates[i] for i in top])  # k x minutes
-    models = assign_models(k, catalog)
+def assign_models_by_memory(memory: list[float | None], catalog: list[Model]) -> list[Model]:
+    """The function at memory quantile q gets the model at size quantile q (unknown: the median)."""
+    known = [m for m in memory if m is not None]
+    median = float(np.median(known)) if known else 0.0
+    mem = [median if m is None else m for m in memory]
+    k, by_size = len(mem), sorted(catalog, key=lambda m: (m.size_mb, m.name))
+    order = sorted(range(k), key=lambda i: (mem[i], i))
+    picked: list[Model] = [by_size[0]] * k
+    for rank, i in enumerate(order):
+        picked[i] = by_size[rank * len(by_size) // k]
+    seen: dict[str, int] = {}
+    out = []
+    for m in picked:
+        seen[m.name] = seen.get(m.name, 0) + 1
+        copy = seen[m.name]
+        out.append(m if copy == 1 else Model(f"{m.name}#{copy}", m.size_mb, m.load_s, m.infer_s))
+    return out
+
+
+def _models(spec: TraceSpec, chosen: list[Window], catalog: list[Model], notes: list[str]) -> list[Model]:
+    memory = [w.memory_mb for w in chosen]
+    if any(m is not None for m in memory):
+        models = assign_models_by_memory(memory, catalog)
+        unknown = sum(m is None for m in memory)
+        notes.append(
+            "trace: models picked by the functions' recorded memory (memory quantile -> model size quantile)"
+            + (f"; {unknown} function(s) without a memory row take the median" if unknown else "")
+        )
+    else:
+        models = assign_models(len(chosen), catalog)
+    timed = [w.duration_s is not None for w in chosen]
+    if spec.infer_time == "trace" and any(timed):
+        models = [
+            Model(m.name, m.size_mb, m.load_s, max(MIN_INFER_S, w.duration_s)) if w.duration_s is not None else m
+            for m, w in zip(models, chosen, strict=True)
+        ]
+        notes.append(
+            f"trace: inference time = the recorded mean duration for {sum(timed)} of {len(chosen)} functions "
+            "(trace.infer_time: catalog keeps the models')"
+        )
+    return models
+
+
+def _spread(rng: np.random.Generator, how: str, n: int, minute: int, recorded: np.ndarray | None) -> np.ndarray:
+    lo = minute * 60.0
+    if how == "uniform":
+        return lo + (np.arange(n) + rng.uniform()) * 60.0 / n
+    if how == "recorded":
+        assert recorded is not None
+        times = recorded[(recorded >= lo) & (recorded < lo + 60.0)]
+        if n == len(times):
+            return times
+        extra = rng.choice(times, size=n % len(times), replace=False)
+        return np.concatenate([np.repeat(times, n // len(times)), extra])
+    return rng.uniform(lo, lo + 60.0, size=n)
+
+
+def build_workload(spec: TraceSpec, catalog: list[Model], seed: int) -> Workload:
+    """The scenario's timed requests, sorted by time, and how they came from the trace."""
+    chosen, notes = select_functions(spec, read_trace(spec))
+    recorded = np.stack([w.counts for w in chosen])  # k x minutes
+    scale = spec.scale
+    if spec.mean_requests_per_minute is not None:
+        scale = spec.mean_requests_per_minute * spec.minutes / recorded.sum()
+        notes.append(
+            f"trace: scale {scale:.4g} for a mean of {spec.mean_requests_per_minute:g} requests/minute "
+            f"(recorded mean {recorded.sum() / spec.minutes:.1f}/min); every minute multiplied alike"
+        )
+    elif scale != 1.0:
+        notes.append(f"trace: scale {scale:g}; every minute multiplied alike")
+    counts = scale_counts(recorded, scale)
+    models = _models(spec, chosen, catalog, notes)
     rng = np.random.default_rng(seed)
     arrivals: list[Arrival] = []
     for minute in range(spec.minutes):
-        scaled = _scale(counts[:, minute], spec.requests_per_minute)
-        for f, n in enumerate(scaled):
-            for t in rng.uniform(minute * 60.0, (minute + 1) * 60.0, size=int(n)):
-                arrivals.append(Arrival(float(t), models[f].name))
+        for f, n in enumerate(counts[:, minute]):
+            if n:
+                for t in _spread(rng, spec.arrivals, int(n), minute, chosen[f].times):
+                    arrivals.append(Arrival(float(t), models[f].name))
     arrivals.sort(key=lambda a: (a.time, a.model))
-    return arrivals, models
+    return Workload(arrivals, models, [w.name for w in chosen], recorded, counts, scale, notes)
+
+
+def build_arrivals(spec: TraceSpec, catalog: list[Model], seed: int) -> tuple[list[Arrival], list[Model]]:
+    """The timed requests of the scenario, sorted by time, and the models they use."""
+    w = build_workload(spec, catalog, seed)
+    return w.arrivals, w.models
