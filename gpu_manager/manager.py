@@ -232,6 +232,7 @@ class GPUManager:
                 "busy_for_s": (now - s.busy_since) if s.busy_since is not None else 0.0,
                 "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
+                "running": s.running,  # the digest of the model running now (the operator's status page)
             }
             for s in self.units.values()
         ]

@@ -51,6 +51,18 @@ def _text(message: str, status: int) -> Response:
     return Response(message + "\n", status=status, mimetype="text/plain")
 
 
+def _queues(resident: list[tuple[str | None, bool, str | None]]) -> dict[str, Any]:
+    """The jobs waiting in the global queues by class, and those held by each unit (running or in
+    its local queue): what the operator's status page shows beside each unit."""
+    out: dict[str, Any] = {RequestClass.STRICT.value: 0, RequestClass.BEST_EFFORT.value: 0, "units": {}}
+    for unit, best_effort, _model in resident:
+        if unit is None:
+            out[(RequestClass.BEST_EFFORT if best_effort else RequestClass.STRICT).value] += 1
+        else:
+            out["units"][unit] = out["units"].get(unit, 0) + 1
+    return out
+
+
 def create_app(
     scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300, reconfig: Any = None
 ) -> Flask:
@@ -82,6 +94,7 @@ def create_app(
                 "leader_id": leader_id,
                 "datastore": datastore,
                 "queued": scheduler.queued(),
+                "queues": _queues(scheduler.resident_jobs()),
                 "deadline_misses": scheduler.deadline_misses,
                 "late_dropped": scheduler.late_dropped,
                 "abandoned_dropped": scheduler.abandoned_dropped,
