@@ -70,7 +70,7 @@
   function renderUnits(units) {
     const cards = units.map((u) => {
       const mem = el("meter", { min: 0, max: u.memoryMb || 1, value: u.usedMb || 0, className: "memory" });
-      const what = [u.kind, u.name, u.gpuName, u.profile].filter(Boolean).join(" · ");
+      const what = [...new Set([u.kind, u.name, u.gpuName, u.profile].filter(Boolean))].join(" · ");
       const state = u.cordoned ? "cordoned" : u.state;
       const running = u.running
         ? el("div", { className: "running" }, "running ", el("code", {}, short(u.running.digest)),
