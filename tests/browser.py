@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,7 +59,3 @@ def chromium(auth: tuple[str, str] | None = None, size: tuple[int, int] = (1400,
         yield driver
     finally:
         driver.quit()
-
-
-def have_chromium() -> bool:
-    return CHROMIUM.exists() and CHROMEDRIVER.exists() and shutil.which(str(CHROMEDRIVER)) is not None
