@@ -46,7 +46,7 @@ from model import ResNetMini  # noqa: E402
 from faas_gpu import client  # noqa: E402
 from faas_gpu.contract.wire import encode  # noqa: E402
 from faas_gpu.credentials import ensure_token  # noqa: E402
-from tests.test_scheduler import Daemon, _wait_units  # noqa: E402
+from tests.daemon_process import Daemon, wait_units  # noqa: E402
 
 SIZE = 64  # input side: at 64x64 these widths cost what the ResNet-18-like model does (~25 ms at b1)
 PROFILE = REPO.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"
@@ -151,7 +151,7 @@ def sim_path_speedup(slo_s: float, seconds: float) -> tuple[float, dict]:
             )
             scheduler = Daemon("scheduler", home)
             try:
-                _wait_units(scheduler.url, auth, 1)
+                wait_units(scheduler.url, auth, 1)
                 os.environ.update(
                     FAAS_GPU_SCHEDULER_URL=scheduler.url,
                     FAAS_GPU_TOKEN=token,
@@ -229,7 +229,7 @@ def embed_figures(callers: int, seconds: float) -> dict:
         manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1")
         scheduler = Daemon("scheduler", home)
         try:
-            _wait_units(scheduler.url, auth, 1)
+            wait_units(scheduler.url, auth, 1)
             r = requests.put(f"{scheduler.url}/v1/models", data=buf.getvalue(), headers=auth, timeout=120)
             r.raise_for_status()
             digest = r.json()["digest"]
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--worker-threads", "1")
         scheduler = Daemon("scheduler", home)
         try:
-            _wait_units(scheduler.url, auth, 1)
+            wait_units(scheduler.url, auth, 1)
             digest = requests.put(f"{scheduler.url}/v1/models", data=artifact, headers=auth, timeout=60).json()[
                 "digest"
             ]

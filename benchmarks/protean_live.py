@@ -5,7 +5,7 @@ job `--job-ms` at batch 1, from a profile file in INFless's format), the schedul
 policy behind PROTEAN's `ClassQueue`: strict jobs earliest deadline first, best-effort jobs
 behind them for at most `--be-max-wait`), the gateway/provider stack, and the classify example built and
 deployed with `faas-gpu build` / `deploy` at `com.faas-gpu.max-batch: 1`, as in
-tests/test_protean_e2e.py.
+tests/e2e/test_protean_e2e.py.
 
 Load: one Poisson arrival schedule (seeded), `--rps` for `--seconds`, sent open-loop (each request
 at its scheduled time, from a thread pool with a thread per request at most, so sending never
@@ -70,8 +70,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.daemon_process import Daemon  # noqa: E402
 from tests.stack_process import StackProcess  # noqa: E402
-from tests.test_scheduler import Daemon  # noqa: E402
 
 FUNCTION = "classify"
 STRICT, BEST_EFFORT = "strict", "best-effort"

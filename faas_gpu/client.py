@@ -1,9 +1,16 @@
 """The GPU client of python3-gpu: the handler's models run on GPU units through the scheduler.
 
 `install()` (called by the template's index.py before it imports the handler) swaps
-`torch.load` and `torch.jit.load`: loading a whole model (TorchScript, a pickled module) returns
-a `RemoteModel`; calling it sends the batch to the scheduler, which places it on a unit. State
-dicts and tensors load as before.
+`torch.load`, `torch.export.load` and `torch.jit.load`: loading a whole model (a torch.export
+program, TorchScript, a pickled module) returns a `RemoteModel`; calling it sends the batch to the
+scheduler, which places it on a unit. State dicts and tensors load as before.
+
+`save_model(module, example, path)` is how a helper script saves a model for a handler: a
+`torch.export` program with a dynamic batch dimension, checked with the managers' rules before it
+is written. A whole-module `torch.save` from a helper script names its class by the script's
+module (`model.Net`), which the handler, imported as the package `function`, cannot import: such
+a load fails with `NotConvertible` saying so and what to do (`explain_pickle`), in the instance
+with or without a scheduler, instead of a `ModuleNotFoundError` at import.
 
 The scheduler and the GPU Managers never take a pickle (`faas_gpu.models.safe_formats`: unpickling
 runs code, and the managers load models as root). A pickled module is converted here, in the
@@ -30,7 +37,10 @@ import logging
 import os
 import threading
 import time
+import warnings
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 import torch
@@ -50,7 +60,7 @@ from faas_gpu.contract.slo import Budget
 from faas_gpu.contract.wire import decode, encode
 
 log = logging.getLogger("faas_gpu.client")
-_installed = False
+_installed = ""  # "remote" or "local" once install() ran
 _original = {}
 RETRYABLE = (502, 503, 504)
 DEADLINE_HEADER = h.BUDGET_MS  # the budget left, in ms (the scheduler turns it into its deadline)
@@ -98,10 +108,11 @@ class RemoteError(RuntimeError):
 
 
 HOW_TO_SAVE = (
-    "save the model with torch.export (torch.export.export(model, (example,), dynamic_shapes="
-    "({0: torch.export.Dim('batch')},)) then torch.export.save, and torch.export.load it in the handler), "
-    "or ship a state dict or safetensors, build the module in the handler and call faas_gpu.remote(module), "
-    "or save it as TorchScript (torch.jit.save(torch.jit.script(model)))"
+    "save the model with faas_gpu.save_model(model, example_input, 'model.pt2') (a torch.export program: "
+    "torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim('batch')},)) then "
+    "torch.export.save) and load it in the handler with torch.export.load('model.pt2').module(), "
+    "or ship a state dict or safetensors, build the module in the handler and call faas_gpu.remote(module); "
+    "TorchScript (torch.jit.load) still runs for models you already have that way"
 )
 
 
@@ -150,24 +161,14 @@ class RemoteModel(torch.nn.Module):
         return self._digest
 
     def _export(self, example: torch.Tensor) -> bytes:
-        """The module as a torch.export program, traced at batch 2 with a named batch dimension
-        (batch 1 would be specialised away); NotConvertible, kept for later calls, when it fails."""
-        buf = io.BytesIO()
-        ex = example[:1].expand(2, *example.shape[1:]).clone()
-        batch = torch.export.Dim("batch", min=1, max=4096)
+        """The module as a torch.export program (`export_program`); NotConvertible, kept for later
+        calls, when it fails."""
         try:
-            program = torch.export.export(self.local, (ex,), dynamic_shapes=({0: batch},))
-            torch.export.save(program, buf)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            self._refused = NotConvertible(
-                f"faas-gpu: the model ({type(self.local).__name__}) cannot run on the GPU path: torch.export "
-                f"could not convert it in the instance ({type(exc).__name__}: {first}). A pickled module is never "
-                f"sent to the scheduler; {HOW_TO_SAVE}"
-            )
+            return export_program(self.local, example, where="in the instance")
+        except NotConvertible as exc:
+            self._refused = NotConvertible(f"{exc}. A pickled module is never sent to the scheduler; {HOW_TO_SAVE}")
             log.error("%s", self._refused)
-            raise self._refused from exc
-        return buf.getvalue()
+            raise self._refused from exc.__cause__
 
     def _request(self, method: str, path: str, budget: Budget | None = None, **kwargs) -> requests.Response:
         """`budget`: each attempt sends what is left of it (`X-Faas-Gpu-Deadline-Ms`), so a retry is
@@ -222,10 +223,93 @@ class RemoteModel(torch.nn.Module):
         return decode(r.content), h.ours(r.headers)
 
 
+def export_program(module: torch.nn.Module, example: torch.Tensor, where: str = "") -> bytes:
+    """`module` as the bytes of a torch.export program whose first dimension is a named batch
+    dimension: traced at batch 2 (batch 1 would be specialised away), so the scheduler's batches of
+    any size run it. NotConvertible, with torch's first line, when torch.export cannot convert it."""
+    buf = io.BytesIO()
+    if not isinstance(example, torch.Tensor) or example.dim() < 1:
+        raise NotConvertible("faas-gpu: the example input must be a tensor with a batch dimension, e.g. (1, 3, 32, 32)")
+    ex = example[:1].expand(2, *example.shape[1:]).clone()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    try:
+        program = torch.export.export(module, (ex,), dynamic_shapes=({0: batch},))
+        torch.export.save(program, buf)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise NotConvertible(
+            f"faas-gpu: the model ({type(module).__name__}) cannot run on the GPU path: torch.export could not "
+            f"convert it{' ' + where if where else ''} ({type(exc).__name__}: {first})"
+        ) from exc
+    return buf.getvalue()
+
+
+def save_model(module: torch.nn.Module, example: torch.Tensor, path: str | os.PathLike) -> Path:
+    """Save `module` the way python3-gpu loads it: a torch.export program with a dynamic batch
+    dimension (`example`: one input batch, e.g. torch.randn(1, 3, 32, 32)), checked with the GPU
+    Managers' own rules before it is written, so a refusal comes here rather than at the first
+    call. The handler loads it with `torch.export.load(path).module()`; no class of the helper
+    script is needed there (the program is data, not a pickle of the script's classes).
+
+    NotConvertible (what failed and what to do instead) when it cannot be exported."""
+    was_training = module.training
+    module.eval()
+    try:
+        data = export_program(module, example, where="")
+    except NotConvertible as exc:
+        raise NotConvertible(
+            f"{exc}; make forward traceable (no Python `if` on tensor values: torch.cond), or ship a state dict "
+            f"or safetensors and build the module in the handler with faas_gpu.remote(module)"
+        ) from exc.__cause__
+    finally:
+        module.train(was_training)
+    _check_sendable(data, type(module).__name__)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)  # replicas starting while it is written never read half a file
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def explain_pickle(data: bytes, name: str = "the file") -> str | None:
+    """What to tell the handler's author when `data` is a `torch.save` pickle of a whole model
+    (None for anything else: a state dict, a tensor, a program). Read from the pickle's opcodes,
+    never unpickled."""
+    from faas_gpu.models.safe_formats import pickled_class
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            top = pickled_class(z)
+    except (zipfile.BadZipFile, OSError):
+        return None
+    if top is None or top.startswith(("collections.", "builtins.", "torch._utils.", "torch.Tensor")):
+        return None
+    module, _, cls = top.rpartition(".")
+    how = (
+        f"Save it instead with faas_gpu.save_model(model, example_input, '{Path(name).stem}.pt2') in the script "
+        f"that made it (a torch.export program: no class needed to load it) and load it in the handler with "
+        f"torch.export.load('{Path(name).stem}.pt2').module(); or save model.state_dict(), build {cls} in the "
+        f"handler from the handler's own module (from .{module.rsplit('.', 1)[-1]} import {cls}) and load the "
+        f"weights with torch.load(..., weights_only=True)"
+    )
+    if module.startswith("torch."):
+        return (
+            f"faas-gpu: {name} is a pickled whole model ({top}); torch.load refuses it by default "
+            f"(weights_only=True) and the GPU path never takes a pickle. {how}"
+        )
+    where = "the script that saved it ('__main__')" if module == "__main__" else f"module '{module}'"
+    return (
+        f"faas-gpu: {name} is a pickled module whose class lives in {where} ({cls}); the handler runs as the "
+        f"package 'function', where that module is not importable under that name, and the GPU path never "
+        f"takes a pickle. {how}"
+    )
+
+
 def _check_sendable(artifact: bytes, what: str) -> None:
     """The managers' own checks, here: a refused artifact is the handler's error, with what to do."""
-    import zipfile
-
     from faas_gpu.contract.errors import ArtifactError
     from faas_gpu.models.safe_formats import detect_format
 
@@ -253,27 +337,30 @@ def remote(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def install() -> bool:
-    """Swap torch.load / torch.jit.load for remote-model loaders; False when running locally."""
+    """Swap torch.load / torch.export.load / torch.jit.load for remote-model loaders; False when
+    running locally, where only torch.load is wrapped, to explain a whole-module pickle's failure."""
     global _installed
     config = _config()
-    if config is None:
-        log.warning("faas-gpu: no scheduler configured (FAAS_GPU_SCHEDULER_URL); models run locally on the CPU")
-        return False
-    if _installed:
-        return True
+    if _installed == ("remote" if config else "local"):
+        return config is not None
+    uninstall()  # installed the other way (a scheduler set since): start again
     _original["load"], _original["jit_load"] = torch.load, torch.jit.load
     _original["export_load"] = torch.export.load
+    if config is None:
+        log.warning("faas-gpu: no scheduler configured (FAAS_GPU_SCHEDULER_URL); models run locally on the CPU")
+        torch.load = _explaining_load
+        _installed = "local"
+        return False
 
     def load(f, *args, **kwargs):
-        data = _read(f)
-        obj = _original["load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
+        obj = _explaining_load(f, *args, **kwargs)
         if isinstance(obj, torch.nn.Module):
             return RemoteModel(obj.eval(), config)
         return obj
 
     def jit_load(f, *args, **kwargs):
         data = _read(f)
-        module = _original["jit_load"](io.BytesIO(data) if data is not None else f, *args, **kwargs)
+        module = _jit_load_quietly(io.BytesIO(data) if data is not None else f, *args, **kwargs)
         return RemoteModel(module, config, artifact=data)
 
     def export_load(f, *args, **kwargs):
@@ -282,9 +369,57 @@ def install() -> bool:
         return _RemoteProgram(program, RemoteModel(program.module(), config, artifact=data))
 
     torch.load, torch.jit.load, torch.export.load = load, jit_load, export_load
-    _installed = True
-    log.info("faas-gpu: models loaded with torch.load / torch.jit.load run through %s", config.scheduler_urls[0])
+    _installed = "remote"
+    log.info(
+        "faas-gpu: models loaded with torch.export.load / torch.load / torch.jit.load run through %s",
+        config.scheduler_urls[0],
+    )
     return True
+
+
+def _explaining_load(f, *args, **kwargs):
+    """torch.load; a whole-module pickle it cannot load (its class's module is not importable
+    here, or weights_only refuses it) is NotConvertible saying what to do, not torch's error."""
+    by_path = isinstance(f, str | os.PathLike)  # torch opens it (mmap=True works); read again only to explain
+    data = None if by_path else _read(f)
+    try:
+        return _original["load"](f if by_path or data is None else io.BytesIO(data), *args, **kwargs)
+    except Exception as exc:
+        try:
+            data = _read(f) if by_path else data
+        except OSError:
+            data = None
+        message = explain_pickle(data, _name(f)) if data is not None else None
+        if message is None:
+            raise
+        raise NotConvertible(f"{message} (torch.load said: {type(exc).__name__}: {_first_line(exc)})") from exc
+
+
+_said_torchscript = False
+
+
+def _jit_load_quietly(f, *args, **kwargs):
+    """torch.jit.load without torch's DeprecationWarning (the user chose TorchScript; it runs), said
+    once in the log with the way forward."""
+    global _said_torchscript
+    if not _said_torchscript:
+        _said_torchscript = True
+        log.warning(
+            "faas-gpu: this model is TorchScript, which torch deprecates; it still runs on the GPU path. To move "
+            "on, save it with faas_gpu.save_model(model, example_input, 'model.pt2') and torch.export.load it"
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+        return _original["jit_load"](f, *args, **kwargs)
+
+
+def _name(f) -> str:
+    return Path(f).name if isinstance(f, str | os.PathLike) else "the model file"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
 
 
 class _RemoteProgram:
@@ -315,4 +450,4 @@ def uninstall() -> None:
     if _installed:
         torch.load, torch.jit.load = _original["load"], _original["jit_load"]
         torch.export.load = _original["export_load"]
-        _installed = False
+        _installed = ""

@@ -56,8 +56,12 @@ def _load(path: str, device: str):
 
     with zipfile.ZipFile(path) as z:
         fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
-    if fmt == "torchscript":
-        model = torch.jit.load(path, map_location=device)
+    if fmt == "torchscript":  # an old artifact its owner chose: torch's deprecation is theirs, not this log's
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+            model = torch.jit.load(path, map_location=device)
         safe_formats.check_torchscript(model)
         model.eval()
     else:

@@ -1,8 +1,17 @@
+"""What every test folder shares: the real etcd and Redis servers (`tests.servers`, a plugin, which
+pytest allows only here), a faas-gpu config of each test's own, and the scheduler/GPU Manager
+cluster the scheduler, client and end-to-end tests start. Fixtures of one folder live in that
+folder's conftest.py."""
+
 import os
 import shutil
 import tempfile
 
 import pytest
+
+from faas_gpu.credentials import ensure_token
+from faas_gpu.datastore import open_datastore
+from tests.daemon_process import Daemon
 
 pytest_plugins = ["tests.servers"]
 
@@ -22,3 +31,28 @@ def pytest_unconfigure(config):
 def _own_faas_gpu_config(tmp_path_factory, monkeypatch):
     """Each test its own record, so a stack one test starts is never found by the next."""
     monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path_factory.mktemp("faas-gpu-config")))
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd_server):
+    """Returns a starter of scheduler and GPU Manager daemons on the session's etcd, and the
+    cluster token's auth header; everything it started is killed at the end. Here, not in one
+    folder, because the scheduler, client and GPU-path tests all start such a cluster."""
+    started: list[Daemon] = []
+    prefix = "/faas-gpu/units/"
+    ds = open_datastore(etcd_server.url)
+    ds.delete_prefix(prefix)
+    ds.delete_prefix("/faas-gpu/scheduler/")
+    token = ensure_token(tmp_path / "secrets")
+
+    def start(module: str, *args: str) -> Daemon:
+        d = Daemon(module, tmp_path, "--etcd", etcd_server.url, *args)
+        started.append(d)
+        return d
+
+    yield start, {"Authorization": f"Bearer {token}"}
+    for d in started:
+        d.kill()
+    ds.delete_prefix(prefix)
+    ds.delete_prefix("/faas-gpu/scheduler/")
+    ds.close()

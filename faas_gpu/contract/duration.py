@@ -3,7 +3,7 @@
 Why one: the provider (its flags, `read_timeout` and friends in a deploy), the CLI (`logs --since`)
 and deploy-time validation read the same strings; three parsers meant a value one accepted and
 another refused. The template's watchdog (`templates/python3-gpu/faas_gpu_watchdog/durations.py`) runs in images
-without faas-gpu installed, so it keeps a copy of the grammar; `tests/test_contract.py` checks the
+without faas-gpu installed, so it keeps a copy of the grammar; `tests/contract/test_contract.py` checks the
 two agree.
 
 Grammar: a bare number is seconds ("30", "1.5"); otherwise one or more number+unit pairs with

@@ -51,9 +51,10 @@ from faas_gpu.contract.errors import ArtifactError
 
 PICKLE_REFUSED = (
     "artifact: a torch.save pickle is refused (loading one runs any code it names). Send a "
-    "torch.export program (torch.export.save, with a torch.export.Dim batch dimension) or a "
-    "TorchScript archive (torch.jit.save); in a python3-gpu handler, build the module from a state "
-    "dict or safetensors and call faas_gpu.remote(module), which exports it in the instance"
+    "torch.export program (faas_gpu.save_model(model, example_input, 'model.pt2'), or torch.export.save "
+    "with a torch.export.Dim batch dimension) or, for an old model, a TorchScript archive; in a python3-gpu "
+    "handler, build the module from a state dict or safetensors and call faas_gpu.remote(module), which "
+    "exports it in the instance"
 )
 
 _DOTTED = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")  # "layer1.0.weight": FX quotes "0" safely
@@ -129,6 +130,29 @@ def detect_format(z: zipfile.ZipFile) -> str:
     if "serialized_exported_program.json" in parts:
         raise ArtifactError("artifact: an export archive of torch < 2.8's format; save it again with torch.export.save")
     raise ArtifactError("artifact: a zip archive, but not TorchScript or a torch.export program")
+
+
+def pickled_class(z: zipfile.ZipFile) -> str | None:
+    """The dotted name of the class a `torch.save` pickle's top object is made from (`model.Net`,
+    `collections.OrderedDict` for a state dict), read from the opcodes without unpickling; None when
+    the archive holds no pickle or names none. Only to word an error: nothing is imported or run."""
+    import pickletools
+
+    pkl = [n for n in z.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(pkl) != 1:
+        return None
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(z.read(pkl[0])):
+            if op.name == "GLOBAL" and isinstance(arg, str):
+                return ".".join(arg.split(" ", 1))
+            if op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                return f"{strings[-2]}.{strings[-1]}"
+            if isinstance(arg, str):
+                strings.append(arg)
+    except (ValueError, EOFError, KeyError, UnicodeDecodeError):
+        return None
+    return None
 
 
 # -- TorchScript ---------------------------------------------------------------------------------

@@ -3,6 +3,12 @@
     faas-gpu profile --model MODULE:FACTORY --input-shape 3,32,32 --name resnet-mini
     faas-gpu profile -f stack.yml [FUNCTION ...]
 
+Each configuration is timed --repeat times; one whose repeats spread more than --max-spread
+(interquartile range over the median) is timed again (--retries). When the machine stays too
+busy to trust (spread, or a prediction off by more than 2x), the output says so and what to do;
+such a profile is stored only when the model has no clean one (marked noisy, and `faas-gpu up`
+profiles it again), else the clean one is kept and the exit status is 1.
+
 MODULE is a dotted module or a path/to/file.py; FACTORY() returns the torch.nn.Module. With a
 stack file, every function (or those named) whose annotations have com.faas-gpu.model-source
 ("file.py:Factory", relative to the function's handler folder) and com.faas-gpu.input-shape is
@@ -16,6 +22,7 @@ import argparse
 import hashlib
 import importlib
 import importlib.util
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
@@ -29,7 +36,7 @@ from faas_gpu.stack import StackError, find_stack_file, load_stack
 
 from .graph import TraceError
 from .operators import DEFAULT_BATCHES, DTYPES, default_threads, profile_model
-from .report import error_report
+from .report import DEFAULT_MAX_SPREAD
 from .store import ProfileStore, profiles_db
 
 MODEL_ANNOTATION = annotation_keys.MODEL
@@ -57,6 +64,7 @@ class Job:
     dtype: str
     source_key: str  # "--model" or "functions.f.annotations.com.faas-gpu.model-source"
     shape_key: str
+    rerun: str = "faas-gpu profile"  # the command that profiles this model again
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -77,6 +85,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=10, help="timed runs per configuration, median kept (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     p.add_argument("--remeasure", action="store_true", help="time operators already in the store again")
+    p.add_argument(
+        "--max-spread",
+        type=float,
+        default=DEFAULT_MAX_SPREAD,
+        help="most spread of a configuration's repeats, IQR/median, before it counts as noisy (default %(default)s)",
+    )
+    p.add_argument("--retries", type=int, default=2, help="times a noisy configuration is timed again (default 2)")
     p.add_argument("--store", type=Path, help=f"profile database (default {profiles_db()})")
     p.set_defaults(func=run)
     return p
@@ -96,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--repeat: must be >= 1, got {args.repeat}")
         if args.warmup < 0:
             raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
+        if not args.max_spread > 0:
+            raise UsageError(f"--max-spread: must be > 0 (a fraction, 0.3 = 30%), got {args.max_spread}")
+        if args.retries < 0:
+            raise UsageError(f"--retries: must be >= 0, got {args.retries}")
         loaded = [(job, load_model(job.source, job.base, job.source_key)) for job in _jobs(args)]
         store = ProfileStore(args.store or profiles_db())
         for job, module in loaded:
@@ -126,6 +145,9 @@ def _profile(
             dtype=job.dtype,
             remeasure=args.remeasure,
             progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True),
+            max_spread=args.max_spread,
+            retries=args.retries,
+            rerun=job.rerun,
         )
     except TraceError as exc:
         raise UsageError(f"{job.source_key} {job.source!r} with {job.shape_key} {shape}: {exc}") from None
@@ -137,8 +159,18 @@ def _profile(
         f"at {res.measured_op_configs} configurations, taken from the store at {res.reused_op_configs}"
     )
     print("predicted (operators combined, before the predictor's 10% offset) vs measured end to end:")
-    print(error_report(store, job.name).table())
-    print(f"stored in {store.path}")
+    print(res.report.table())
+    if not res.noisy:
+        print(f"stored in {store.path}")
+        return
+    print(f"WARNING: {res.verdict}", file=sys.stderr)
+    if not res.stored:
+        raise ProfilingFailed(f"{job.name}: not stored; the clean profile already in {store.path} is kept")
+    print(
+        f"stored in {store.path}, marked noisy (the autoscaler needs a profile and had none; "
+        f"`faas-gpu up` profiles it again)",
+        file=sys.stderr,
+    )
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -170,7 +202,10 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
         if not args.name:
             raise UsageError("--name is required with --model (the name com.faas-gpu.model annotations use)")
         shape = parse_shape(args.input_shape, "--input-shape")
-        return [Job(args.name, args.model, None, shape, args.input_dtype, "--model", "--input-shape")]
+        rerun = "faas-gpu profile " + shlex.join(
+            ["--model", args.model, "--input-shape", args.input_shape, "--name", args.name]
+        )
+        return [Job(args.name, args.model, None, shape, args.input_dtype, "--model", "--input-shape", rerun)]
     path = find_stack_file(args.yaml)
     if path is None:
         raise UsageError("give --model MODULE:FACTORY with --input-shape and --name, or -f stack.yml")
@@ -202,6 +237,7 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
                 dtype,
                 f"{where}.{SOURCE_ANNOTATION}",
                 f"{where}.{SHAPE_ANNOTATION}",
+                "faas-gpu profile " + shlex.join(["-f", str(path), fn.name]),
             )
         )
     if not jobs:

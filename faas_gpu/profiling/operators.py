@@ -33,7 +33,7 @@ from typing import Any
 from faas_gpu.contract.annotations import INPUT_DTYPES
 
 from .graph import OPS, OpGraph, trace_model
-from .store import ProfileStore
+from .store import Config, ProfileStore
 
 DTYPES = INPUT_DTYPES  # what com.faas-gpu.input-dtype may name
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -75,6 +75,11 @@ class ProfileRun:
     configs: list[tuple[int, int, str, int]] = field(default_factory=list)  # batch, threads, device, share
     measured_op_configs: int = 0  # configurations at which operators were timed
     reused_op_configs: int = 0  # configurations whose operators were all in the store already
+    spreads: dict[Config, float] = field(default_factory=dict)  # of the repeats kept, (Q3 - Q1) / median
+    report: Any = None  # report.ErrorReport of this run's measurements
+    noisy: bool = False  # the machine was too busy (report.noise_verdict); only judged with max_spread
+    verdict: str = ""  # what to tell the user when noisy
+    stored: bool = True  # False: noisy, and the clean profile already stored was kept
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -93,12 +98,21 @@ def _callable(interp: Any, n: Any, args: tuple) -> tuple[Callable[..., Any], tup
 
 
 def measure(
-    gm: Any, module: Any, x: Any, repeat: int, warmup: int, device: str = "cpu", ops: bool = True, whole: bool = True
+    gm: Any,
+    module: Any,
+    x: Any,
+    repeat: int,
+    warmup: int,
+    device: str = "cpu",
+    ops: bool = True,
+    whole: bool = True,
+    samples_out: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, float], float | None]:
     """Median ms of every operator node of `gm` (node name -> ms) and of the whole `module`, on input `x`.
 
     The two are timed in alternation, one run each per repetition, so that a change in the
-    machine's load (other processes on shared cores) hits both alike.
+    machine's load (other processes on shared cores) hits both alike. samples_out, when given,
+    gets each repetition's ms: "whole" (the model) and "ops" (its operators summed).
     """
     import torch
     from torch import fx
@@ -138,6 +152,9 @@ def measure(
                 if i >= warmup:
                     whole_runs.append((time.perf_counter() - t0) * 1000.0)
     node_ms = {name: statistics.median(v) for name, v in samples.items()}
+    if samples_out is not None:
+        samples_out["whole"] = whole_runs
+        samples_out["ops"] = [sum(run) for run in zip(*samples.values(), strict=True)] if samples else []
     return node_ms, (statistics.median(whole_runs) if whole_runs else None)
 
 
@@ -189,12 +206,22 @@ def profile_model(
     remeasure: bool = False,
     concurrent_branches: bool = False,
     progress: Callable[[str], None] | None = None,
+    max_spread: float | None = None,
+    retries: int = 2,
+    rerun: str = "faas-gpu profile",
 ) -> ProfileRun:
     """Trace `module`, store its graph, and profile its operators (and the whole model) over the grid.
 
     on: devices to profile, default cpu and, when available, cuda (share 100).
+    max_spread: judge the machine's noise (`report.noise_verdict`): a configuration whose repeats
+    spread more is measured again, up to `retries` times, its quietest attempt kept. Noisy in the
+    end, the run is stored only when the model has no clean profile yet (a deploy needs one),
+    marked noisy; a clean profile already stored is kept instead (`run.stored` False). Every
+    write waits for that decision. None: no judgement, everything stored (as before).
     """
     import torch
+
+    from .report import noise_verdict, rows_report, spread
 
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat {repeat}, warmup {warmup}")
@@ -204,11 +231,9 @@ def profile_model(
         raise ValueError("batches and threads must be one or more integers >= 1")
     module = module.eval()
     gm, graph = trace_model(module, input_maker(input_shape, dtype), concurrent_branches)
-    old = store.graph(name)
-    if old is not None and old != graph:  # another model under this name: its measurements are not this one's
-        store.forget_model(name)
-    store.put_graph(name, graph)
     run = ProfileRun(name, graph)
+    ops_out: dict[Config, dict[str, float]] = {}
+    model_out: dict[Config, float] = {}
     before = torch.get_num_threads()
     try:
         for device in on or devices():
@@ -219,24 +244,58 @@ def profile_model(
                 torch.set_num_threads(t)
                 for b in batches:
                     x = make(b)
+                    config = (b, t, device, share)
                     have = store.ops_at(graph.signatures, b, t, device, share)
                     need_ops = remeasure or have.keys() != graph.signatures
                     if not (need_ops or measure_model):
                         run.reused_op_configs += 1
-                        run.configs.append((b, t, device, share))
+                        run.configs.append(config)
                         continue
-                    node_ms, whole_ms = measure(g, mod, x, repeat, warmup, device, ops=need_ops, whole=measure_model)
+                    best = None
+                    for _ in range(1 + (retries if max_spread is not None else 0)):
+                        samples: dict[str, list[float]] = {}
+                        node_ms, whole_ms = measure(
+                            g, mod, x, repeat, warmup, device, ops=need_ops, whole=measure_model, samples_out=samples
+                        )
+                        noise = max(spread(samples.get("whole", [])), spread(samples.get("ops", [])))
+                        if best is None or noise < best[0]:
+                            best = (noise, node_ms, whole_ms)
+                        if max_spread is None or noise <= max_spread:
+                            break
+                        if progress:
+                            progress(f"{name}: batch {b}, {t} threads, {device}: repeats spread {noise:.0%}, again")
+                    noise, node_ms, whole_ms = best
+                    run.spreads[config] = noise
                     if need_ops:
-                        store.put_ops(b, t, device, share, by_signature(graph, node_ms))
+                        ops_out[config] = by_signature(graph, node_ms)
                         run.measured_op_configs += 1
                     else:
                         run.reused_op_configs += 1
                     if whole_ms is not None:
-                        store.put_model(name, b, t, device, share, whole_ms)
-                    run.configs.append((b, t, device, share))
+                        model_out[config] = whole_ms
+                    run.configs.append(config)
                     if progress:
                         progress(f"{name}: batch {b}, {t} threads, {device}")
     finally:
         torch.set_num_threads(before)
         module.to("cpu")
+    ops_all = {c: {**store.ops_at(graph.signatures, *c), **ops_out.get(c, {})} for c in model_out}
+    run.report = rows_report(name, graph, ops_all, model_out, run.spreads)
+    if max_spread is not None:
+        verdict = noise_verdict(run.report, run.spreads, max_spread, rerun)
+        run.noisy = verdict.noisy
+        run.verdict = verdict.message
+    old = store.graph(name)
+    clean_before = old == graph and bool(store.model_profiles(name)) and store.noisy(name) is None
+    if run.noisy and clean_before:
+        run.stored = False  # the previous, clean profile stays
+        return run
+    if old is not None and old != graph:  # another model under this name: its measurements are not this one's
+        store.forget_model(name)
+    store.put_graph(name, graph)
+    for (b, t, device, share), times in ops_out.items():
+        store.put_ops(b, t, device, share, times)
+    for (b, t, device, share), ms in model_out.items():
+        store.put_model(name, b, t, device, share, ms)
+    store.mark_noisy(name, run.verdict if run.noisy else None)
     return run

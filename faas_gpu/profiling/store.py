@@ -7,6 +7,8 @@ Three tables:
 - graphs: model id -> the model's operator graph (JSON, see graph.OpGraph).
 - model_profiles: model id, batch, threads, device, share -> measured end-to-end ms (the
   fallback when operators are missing, and the reference for the error report).
+- noisy_profiles: model id -> why its profile was taken on a machine too busy to trust (kept
+  because there was no other; `faas-gpu up` profiles such a model again).
 
 `faas-gpu profile` writes it while the provider reads it, from other processes: WAL mode lets
 readers see each committed profile without blocking the writer.
@@ -33,6 +35,7 @@ CREATE TABLE IF NOT EXISTS graphs (model TEXT PRIMARY KEY, graph TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS model_profiles (
     model TEXT NOT NULL, batch INTEGER NOT NULL, threads INTEGER NOT NULL, device TEXT NOT NULL,
     share INTEGER NOT NULL, ms REAL NOT NULL, PRIMARY KEY (model, batch, threads, device, share));
+CREATE TABLE IF NOT EXISTS noisy_profiles (model TEXT PRIMARY KEY, note TEXT NOT NULL);
 """
 
 Config = tuple[int, int, str, int]  # batch, threads, device, share
@@ -159,7 +162,19 @@ class ProfileStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM graphs WHERE model=?", (model,))
             self._db.execute("DELETE FROM model_profiles WHERE model=?", (model,))
+            self._db.execute("DELETE FROM noisy_profiles WHERE model=?", (model,))
             self._db.execute("COMMIT")
+
+    def mark_noisy(self, model: str, note: str | None) -> None:
+        """Record (note) or clear (None) that the model's profile was measured on a busy machine."""
+        if note is None:
+            self._write("DELETE FROM noisy_profiles WHERE model=?", [(model,)])
+        else:
+            self._write("INSERT OR REPLACE INTO noisy_profiles VALUES (?, ?)", [(model, note)])
+
+    def noisy(self, model: str) -> str | None:
+        rows = self._rows("SELECT note FROM noisy_profiles WHERE model=?", (model,))
+        return rows[0][0] if rows else None
 
     def models(self) -> list[str]:
         """Every model with a graph or a whole-model profile."""

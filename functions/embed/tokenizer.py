@@ -3,7 +3,7 @@
 The same steps as the `tokenizers` package runs for this file (BertNormalizer, BertPreTokenizer,
 WordPiece, the [CLS] ... [SEP] template), in plain Python: the function then needs no tokenizer
 package, and the steps are short enough to read. Checked id for id against `tokenizers` on
-mixed-script text (tests/test_examples_embed.py has the reference ids).
+mixed-script text (tests/functions/test_examples_embed.py has the reference ids).
 """
 
 from __future__ import annotations

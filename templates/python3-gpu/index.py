@@ -19,13 +19,24 @@ try:  # the GPU client ships with faas-gpu's stack; a plain image runs its model
     from faas_gpu.contract.slo import read_request
 except ImportError:
     gpu_client = gpu_env = gpu_headers = read_request = None
-if gpu_client is not None and gpu_env.SCHEDULER_URL.is_set():
-    # torch.load / torch.jit.load now return models that run on GPU units
+if gpu_client is not None:
+    # with a scheduler, torch.export.load / torch.load / torch.jit.load return models that run on GPU
+    # units; without one, torch.load only explains a whole-module pickle it cannot load
     gpu_client.install()
 else:
     print("faas-gpu: no scheduler configured; models run locally on the CPU", flush=True)
 
-from function import handler  # noqa: E402 — after the loaders are swapped
+try:
+    from function import handler  # noqa: E402 — after the loaders are swapped
+except Exception as exc:  # noqa: BLE001 — the handler's import-time code: any failure
+    # Serve the failure instead of exiting: a replica that exits is restarted and fails again (a
+    # crash loop whose reason is buried in restarts); this one answers every call 500 with what
+    # went wrong and what to do (the GPU client's errors say how to save a model), as AWS Lambda
+    # answers an init error on each invoke.
+    traceback.print_exc()
+    handler = None
+    _import_error = f"the handler failed to load: {type(exc).__name__}: {exc}\n"
+    print(f"python3-gpu: {_import_error}", flush=True)
 
 
 def _apply_instance_resources():
@@ -115,6 +126,8 @@ def format_response(res):
 @app.route("/", defaults={"path": ""}, methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 @app.route("/<path:path>", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 def call_handler(path):
+    if handler is None:
+        return (_import_error, 500, [("Content-Type", "text/plain")])
     event = Event()
     context = Context()
     if gpu_client is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 # faas_gpu.contract.duration's grammar, copied: the watchdog runs in images without faas-gpu
-# (tests/test_contract.py checks that the two agree)
+# (tests/contract/test_contract.py checks that the two agree)
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -1,0 +1,159 @@
+"""The attack of issue 13, reproduced against a real stack: a deployed function reads whatever
+credential its environment and its own files give it, uploads a malicious pickle and tries to
+get it run. Before: its env held the cluster token, the scheduler stored the pickle, and the
+next job unpickled it in the GPU Manager (`torch.load(weights_only=False)`) as root.
+
+The stack: a provider with `--scheduler`, the scheduler and a GPU Manager (cpu back end), all
+on the embedded datastore of one state folder, as `make up` runs them. The functions are
+classic-watchdog `env` (the `printenv` example), so no build is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from faas_gpu.contract.wire import decode, encode
+from tests.daemon_process import Daemon
+from tests.malicious import SavesAFile, malicious_pickle, torchscript
+from tests.stack_process import StackProcess
+
+
+@pytest.fixture(scope="module")
+def gpu_stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("attack") / ".faas-gpu"
+    home.mkdir()
+    manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "64", "--node", "local")
+    scheduler = Daemon("scheduler", home)
+    stack = StackProcess(home, "--scheduler", scheduler.url).start()
+    stack.manager, stack.scheduler = manager, scheduler
+    stack.cluster_token = (home / "secrets" / "gpu-manager-token").read_text().strip()
+    yield stack
+    stack.stop()
+    scheduler.kill()
+    manager.kill()
+
+
+def deploy_printenv(stack, name: str) -> None:
+    body = {"service": name, "image": f"functions/{name}:latest", "envProcess": "env"}
+    r = requests.post(f"{stack.url}/system/functions", json=body, auth=stack.auth, timeout=10)
+    assert r.status_code == 202, r.text
+    stack.wait_ready(name)
+
+
+def stolen(stack, name: str) -> dict[str, str]:
+    """What the function hands to anyone who calls it: its whole environment, and its files."""
+    r = requests.post(f"{stack.url}/function/{name}", data=b"", timeout=30)
+    assert r.status_code == 200, r.text
+    env = dict(line.split("=", 1) for line in r.text.splitlines() if "=" in line)
+    files = {p.name: p.read_text(errors="replace") for p in Path(env["secret_mount_path"]).glob("*")}
+    return {**env, **files}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def upload(stack, token: str, data: bytes) -> requests.Response:
+    return requests.put(f"{stack.scheduler.url}/v1/models", data=data, headers=bearer(token), timeout=60)
+
+
+def job(stack, token: str, digest: str, x: torch.Tensor | None = None) -> requests.Response:
+    x = torch.ones(1, 2) if x is None else x
+    return requests.post(f"{stack.scheduler.url}/v1/jobs/{digest}", data=encode(x), headers=bearer(token), timeout=120)
+
+
+def test_no_replica_environment_holds_the_cluster_token(gpu_stack):
+    deploy_printenv(gpu_stack, "printenv")
+    loot = stolen(gpu_stack, "printenv")
+    assert gpu_stack.cluster_token not in "\n".join(f"{k}={v}" for k, v in loot.items())
+    assert loot["FAAS_GPU_TOKEN"] and loot["FAAS_GPU_SCHEDULER_URL"] == gpu_stack.scheduler.url
+
+
+def test_the_malicious_pickle_attack_is_refused_and_nothing_runs(gpu_stack, tmp_path):
+    deploy_printenv(gpu_stack, "printenv")
+    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    marker = tmp_path / "pwned"
+    payload = malicious_pickle(marker)
+    r = upload(gpu_stack, token, payload)
+    assert r.status_code == 400 and "pickle is refused" in r.text and "torch.export" in r.text
+    r = job(gpu_stack, token, hashlib.sha256(payload).hexdigest())
+    assert r.status_code == 403 and "was not uploaded by function printenv.openfaas-fn" in r.text
+    # TorchScript that writes a file when it runs: stored (nothing shows it before loading), never run
+    script = torchscript(SavesAFile(str(marker)))
+    r = upload(gpu_stack, token, script)
+    assert r.status_code == 201, r.text
+    r = job(gpu_stack, token, r.json()["digest"])
+    assert r.status_code == 400 and "aten::save, which is not allowed" in r.text
+    # and the managers take nothing but the cluster token
+    r = requests.get(f"{gpu_stack.manager.url}/v1/units", headers=bearer(token), timeout=10)
+    assert r.status_code == 401
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_a_pickle_is_refused_even_with_the_cluster_token(gpu_stack, tmp_path):
+    marker = tmp_path / "pwned"
+    payload = malicious_pickle(marker)
+    r = upload(gpu_stack, gpu_stack.cluster_token, payload)
+    assert r.status_code == 400 and "pickle is refused" in r.text
+    r = job(gpu_stack, gpu_stack.cluster_token, hashlib.sha256(payload).hexdigest())
+    assert r.status_code == 404 and "has not been uploaded" in r.text
+    assert not list((gpu_stack.home / "scheduler-models").glob(f"{hashlib.sha256(payload).hexdigest()}*"))
+    assert not marker.exists()
+
+
+def test_a_functions_credential_cannot_run_another_functions_model(gpu_stack):
+    deploy_printenv(gpu_stack, "printenv")
+    deploy_printenv(gpu_stack, "owner")
+    mine, theirs = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"], stolen(gpu_stack, "owner")["FAAS_GPU_TOKEN"]
+    assert mine != theirs
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3).eval()
+    artifact = torchscript(model)
+    r = upload(gpu_stack, theirs, artifact)
+    assert r.status_code == 201, r.text
+    digest = r.json()["digest"]
+    ok = job(gpu_stack, theirs, digest)
+    assert ok.status_code == 200, ok.text
+    assert torch.allclose(decode(ok.content), model(torch.ones(1, 2)), atol=1e-6)
+    r = job(gpu_stack, mine, digest)
+    assert r.status_code == 403 and "a function runs only models it uploaded itself" in r.text
+    # the scheduler's status is the cluster's
+    r = requests.get(f"{gpu_stack.scheduler.url}/v1/status", headers=bearer(mine), timeout=10)
+    assert r.status_code == 403 and "cluster token" in r.text
+    # uploading the same bytes proves possession: then it may run them
+    assert upload(gpu_stack, mine, artifact).json()["digest"] == digest
+    assert job(gpu_stack, mine, digest).status_code == 200
+    # the manager counts jobs by function (accounting only)
+    counts = requests.get(
+        f"{gpu_stack.manager.url}/v1/functions", headers=bearer(gpu_stack.cluster_token), timeout=10
+    ).json()
+    assert counts.get("owner.openfaas-fn", 0) >= 1 and counts.get("printenv.openfaas-fn", 0) >= 1
+
+
+def test_a_removed_functions_credential_stops_working(gpu_stack):
+    deploy_printenv(gpu_stack, "doomed")
+    token = stolen(gpu_stack, "doomed")["FAAS_GPU_TOKEN"]
+    assert upload(gpu_stack, token, torchscript(torch.nn.Linear(2, 2))).status_code == 201
+    r = requests.delete(
+        f"{gpu_stack.url}/system/functions", json={"functionName": "doomed"}, auth=gpu_stack.auth, timeout=30
+    )
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 10
+    while upload(gpu_stack, token, torchscript(torch.nn.Linear(2, 2))).status_code != 401:
+        assert time.monotonic() < deadline, "the removed function's token still works"
+        time.sleep(0.2)
+    assert time.monotonic() < deadline
+
+
+@pytest.mark.parametrize("daemon, path", [("manager", "/v1/units"), ("scheduler", "/v1/status")])
+def test_a_non_ascii_bearer_token_is_401_not_500(gpu_stack, daemon, path):
+    url = getattr(gpu_stack, daemon).url
+    r = requests.get(f"{url}{path}", headers={"Authorization": "Bearer ä".encode()}, timeout=10)
+    assert r.status_code == 401 and "invalid token" in r.text
