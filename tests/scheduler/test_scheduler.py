@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import requests
 import torch
 
@@ -197,7 +198,7 @@ def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_serve
     start, auth = cluster
     manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "2")
     sched = start("scheduler")
-    _wait_units(sched.url, auth, 2)
+    wait_units(sched.url, auth, 2)
     ds = open_datastore(etcd_server.url)
     creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     fn = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'classify')}"}
@@ -205,7 +206,7 @@ def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_serve
         for url in (sched.url, manager.url):  # the cluster token only: the labels name every function
             assert requests.get(f"{url}/metrics", timeout=5).status_code == 401
             assert requests.get(f"{url}/metrics", headers=fn, timeout=5).status_code == 401
-        data, _ = _artifact(2)
+        data, _ = scripted_resnet(2)
         up = requests.put(f"{sched.url}/v1/models", data=data, headers=fn, timeout=30)
         assert up.status_code == 201, up.text
         digest = up.json()["digest"]
