@@ -49,8 +49,8 @@ def chromium(auth: tuple[str, str] | None = None, size: tuple[int, int] = (1400,
         f"--window-size={size[0]},{size[1]}",
     ):
         options.add_argument(arg)
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"chromedriver-{os.getpid()}.log"
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER), log_output=str(log)))
+    log = os.environ.get("FAAS_GPU_CHROMEDRIVER_LOG", os.devnull)  # a file to read when a driver fails
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER), log_output=log))
     try:
         if auth is not None:
             token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
