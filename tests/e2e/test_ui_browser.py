@@ -20,11 +20,11 @@ import sys
 
 import pytest
 import requests
-import yaml
 
 from faas_gpu.paths import REPO_ROOT
 from tests.browser import chromium, require_chromium
 from tests.daemon_process import Daemon
+from tests.e2e.classify_project import classify_stack, write_project
 from tests.stack_process import StackProcess
 
 FIGURE = REPO_ROOT / "docs" / "figures" / "ui.png"
@@ -37,20 +37,8 @@ def gpu_stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("ui-e2e")
     home = root / ".faas-gpu"
     home.mkdir()
-    shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
-    stack_file = {
-        "version": 1.0,
-        "provider": {"name": "openfaas"},
-        "functions": {
-            "classify": {
-                "lang": "python3-gpu",
-                "handler": "./classify",
-                "image": "e2e/classify-gpu:latest",
-                "annotations": {"com.faas-gpu.slo-ms": "5000", "com.faas-gpu.max-batch": "4"},
-            }
-        },
-    }
-    (root / "stack.yml").write_text(yaml.safe_dump(stack_file))
+    annotations = {"com.faas-gpu.slo-ms": "5000", "com.faas-gpu.max-batch": "4"}
+    write_project(root, classify_stack("e2e/classify-gpu:latest", annotations))
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()
