@@ -133,3 +133,18 @@ def test_curves_are_drawn_with_the_papers_points(tmp_path):
     )
     path = plot_panels(tmp_path / "f" / "c.png", [panel, panel, panel], "t", ncols=2)
     assert path.read_bytes()[:8] == PNG and path.stat().st_size < 200_000
+
+
+def test_your_own_models_from_a_file(tmp_path, capsys):
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "- {name: tiny, size_mb: 300, load_s: 0.5, infer_s: 0.05}\n"
+        "- {name: small, size_mb: 600, load_s: 1, infer_s: 0.1}\n"
+    )
+    trace = azure2019(tmp_path, [[3, 1], [2, 2], [1, 0]])
+    rc, lines, err = run(capsys, "--trace", trace, "--models", models, "--cluster", "1x1:1GB", "--out", tmp_path / "o")
+    assert rc == 0, err
+    assert all(r["requests"] == 9 for r in lines) and "models " + str(models) in err
+    models.write_text("- {name: tiny, size_mb: -1, load_s: 0.5, infer_s: 0.05}\n")
+    rc, _, err = run(capsys, "--trace", trace, "--models", models, "--out", tmp_path / "o")
+    assert rc == 2 and "--models: models.tiny.size_mb: must be positive" in err
