@@ -33,6 +33,11 @@ servers:
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q etcd-server redis-server; \
 	fi
+	@# the status page's browser tests: Debian's headless Chromium and its driver, never a download
+	@if ! test -x /usr/bin/chromium || ! test -x /usr/bin/chromedriver; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium chromium-driver; \
+	fi
 
 test: $(STAMP) servers
 	$(VENV)/bin/ruff check .

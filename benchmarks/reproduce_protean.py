@@ -9,7 +9,10 @@ number the simulator assumes is in `faas_gpu/policy_data/assumptions.yaml`.
    models), on the diurnal trace (mean 5,000 req/s) and the bursty trace (peak 5,000 req/s):
    strict SLO compliance and P99, BE P50 / P99 (Fig. 5-6). The PROTEAN row marked "paper" runs the
    paper's policies alone (Eq. 2, Alg. 1-2 thresholds), without our extensions.
-2. Load sweep on the diurnal trace (mean 5,000 / 6,000 / 7,000 req/s): where the schemes part.
+2. Load sweep on the diurnal trace (mean 3,000 to 8,000 req/s, `--sweep-seeds` seeds each): where
+   the schemes part. JSON keys `curve_load_*` (means over the seeds, and the worst seed's strict
+   SLO), drawn to `docs/figures/protean_load.png` (`--figures DIR` elsewhere; `--quick` sweeps
+   4,000-6,000 with one seed and draws nothing unless asked).
 3. Language (Fig. 12): strict BERT, BE from the other language models, 128 req/s mean.
 4. Extremes: 100% strict ResNet 50 (Table 4) and 100% best-effort HI models (Table 5).
 5. Cost vs spot availability (Fig. 9): PROTEAN with spot + on-demand backup, Spot Only and
@@ -35,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from faas_gpu.policy_data.protean import default_assumptions  # noqa: E402
+from faas_gpu.sim.curves import Mark, Panel, Series, plot_panels  # noqa: E402
 from faas_gpu.sim.protean import SCHEMES, RunResult, SpotSetting, Workload, simulate  # noqa: E402
 from faas_gpu.sim.protean_trace import bursty_trace, diurnal_trace  # noqa: E402
 from procurer import DEFAULT_SPOT_CSV, load_prices  # noqa: E402
@@ -57,6 +61,18 @@ HI_MODELS = ("densenet121", "resnet50", "dpn92", "vgg19")
 LANGUAGE_STRICT = "bert"
 LANGUAGE_BE = ("albert", "roberta", "distilbert", "deberta", "squeezebert")
 P_REV = (0.0, 0.354, 0.708)
+FIGURES = REPO / "docs" / "figures"
+LOAD_CURVE = (3000.0, 4000.0, 5000.0, 6000.0, 7000.0, 8000.0)
+PAPER_RPS = 5000.0  # the mean rate of the primary set-up (the paper's Wiki trace scaled as its §5)
+# the paper's strict SLO compliance for VGG 19 as the strict model (§6.1): PROTEAN vs INFless/Llama
+PAPER_VGG19_SLO = {"protean": 99.74, "infless_llama": 73.76}
+COLOR = {
+    "molecule_beta": "tab:blue",
+    "infless_llama": "tab:orange",
+    "naive_slicing": "tab:purple",
+    "protean": "tab:green",
+    "protean_paper": "tab:olive",
+}
 PAPER_TABLE4 = {"molecule_beta": 60.12, "naive_slicing": 54.31, "infless_llama": 0.42, "protean": 94.19}
 PAPER_TABLE5 = {"molecule_beta": (68, 165), "naive_slicing": (50, 99), "infless_llama": (57, 130), "protean": (35, 138)}
 LABEL = {
@@ -128,6 +144,99 @@ def seeds_table(by_seed: dict[int, dict[str, RunResult]], figures: dict[str, flo
     figures["seeds"] = len(seeds)
 
 
+def load_curve(
+    figures: dict[str, float],
+    loads: tuple[float, ...],
+    seeds: list[int],
+    known: dict[int, dict[str, RunResult]],
+    schemes: tuple[str, ...],
+    d: float,
+    nodes: int,
+) -> dict[float, dict[int, dict[str, RunResult]]]:
+    """Every scheme along the diurnal trace's mean rate, over `seeds`; `known` is the 5,000 req/s runs."""
+    out: dict[float, dict[int, dict[str, RunResult]]] = {}
+    for rps in loads:
+        out[rps] = {}
+        for k in seeds:
+            if rps == PAPER_RPS and k in known:
+                out[rps][k] = known[k]
+                continue
+            w = Workload(diurnal_trace(rps, d), VISION_STRICT, VISION_BE)
+            out[rps][k] = {s: run(s, w, k, nodes=nodes) for s in schemes}
+    figures["curve_load_rps"] = [int(r) for r in loads]
+    figures["curve_load_seeds"] = len(seeds)
+    print(f"\n## Load sweep (diurnal, 50/50), strict SLO % mean [worst] over {len(seeds)} seed(s) / strict P99 ms")
+    print(f"{'req/s':>6} " + " ".join(f"{LABEL[s]:>24}" for s in schemes))
+    for rps in loads:
+        cells = []
+        for s in schemes:
+            rows = [out[rps][k][s].summary() for k in seeds]
+            slo = [float(r["strict_slo_pct"]) for r in rows]
+            cells.append(f"{sum(slo) / len(slo):6.2f} [{min(slo):6.2f}] / {_mean(rows, 'strict_p99_ms'):>6.0f}")
+        print(f"{rps:>6.0f} " + " ".join(f"{c:>24}" for c in cells))
+    for s in schemes:
+        rows = {rps: [out[rps][k][s].summary() for k in seeds] for rps in loads}
+        for key, digits in (("strict_slo_pct", 3), ("strict_p99_ms", 1), ("be_p50_ms", 1), ("be_p99_ms", 1)):
+            figures[f"curve_load_{s}_{key}"] = [round(_mean(rows[r], key), digits) for r in loads]
+        figures[f"curve_load_{s}_strict_slo_pct_min"] = [
+            round(min(float(x["strict_slo_pct"]) for x in rows[r]), 3) for r in loads
+        ]
+    return out
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    values = [float(r[key]) for r in rows if not math.isnan(float(r[key]))]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def plot_load(figures: dict[str, float], schemes: tuple[str, ...], path: Path) -> Path:
+    xs = figures["curve_load_rps"]
+
+    def series(key: str) -> list[Series]:
+        return [Series(LABEL[s], xs, figures[f"curve_load_{s}_{key}"], COLOR[s]) for s in schemes]
+
+    marks = [Mark(PAPER_RPS, v, f"{LABEL[s]}, VGG 19") for s, v in PAPER_VGG19_SLO.items()]
+    where = "vision 50/50, diurnal"
+    panels = [
+        Panel(
+            f"strict SLO compliance, {where}",
+            "mean req/s",
+            "% (mean of seeds)",
+            series("strict_slo_pct"),
+            marks,
+            PAPER_RPS,
+            "primary set-up",
+        ),
+        Panel(
+            "strict SLO, worst seed",
+            "mean req/s",
+            "%",
+            series("strict_slo_pct_min"),
+            vline=PAPER_RPS,
+            vline_label="primary set-up",
+        ),
+        Panel(
+            "strict P99 latency",
+            "mean req/s",
+            "ms",
+            series("strict_p99_ms"),
+            vline=PAPER_RPS,
+            vline_label="primary set-up",
+            log_y=True,
+        ),
+        Panel(
+            "best-effort P99 latency",
+            "mean req/s",
+            "ms",
+            series("be_p99_ms"),
+            vline=PAPER_RPS,
+            vline_label="primary set-up",
+            log_y=True,
+        ),
+    ]
+    return plot_panels(path, panels, "PROTEAN in the simulator along the load (8 x A100-40GB)", ncols=4)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=600.0, help="simulated seconds one trace day is compressed into")
@@ -135,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="the primary table and the extremes only")
     ap.add_argument("--seeds", type=int, default=5, help="seeds of the primary set-up (the BE models drawn, arrivals)")
+    ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds at each load of the load sweep (1 with --quick)")
+    ap.add_argument(
+        "--figures", type=Path, default=None, help=f"folder for the PNG curves (default {FIGURES}; none with --quick)"
+    )
     args = ap.parse_args(argv)
+    folder = args.figures or (None if args.quick else FIGURES)
     a = default_assumptions()
     t_start = time.perf_counter()
     figures: dict[str, float] = {}
@@ -192,13 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         class_table("Vision, 50/50, bursty trace, peak 5,000 req/s", res)
         record("bursty_", res)
 
-        for rps in (6000.0, 7000.0):
-            res = {
-                s: run(s, Workload(diurnal_trace(rps, d), VISION_STRICT, VISION_BE), seed, nodes=args.nodes)
-                for s in schemes
-            }
-            class_table(f"Vision, 50/50, diurnal trace, mean {rps:,.0f} req/s", res)
-            record(f"load{int(rps)}_", res)
+    loads = (4000.0, PAPER_RPS, 6000.0) if args.quick else LOAD_CURVE
+    sweep_seeds = list(range(seed, seed + (1 if args.quick else args.sweep_seeds)))
+    by_load = load_curve(figures, loads, sweep_seeds, by_seed, schemes, d, args.nodes)
+    if not args.quick:
+        for rps in (6000.0, 7000.0):  # the seed's tables, as before the sweep
+            class_table(f"Vision, 50/50, diurnal trace, mean {rps:,.0f} req/s", by_load[rps][seed])
+            record(f"load{int(rps)}_", by_load[rps][seed])
 
         lang = diurnal_trace(128.0, d)
         res = {s: run(s, Workload(lang, LANGUAGE_STRICT, LANGUAGE_BE), seed, nodes=args.nodes) for s in schemes}
@@ -226,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base = [figures[f"{s}_strict_slo_pct"] for s in SCHEMES if s != "protean"]
     figures["protean_minus_best_baseline_slo_pct"] = round(figures["protean_strict_slo_pct"] - max(base), 3)
+    if folder is not None:
+        print(f"wrote {plot_load(figures, schemes, folder / 'protean_load.png')}", file=sys.stderr)
     figures["wall_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(figures))
     return 0

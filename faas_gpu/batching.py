@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -64,6 +65,7 @@ class _Call:
     error: BaseException | None = None
     headers: dict[str, str] = field(default_factory=dict)
     arrived: float = field(default_factory=time.monotonic)
+    app: str | None = None  # HarmonyBatch's application of the request (current_app)
 
 
 class BatchQueue:
@@ -81,7 +83,7 @@ class BatchQueue:
         timeouts: dict[str, float] | None = None,
         max_inflight: int = 1,
     ):
-        self._run = run  # (x: Tensor, (class, slo_ms)) -> (y: Tensor, headers: dict)
+        self._run = run  # (x: Tensor, BatchClass) -> (y: Tensor, headers: dict)
         # batches sent on at once: 1 for a model run here; more for a remote one, whose queueing
         # (and class order) is the scheduler's
         self._slots = threading.Semaphore(max(1, max_inflight))
@@ -94,8 +96,9 @@ class BatchQueue:
         threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        timeout = self.timeouts.get(current_app.get() or "", self.timeout_s)
-        call = _Call(x, time.monotonic() + timeout, *request_class.get())
+        app = current_app.get()
+        timeout = self.timeouts.get(app or "", self.timeout_s)
+        call = _Call(x, time.monotonic() + timeout, *request_class.get(), app=app)
         with self._cv:
             self._pending.append(call)
             self._cv.notify()
@@ -149,19 +152,30 @@ class BatchQueue:
             c.done.set()
 
 
-def _batch_class(batch: list[_Call]) -> tuple[str | None, float | None, float | None]:
+class BatchClass(NamedTuple):
+    """What a batch asks of the scheduler: its class, its SLO (ms) counted from `arrived`, and the
+    HarmonyBatch application it counts under (the tightest call's; None when its calls have none)."""
+
+    kind: str | None = None
+    slo_ms: float | None = None
+    arrived: float | None = None
+    app: str | None = None
+
+
+def _batch_class(batch: list[_Call]) -> BatchClass:
     """A batch is strict when any of its calls is, with the tightest of their SLOs, and (third)
     when the batch's earliest call arrived: the SLO budget is counted from there, not from now."""
     arrived = min((c.arrived for c in batch), default=None)
+    first_app = next((c.app for c in batch if c.app), None)
     timed = [c for c in batch if c.cls != "best-effort" and c.slo_ms is not None]
     if any(c.cls == "strict" for c in batch) or timed:
         if not timed:
-            return "strict", None, arrived
+            return BatchClass("strict", None, arrived, first_app)
         tightest = min(timed, key=lambda c: c.arrived + c.slo_ms / 1000)
-        return "strict", tightest.slo_ms, tightest.arrived
+        return BatchClass("strict", tightest.slo_ms, tightest.arrived, tightest.app or first_app)
     if batch and all(c.cls == "best-effort" for c in batch):
-        return "best-effort", None, arrived
-    return None, None, arrived
+        return BatchClass("best-effort", None, arrived, first_app)
+    return BatchClass(None, None, arrived, first_app)
 
 
 class LocalBatchedModel(torch.nn.Module):

@@ -45,6 +45,7 @@ import requests
 import torch
 
 from faas_gpu.batching import (  # noqa: F401 — names the handlers and the template use here
+    BatchClass,
     BatchQueue,
     LocalBatchedModel,
     LocalBatching,
@@ -193,13 +194,11 @@ class RemoteModel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._queue(x)
 
-    def _run(
-        self, x: torch.Tensor, cls: tuple[str | None, float | None, float | None] = (None, None, None)
-    ) -> tuple[torch.Tensor, dict]:
+    def _run(self, x: torch.Tensor, cls: tuple = BatchClass()) -> tuple[torch.Tensor, dict]:
         t0 = time.monotonic()
         digest = self._ensure_uploaded(x)
         cold_s = time.monotonic() - t0  # the model's one-time export and upload: a cold start, not queueing
-        kind, slo_ms, arrived = cls
+        kind, slo_ms, arrived, app = BatchClass(*cls)
         kind = kind or self.config.default_class
         slo_ms = slo_ms or self.config.slo_ms
         headers = {}
@@ -213,6 +212,8 @@ class RemoteModel(torch.nn.Module):
             headers[h.SHARE] = str(self.config.gpu_share)
         if self.config.model_name:
             headers[h.MODEL] = self.config.model_name
+        if app:  # the scheduler counts the job's SLO under it
+            headers[h.APP] = app
         r = self._request("POST", f"/v1/jobs/{digest}", budget, data=encode(x), headers=headers)
         return decode(r.content), h.ours(r.headers)
 

@@ -12,6 +12,9 @@ list the GPUs and change a GPU's MIG geometry.
 - `POST /v1/jobs/<digest>?unit=<id>` on a unit that is draining (503) or not a unit of this node
   (404) answers `X-Faas-Gpu-Unit-State: draining | unknown`, so the scheduler places it again.
 
+- `GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`: Triton's `nv_gpu_*` per
+  unit, the model cache per unit, MIG reconfigurations), with the cluster token like `/v1/`.
+
 - `GET /v1/functions`: {"name.namespace": jobs run}, from the `X-Faas-Gpu-Function` header the
   scheduler sets on a function's jobs (accounting only: it grants nothing).
 
@@ -54,6 +57,7 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
     app = Flask("faas-gpu-manager")
 
     require_bearer_token(app, token)
+    manager.metrics.serve(app, token)  # GET /metrics: Prometheus's text, with the cluster token
     jobs_by_function: Counter[str] = Counter()
     counting = threading.Lock()
 

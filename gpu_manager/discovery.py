@@ -103,3 +103,49 @@ def cpu_units(count: int, memory_mb: float) -> list[UnitInfo]:
     if count < 1 or memory_mb <= 0:
         raise ValueError(f"cpu units: need count >= 1 and memory_mb > 0, got {count} x {memory_mb}")
     return [UnitInfo(f"cpu-{i}", "cpu", "cpu", float(memory_mb), i) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class UnitUsage:
+    total_bytes: float
+    used_bytes: float
+    utilization: float | None  # 0.0-1.0; None where NVML has no figure (MIG devices)
+
+
+def read_usage(nvml: ModuleType | Any, units: list[UnitInfo]) -> dict[str, UnitUsage]:
+    """NVML's memory and utilization of each GPU or MIG unit, by unit id (read-only queries).
+
+    Whole GPUs answer `nvmlDeviceGetUtilizationRates`; MIG devices do not (NVML_ERROR_NOT_SUPPORTED),
+    so theirs is None and the caller uses its own figure. A unit NVML no longer shows is left out."""
+    wanted = {u.id for u in units if u.kind != "cpu"}
+    if not wanted:
+        return {}
+    nvml.nvmlInit()
+    try:
+        handles: dict[str, Any] = {}
+        for index in sorted({u.index for u in units if u.kind != "cpu"}):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            if uuid in wanted:
+                handles[uuid] = handle
+            if not any(u.kind == "mig" and u.index == index for u in units):
+                continue
+            for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except nvml.NVMLError:
+                    continue
+                mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+                if mig_uuid in wanted:
+                    handles[mig_uuid] = mig
+        out: dict[str, UnitUsage] = {}
+        for uuid, handle in handles.items():
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                utilization: float | None = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+            except nvml.NVMLError:
+                utilization = None
+            out[uuid] = UnitUsage(float(mem.total), float(mem.used), utilization)
+        return out
+    finally:
+        nvml.nvmlShutdown()

@@ -22,12 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ModelNotUploaded
 from faas_gpu.models import Artifact, ModelStore
+from faas_gpu.observability import DaemonMetrics
 from faas_gpu.policies import ModelCache, ModelTooLarge
 
 from . import mig
-from .discovery import UnitInfo, discover_units
+from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
 from .mps import MPSControl, thread_percentage
 from .worker import Worker, WorkerDied
 
@@ -69,6 +71,7 @@ class _UnitState:
     running: str | None = None
     draining: bool = False  # no new jobs: a reconfiguration is waiting for this unit
     retired: bool = False  # the unit no longer exists (its GPU was sliced anew)
+    busy_s: float = 0.0  # time spent running jobs, for the emulated utilization figure
 
 
 class GPUManager:
@@ -103,6 +106,16 @@ class GPUManager:
         self._model_pct: dict[str, int] = {}  # per model (digest): its MPS active thread percentage
         self._reconfiguring = threading.Lock()
         self.on_units_changed: list[Callable[[], None]] = []  # e.g. the status reporter, at once
+        self.metrics = DaemonMetrics(m.Daemon.GPU_MANAGER)
+        self._hits = self.metrics.counter(m.MODEL_CACHE_HITS)
+        self._misses = self.metrics.counter(m.MODEL_CACHE_MISSES)
+        self._loads = self.metrics.counter(m.MODEL_LOADS)
+        self._evictions = self.metrics.counter(m.MODEL_EVICTIONS)
+        self._load_seconds = self.metrics.histogram(m.MODEL_LOAD_SECONDS)
+        self._reconfigurations = self.metrics.counter(m.MIG_RECONFIGURATIONS)
+        self._busy_seen: dict[str, tuple[float, float]] = {}  # unit -> (time, busy_s) at the last scrape
+        self._scraping = threading.Lock()  # scrapes only: never taken on a job's path
+        self.metrics.add_reader(self._readings)
 
     @staticmethod
     def _state(info: UnitInfo) -> _UnitState:
@@ -155,6 +168,7 @@ class GPUManager:
             try:
                 return self._run_locked(state, artifact, payload, timeout_s)
             finally:
+                state.busy_s += time.monotonic() - state.busy_since
                 state.busy_since, state.running = None, None
 
     @staticmethod
@@ -171,10 +185,14 @@ class GPUManager:
             hit = worker is not None and worker.alive
             load_s = 0.0
             if not hit:
+                self._misses.labels(state.info.id).inc()
                 t0 = time.perf_counter()
                 worker = self._load(state, artifact)
                 load_s = time.perf_counter() - t0
+                self._loads.labels(state.info.id).inc()
+                self._load_seconds.labels(state.info.id).observe(load_s)
             else:
+                self._hits.labels(state.info.id).inc()
                 state.cache.touch(artifact.digest)
             t0 = time.perf_counter()
             try:
@@ -200,6 +218,7 @@ class GPUManager:
             ) from None
         for victim in victims:
             self._drop((victim, state.info.id), state)
+            self._evictions.labels(state.info.id).inc()
         env = self.worker_env(state.info, artifact.digest)
         device = self._device(state.info)
         worker = self.worker_factory(artifact, device, env=env) if env else self.worker_factory(artifact, device)
@@ -232,9 +251,47 @@ class GPUManager:
                 "busy_for_s": (now - s.busy_since) if s.busy_since is not None else 0.0,
                 "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
+                "running": s.running,  # the digest of the model running now (the operator's status page)
             }
             for s in self.units.values()
         ]
+
+    def _readings(self) -> dict[m.MetricSpec, list]:
+        """The units as a scrape sees them: Triton's GPU figures (NVML's on GPUs, the emulated
+        unit's own on the cpu and sim back ends and where NVML has none), the cache, the unit's kind."""
+        states = list(self.units.values())
+        usage: dict[str, UnitUsage] = {}
+        if self.nvml is not None:
+            try:
+                usage = read_usage(self.nvml, [s.info for s in states])
+            except Exception as exc:  # NVML away for a moment: the emulated figures this scrape
+                log.warning("metrics: NVML reading failed (%s); using the units' own figures", exc)
+        readings = (m.GPU_UTILIZATION, m.GPU_MEMORY_TOTAL, m.GPU_MEMORY_USED, m.UNIT_INFO, m.MODELS_CACHED)
+        out: dict[m.MetricSpec, list] = {spec: [] for spec in readings}
+        for s in states:
+            uid = s.info.id
+            read = usage.get(uid)
+            total = read.total_bytes if read else s.info.memory_mb * 1024 * 1024
+            used = read.used_bytes if read else s.cache.used_mb * 1024 * 1024
+            utilization = read.utilization if read and read.utilization is not None else self._busy_share(s)
+            out[m.GPU_UTILIZATION].append(((uid,), utilization))
+            out[m.GPU_MEMORY_TOTAL].append(((uid,), total))
+            out[m.GPU_MEMORY_USED].append(((uid,), used))
+            out[m.UNIT_INFO].append(((uid, s.info.kind, s.info.index, s.info.profile or ""), 1))
+            out[m.MODELS_CACHED].append(((uid,), len(s.cache.models)))
+        return out
+
+    def _busy_share(self, s: _UnitState) -> float:
+        """The share of time the unit ran a job since the previous scrape (since its first job before that)."""
+        now = time.monotonic()
+        busy_since = s.busy_since
+        busy = s.busy_s + (now - busy_since if busy_since is not None else 0.0)
+        with self._scraping:
+            seen_t, seen_busy = self._busy_seen.get(s.info.id, (None, 0.0))
+            self._busy_seen[s.info.id] = (now, busy)
+        if seen_t is None:
+            return 1.0 if busy_since is not None else 0.0
+        return min(1.0, max(0.0, (busy - seen_busy) / max(now - seen_t, 1e-9)))
 
     def _finish_estimate(self, s: _UnitState, now: float) -> float:
         """Seconds until the running job should end, from the model's recent execution times."""
@@ -262,14 +319,32 @@ class GPUManager:
         (mig.MigModeOff), no such GPU (mig.UnknownGPU). Then drains the GPU's units: no new jobs,
         running ones waited for up to `drain_timeout_s` (else mig.UnitsBusy, and the units serve
         again), workers and MPS daemons stopped; applies the geometry; discovers the GPU's units.
+
+        Counted in `faas_gpu_mig_reconfigurations_total`: done when the geometry changed, refused
+        when nothing was touched, failed when NVML failed mid-way; a GPU this node does not have is
+        not counted (its index would be a label anyone could invent).
         """
+        try:
+            result, changed = self._reconfigure(index, profiles, drain_timeout_s)
+        except (mig.InvalidGeometry, mig.MigModeOff, mig.UnitsBusy):
+            self._reconfigurations.labels(str(index), "refused").inc()
+            raise
+        except mig.MigError:
+            self._reconfigurations.labels(str(index), "failed").inc()
+            raise
+        if changed:
+            self._reconfigurations.labels(str(index), "done").inc()
+        return result
+
+    def _reconfigure(self, index: int, profiles: list[str], drain_timeout_s: float) -> tuple[dict, bool]:
+        """The reconfiguration itself: (the GPU's status after, whether its geometry changed)."""
         if self.nvml is None:
             raise mig.UnknownGPU(f"gpu {index}: this manager has no GPU control (its back end has no GPUs)")
         with self._reconfiguring:
             plan = mig.check_geometry(self.nvml, index, profiles)
             states = [s for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index]
             if not plan.changes:
-                return self._gpu_status(index, [i.profile for i in sorted(plan.keep, key=lambda i: i.start)])
+                return self._gpu_status(index, [i.profile for i in sorted(plan.keep, key=lambda i: i.start)]), False
             held = self._drain(index, states, drain_timeout_s)
             try:
                 for s in states:
@@ -296,7 +371,7 @@ class GPUManager:
                     s.lock.release()
                 self._changed()
             log.info("gpu %d: geometry %s, units %s", index, geometry, [u.id for u in found])
-            return self._gpu_status(index, geometry)
+            return self._gpu_status(index, geometry), True
 
     def _gpu_status(self, index: int, geometry: list[str]) -> dict:
         ids = {s.info.id for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index}

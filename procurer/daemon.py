@@ -24,6 +24,7 @@ from faas_gpu.policies.protean import CostMeter, Procurement
 
 from .core import Procurer
 from .launcher import Launcher
+from .metrics import procurer_metrics
 from .prices import DEFAULT_SPOT_CSV, load_prices
 from .status import serve_status
 
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launch", help="command run per node, e.g. 'python -m gpu_manager --node {node} --port {port}'")
     p.add_argument("--period", type=float, default=1.0, help="seconds between decisions (default 1)")
     p.add_argument("--status-file", type=Path, help="JSON status (default <home>/procurement.json)")
-    p.add_argument("--status-port", type=int, help="serve GET /status on 127.0.0.1:PORT")
+    p.add_argument("--status-port", type=int, help="serve GET /status and /metrics on 127.0.0.1:PORT")
     a = p.parse_args(argv)
     if a.home is None:
         a.home = paths.home()
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"procure: {exc}", file=sys.stderr)
         return 2
-    server = serve_status(procurer.status, a.status_port) if a.status_port is not None else None
+    server = None
+    if a.status_port is not None:
+        server = serve_status(procurer.status, a.status_port, procurer_metrics(procurer.status).exposition)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -1,4 +1,9 @@
-"""The daemon's read-only status endpoint (`--status-port`): `GET /status` on 127.0.0.1."""
+"""The daemon's read-only status endpoint (`--status-port`): `GET /status` and `GET /metrics` on 127.0.0.1.
+
+Both are open, as `/status` always was: the server listens on the loopback only, and what it
+shows (node counts, prices, dollars) names no function; a Prometheus on the node scrapes it
+without credentials.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,30 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client import CONTENT_TYPE_LATEST
 
-def serve_status(status: Callable[[], dict], port: int) -> ThreadingHTTPServer:
-    """`GET /status` on 127.0.0.1: the status as JSON; read-only, loopback only.
 
-    `status` is `Procurer.status`: the server is handed only the one thing it reads."""
+def serve_status(
+    status: Callable[[], dict], port: int, metrics: Callable[[], bytes] | None = None
+) -> ThreadingHTTPServer:
+    """`GET /status` on 127.0.0.1: the status as JSON; `GET /metrics` (with `metrics`): Prometheus's
+    text format; read-only, loopback only.
+
+    `status` is `Procurer.status`, `metrics` the procurer's exposition: the server is handed only
+    the things it reads."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            if self.path.split("?", 1)[0] not in ("/status", "/"):
-                self.send_error(404, "only /status is served")
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics" and metrics is not None:
+                body, content_type = metrics(), CONTENT_TYPE_LATEST
+            elif path in ("/status", "/"):
+                body, content_type = json.dumps(status()).encode(), "application/json"
+            else:
+                self.send_error(404, "only /status and /metrics are served")
                 return
-            body = json.dumps(status()).encode()
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -31,6 +31,8 @@ from .runtime.local import LocalRuntime
 from .scaling import HarmonyPools, InflessScaling, InvocationRateRule, ProteanFunctions, ScalingRouter
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
+from .ui import ui_blueprint
+from .ui.status import StatusCollector
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,9 @@ def _flask(provider: Provider, *, gateway: bool) -> Flask:
     app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
     app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
     app.register_blueprint(system_blueprint(provider, gateway=gateway))
+    if gateway:  # the status page, where OpenFaaS's gateway serves its portal
+        status = StatusCollector(provider)
+        app.register_blueprint(ui_blueprint(status, auth=provider.config.basic_auth, check=provider.credentials.check))
     app.after_request(_go_status_line)
     return app
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from faas_gpu import __version__
 from faas_gpu.async_queue import AsyncQueue
 from faas_gpu.datastore import Datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 
+from .activity import Activity
 from .auth import Credentials
 from .config import ProviderConfig
 from .inflight import max_inflight_of
@@ -47,6 +48,8 @@ class Provider:
     autoscaler: ScalingRouter | None = None
     fn_credentials: FunctionCredentials | None = None
     """Each function's own GPU-path token (with a scheduler): issued at deploy, revoked on remove."""
+    activity: Activity = field(default_factory=Activity)
+    """What the gateway saw of each function lately (rate, SLO tally), for the status page."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -103,6 +106,7 @@ class Provider:
             if not self.store.delete(ns, name):
                 raise NotFoundError(f"function {name}.{ns} not found")
         self.invoker.forget((ns, name))
+        self.activity.forget((ns, name))
         if self.autoscaler is not None:
             self.autoscaler.forget((ns, name))
         self.runtime.remove(ns, name)

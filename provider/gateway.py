@@ -18,7 +18,7 @@ import requests
 import urllib3
 
 from faas_gpu.contract import headers as h
-from faas_gpu.contract.slo import parse_request
+from faas_gpu.contract.slo import RequestClass, RequestSlo, parse_request
 from faas_gpu.datastore import DatastoreUnavailable
 
 from .core import Provider
@@ -155,7 +155,8 @@ class InvocationApp:
         except ValueError:
             return _error(404, f"No endpoints available for: {raw_name}.")
         try:  # PROTEAN's request class and SLO: parsed here (400), forwarded as parsed
-            headers = parse_request(headers).forwarded(headers)
+            slo = parse_request(headers)
+            headers = slo.forwarded(headers)
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
@@ -165,14 +166,26 @@ class InvocationApp:
             self.invoker.inflight.enter(key, self.invoker.inflight_limit(key), wait=wait_for_slot)
         except TooManyInFlight as exc:
             result = _error(429, str(exc))
-            self.metrics.finished(label, result.status, time.perf_counter() - t0)
+            self._finished(key, label, result.status, time.perf_counter() - t0, slo)
             return result
         try:
             result = self._forward(key, raw_name, method, path, query, headers, body)
         finally:
             self.invoker.inflight.leave(key)
-        self.metrics.finished(label, result.status, time.perf_counter() - t0)
+        self._finished(key, label, result.status, time.perf_counter() - t0, slo)
         return result
+
+    def _finished(self, key: tuple[str, str], label: str, status: int, seconds: float, slo: RequestSlo) -> None:
+        """One call answered: OpenFaaS's metrics, and the status page's rate and SLO tally."""
+        self.metrics.finished(label, status, seconds)
+        if slo.request_class is RequestClass.BEST_EFFORT:
+            slo_ms = None  # a best-effort call has no SLO to meet
+        elif slo.slo_ms is not None:
+            slo_ms = slo.slo_ms
+        else:
+            record = self.provider.store.cached(*key)
+            slo_ms = record.deployment.slo_ms() if record is not None else None
+        self.provider.activity.record(key, status, seconds, slo_ms)
 
     def _forward(
         self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes

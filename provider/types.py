@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from faas_gpu.contract.annotations import CLASS as CLASS_ANNOTATION
+from faas_gpu.contract.annotations import SLO_MS as SLO_ANNOTATION
+from faas_gpu.contract.slo import RequestClass
+
 from .validation import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
@@ -125,6 +129,17 @@ class FunctionDeployment:
     def scale_bounds(self) -> tuple[int, int]:
         """(min, max) replicas from com.openfaas.scale.min/max (OpenFaaS defaults 1 and 20)."""
         return _scale_bounds(self.labels)
+
+    def slo_ms(self) -> float | None:
+        """The SLO a call without `X-Faas-Gpu-Slo-Ms` has (`com.faas-gpu.slo-ms`, validated at
+        deploy); None without one, or when the function's calls are best effort by default."""
+        notes = self.annotations or {}
+        if notes.get(CLASS_ANNOTATION, "").strip().lower() == RequestClass.BEST_EFFORT.value:
+            return None
+        try:
+            return float(notes[SLO_ANNOTATION])
+        except (KeyError, ValueError):
+            return None
 
 
 def now_rfc3339() -> str:

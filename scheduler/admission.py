@@ -30,6 +30,7 @@ from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueu
 
 from .catalog import ModelCatalog
 from .jobs import Job, JobOutcome
+from .metrics import SchedulerMetrics
 from .units import UnitView
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,11 @@ class Admission:
         clock: Callable[[], float],
         be_max_wait_s: float = BE_MAX_WAIT_S,
         be_share: float = BE_SHARE,
+        metrics: SchedulerMetrics | None = None,
     ):
+        """`metrics`: where every answered job is counted (`scheduler.metrics`), None for none."""
         self.view, self.catalog, self._wake, self.clock = view, catalog, wake, clock
+        self.metrics = metrics
         self.be_max_wait_s, self.be_share = be_max_wait_s, be_share
         self.jobs: dict[int, Job] = {}  # every job waiting or running
         self._next_id = 0
@@ -67,18 +71,32 @@ class Admission:
         best_effort: bool = False,
         model: str | None = None,
         function: str | None = None,
+        rows: int = 1,
+        app: str = "",
     ) -> Job:
         """`deadline_s`: the caller's remaining budget (None: no deadline); one already spent (<= 0)
         makes a strict job miss at once, without running. `function`: who sent it (the GPU Manager
-        counts jobs by it), None for the cluster."""
+        counts jobs by it), None for the cluster. `rows`: the batch's size; `app`: its
+        HarmonyBatch application ("" for none); both for the metrics."""
         with self._wake:
             self.catalog.get(digest, self.view.policy)
             now = self.clock()
             deadline = None if best_effort or deadline_s is None else now + deadline_s
             job = Job(
-                self._next_id, digest, payload, now, deadline, best_effort=best_effort, model=model, function=function
+                self._next_id,
+                digest,
+                payload,
+                now,
+                deadline,
+                best_effort=best_effort,
+                model=model,
+                function=function,
+                rows=rows,
+                app=app,
             )
             self._next_id += 1
+            if self.metrics is not None:
+                self.metrics.submitted(job)
             if deadline is not None and deadline <= now:
                 self.miss(job, now)
                 return job
@@ -127,7 +145,7 @@ class Admission:
                 policy.submit(Request(job.id, job.digest, job.arrival), self.clock())
             else:
                 self.jobs.pop(job.id)
-                job.finish(JobOutcome(507, b"model: no unit left can hold it\n"))
+                self.answer(job, JobOutcome(507, b"model: no unit left can hold it\n"))
 
     def requeue(self, job: Job) -> None:
         """Its unit failed it or refused it: the job waits to be placed again (under the lock)."""
@@ -144,7 +162,7 @@ class Admission:
             job.abandoned = True
             if self.withdraw(job):
                 self.abandoned_dropped += 1
-                job.finish(JobOutcome(499, GONE))
+                self.answer(job, JobOutcome(499, GONE))
                 self._wake.notify_all()
             else:
                 self.abandoned_running += 1
@@ -167,13 +185,14 @@ class Admission:
         self.deadline_misses += 1
         self.late_dropped += 1
         late_ms = (now - job.deadline) * 1000 if job.deadline is not None else 0.0
-        job.finish(
+        self.answer(
+            job,
             JobOutcome(
                 504,
                 f"job {job.id}: missed its deadline ({late_ms:.0f} ms past it) before a GPU unit could "
                 f"start it; not run\n".encode(),
                 {DEADLINE_MISSED: "true"},
-            )
+            ),
         )
 
     def drop_late(self, now: float) -> None:
@@ -199,7 +218,7 @@ class Admission:
         if job.abandoned:
             self.abandoned_running -= 1  # counted as running when it left; it never ran
             self.abandoned_dropped += 1
-            job.finish(JobOutcome(499, GONE))
+            self.answer(job, JobOutcome(499, GONE))
         else:
             self.miss(job, now)
 
@@ -208,9 +227,15 @@ class Admission:
         if job.deadline is not None and self.clock() > job.deadline:
             self.deadline_misses += 1
             outcome.headers[DEADLINE_MISSED] = "true"
-        job.finish(outcome)
+        self.answer(job, outcome)
         with self._wake:
             self.jobs.pop(job.id, None)
+
+    def answer(self, job: Job, outcome: JobOutcome) -> None:
+        """Every job ends here: counted first (a caller that scrapes right after its answer sees it), then answered."""
+        if self.metrics is not None:
+            self.metrics.finished(job, outcome, self.clock())
+        job.finish(outcome)
 
     def fail_waiting(self, reason: str) -> None:
         """With no unit to run on, queued jobs fail now (503) rather than at their caller's timeout."""
@@ -222,7 +247,7 @@ class Admission:
         self.queue = admission_queue(self.be_max_wait_s, self.be_share)
         for job in waiting:
             self.jobs.pop(job.id, None)
-            job.finish(JobOutcome(503, f"{reason}; retry later\n".encode()))
+            self.answer(job, JobOutcome(503, f"{reason}; retry later\n".encode()))
 
     # -- what waits and runs ---------------------------------------------------------------
     def queued(self) -> int:

@@ -7,6 +7,10 @@ what each may do); uploads are `torch.export` programs or TorchScript, never pic
 *remaining* budget in milliseconds: a client that retries sends what is left, and 0 or less
 is a miss at once) and `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumptions file (`resnet50`, ...), which the
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
+`X-Faas-Gpu-App` (HarmonyBatch's application), when the caller sends one, labels the job's SLO count.
+
+`GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`), with the cluster token, as
+`/v1/status`: the labels name every function and model, which one function's token must not read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 
 from faas_gpu.contract import headers as h
+from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, ContractError, WireError, error_headers
 from faas_gpu.contract.slo import RequestClass, parse_budget_ms, parse_class
 from faas_gpu.contract.wire import TENSOR_TYPE as TENSOR
@@ -29,6 +34,7 @@ from faas_gpu.policies import PlacementError
 from . import credentials
 from .core import Scheduler
 from .leader import LeaderElection
+from .metrics import app_label
 
 CALLER_CHECK_S = 0.1  # how often a waiting job route looks whether its caller has hung up
 
@@ -51,6 +57,18 @@ def _text(message: str, status: int) -> Response:
     return Response(message + "\n", status=status, mimetype="text/plain")
 
 
+def _queues(resident: list[tuple[str | None, bool, str | None]]) -> dict[str, Any]:
+    """The jobs waiting in the global queues by class, and those held by each unit (running or in
+    its local queue): what the operator's status page shows beside each unit."""
+    out: dict[str, Any] = {RequestClass.STRICT.value: 0, RequestClass.BEST_EFFORT.value: 0, "units": {}}
+    for unit, best_effort, _model in resident:
+        if unit is None:
+            out[(RequestClass.BEST_EFFORT if best_effort else RequestClass.STRICT).value] += 1
+        else:
+            out["units"][unit] = out["units"].get(unit, 0) + 1
+    return out
+
+
 def create_app(
     scheduler: Scheduler, election: LeaderElection, token: str, job_timeout_s: float = 300, reconfig: Any = None
 ) -> Flask:
@@ -59,6 +77,10 @@ def create_app(
 
     resolver = CredentialResolver(scheduler.ds, token)
     credentials.install_guard(app, resolver)
+    scheduler.metrics.metrics.add_reader(
+        lambda: {m.SCHEDULER_LEADER: [((), 1.0 if election.is_leader.is_set() else 0.0)]}
+    )
+    scheduler.metrics.metrics.serve(app, token)  # GET /metrics: the cluster token, as /v1/status
 
     @app.errorhandler(DatastoreUnavailable)
     def datastore_unavailable(exc: DatastoreUnavailable):
@@ -82,6 +104,7 @@ def create_app(
                 "leader_id": leader_id,
                 "datastore": datastore,
                 "queued": scheduler.queued(),
+                "queues": _queues(scheduler.resident_jobs()),
                 "deadline_misses": scheduler.deadline_misses,
                 "late_dropped": scheduler.late_dropped,
                 "abandoned_dropped": scheduler.abandoned_dropped,
@@ -116,7 +139,7 @@ def create_app(
             return refused
         payload = request.get_data(cache=False)
         try:
-            decode(payload)
+            x = decode(payload)
             budget_ms = parse_budget_ms(request.headers.get(h.BUDGET_MS))  # Scheduler.submit makes it a deadline
             klass = parse_class(request.headers.get(h.CLASS))
             model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
@@ -127,6 +150,8 @@ def create_app(
                 best_effort=klass is RequestClass.BEST_EFFORT,
                 model=model,
                 function=None if credentials.caller().cluster else credentials.caller().label,
+                rows=int(x.shape[0]) if x.dim() else 1,
+                app=app_label(request.headers.get(h.APP)),
             )
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)

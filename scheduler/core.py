@@ -39,6 +39,7 @@ from .distribution import job_distribution
 from .jobs import Job
 from .loop import PlacementLoop
 from .managers import ManagerClient
+from .metrics import SchedulerMetrics
 from .residency import Gpu
 from .units import NO_UNITS_TIMEOUT_S, Refresh, UnitRef, UnitView
 
@@ -69,7 +70,11 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self.view = UnitView(datastore, self._now, policy, o3_limit, no_units_timeout_s)
         self.catalog = ModelCatalog(store)
-        self.admission = Admission(self.view, self.catalog, self._wake, self._now, be_max_wait_s, be_share)
+        self.metrics = SchedulerMetrics(policy)  # `/metrics` (the API serves it)
+        self.admission = Admission(
+            self.view, self.catalog, self._wake, self._now, be_max_wait_s, be_share, metrics=self.metrics
+        )
+        self.metrics.read_queues(lambda: list(self.admission.jobs.values()), self._wake)
         self.client = ManagerClient(store, token)
         self.http = self.client.http
         self.loop = PlacementLoop(
@@ -127,11 +132,14 @@ class Scheduler:
         best_effort: bool = False,
         model: str | None = None,
         function: str | None = None,
+        rows: int = 1,
+        app: str = "",
     ) -> Job:
         """`deadline_s`: the caller's remaining budget (None: no deadline); one already spent (<= 0)
         makes a strict job miss at once, without running. `function`: who sent it (the GPU Manager
-        counts jobs by it), None for the cluster."""
-        return self.admission.submit(digest, payload, deadline_s, best_effort, model, function)
+        counts jobs by it), None for the cluster. `rows` (the batch's size) and `app` (its
+        HarmonyBatch application) are for the metrics."""
+        return self.admission.submit(digest, payload, deadline_s, best_effort, model, function, rows, app)
 
     def abandon(self, job: Job) -> None:
         """The caller of `job` has gone: a waiting job is dropped, never started; a running one is counted."""

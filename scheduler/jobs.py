@@ -34,6 +34,9 @@ class Job:
     unit: str | None = None  # node/unit it runs on, while it runs
     function: str | None = None  # name.namespace of the function that sent it (None: the cluster)
     abandoned: bool = False  # its caller has gone: not started if it still waits
+    rows: int = 1  # the batch's size (its first dimension)
+    app: str = ""  # HarmonyBatch's application of the batch, "" for none
+    started: float | None = None  # when it was first sent to a unit (the end of its queueing)
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,7 +100,10 @@ class PlacementLoop:
         except Exception:  # a bad report or assumption must not stop placement: LALB alone this round
             log.exception("job distribution: cannot build this round's view; LALB-O3 alone")
             policy.unit_preference = None
+        t0 = time.perf_counter()  # how long the policy took (a duration for the metrics, not the scheduler's time)
         decisions = policy.schedule(self.clock())
+        if decisions and self.admission.metrics is not None:
+            self.admission.metrics.placed([d.hit for d in decisions], time.perf_counter() - t0)
         units = self.view.units
         for d in decisions:
             job = self.admission.jobs[d.request.id]
@@ -111,6 +115,8 @@ class PlacementLoop:
         job = self.admission.jobs[d.request.id]
         if self._not_started(d, unit, job):
             return
+        if job.started is None:
+            job.started = self.clock()
         job.attempts += 1
         outcome: JobOutcome | None = None
         retry = False

@@ -65,7 +65,13 @@ class FakeNVML:
         return h["name"].encode()  # older bindings return bytes
 
     def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
-        return SimpleNamespace(total=h["mem"], free=h["mem"], used=0)
+        used = h.get("used", 0)
+        return SimpleNamespace(total=h["mem"], free=h["mem"] - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
+        if "util" not in h:  # a MIG device: NVML has no utilization figure for it
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=h["util"], memory=0)
 
     def nvmlDeviceGetMigMode(self, h):  # noqa: N802
         if "mig" not in h:
@@ -180,6 +186,8 @@ class FakeGPU:
         self.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE if mig else pynvml.NVML_DEVICE_MIG_DISABLE
         self.uuid = uuid or f"GPU-{uuidlib.uuid4()}"
         self.gis: dict[int, FakeGI] = {}
+        self.used_mb = 0  # what nvmlDeviceGetMemoryInfo says is used (the whole GPU's)
+        self.utilization = 0  # percent, as nvmlDeviceGetUtilizationRates answers
 
     @classmethod
     def a100_40gb(cls, **kw) -> FakeGPU:
@@ -314,7 +322,14 @@ class MigNVML:
     def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
         self._check()
         mb = h.gi.spec.memory_mb if isinstance(h, FakeMigDevice) else h.memory_mb
-        return SimpleNamespace(total=mb * MIB, free=mb * MIB, used=0)
+        used = 0 if isinstance(h, FakeMigDevice) else h.used_mb
+        return SimpleNamespace(total=mb * MIB, free=(mb - used) * MIB, used=used * MIB)
+
+    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
+        self._check()
+        if isinstance(h, FakeMigDevice):  # as the driver: no utilization figure for a MIG device
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=h.utilization, memory=0)
 
     def nvmlDeviceGetMigMode(self, h):  # noqa: N802
         self._check()

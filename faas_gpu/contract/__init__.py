@@ -15,7 +15,8 @@ other, and this imports nothing of theirs (only the standard library; `wire` add
 - `keys`: datastore keys and prefixes;
 - `wire`: the job API's binary tensor format;
 - `errors`: typed errors that cross processes, each with its HTTP status and code;
-- `duration`: the one Go-style duration parser.
+- `duration`: the one Go-style duration parser;
+- `metrics`: every exported metric's name, type, HELP text and label names.
 
 Submodules are imported one by one (`from faas_gpu.contract import slo`): this file imports none,
 so reading a header name never loads torch.

@@ -35,6 +35,12 @@ class RunResult:
     completed_ids: list[int] = field(repr=False)
     unit_intervals: dict[int, list[tuple[float, float]]] = field(repr=False)
     peak_memory_ratio: float = 0.0
+    # for the report's timeline (`faas-gpu sim` writes it): when each job started and whether it
+    # hit, and the cluster's loaded model memory (MB) after each change, as (time, MB) steps
+    dispatch_times: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    dispatch_hits: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
+    memory_steps: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    memory_capacity_mb: float = 0.0
 
     def summary(self) -> dict[str, float | int | str]:
         n = len(self.latencies)
@@ -89,6 +95,10 @@ def simulate(
     completed: list[int] = []
     intervals: dict[int, list[tuple[float, float]]] = {u.id: [] for u in units}
     stats = {"hits": 0, "misses": 0, "false": 0, "infer": 0.0, "peak": 0.0, "dup_area": 0.0, "dup_t": 0.0}
+    starts: list[float] = []
+    hit_flags: list[bool] = []
+    loaded = {u.id: 0.0 for u in units}
+    memory: list[tuple[float, float]] = [(0.0, 0.0)]
 
     def account_duplicates() -> None:
         stats["dup_area"] += len(sched.holders.get(top_model, ())) * (env.now - stats["dup_t"])
@@ -99,6 +109,11 @@ def simulate(
         stats["false"] += d.false_miss
         unit = sched.units[d.unit]
         stats["peak"] = max(stats["peak"], unit.cache.used_mb / unit.cache.capacity_mb)
+        starts.append(d.start)
+        hit_flags.append(d.hit)
+        if unit.cache.used_mb != loaded[d.unit]:  # a miss loaded (and maybe evicted) models
+            memory.append((d.start, memory[-1][1] + unit.cache.used_mb - loaded[d.unit]))
+            loaded[d.unit] = unit.cache.used_mb
         yield env.timeout(d.duration)
         stats["infer"] += catalog[d.request.model].infer_s
         intervals[d.unit].append((d.start, env.now))
@@ -140,4 +155,8 @@ def simulate(
         completed_ids=completed,
         unit_intervals=intervals,
         peak_memory_ratio=stats["peak"],
+        dispatch_times=np.array(starts),
+        dispatch_hits=np.array(hit_flags, dtype=bool),
+        memory_steps=memory,
+        memory_capacity_mb=cl.unit_memory_mb * len(units),
     )

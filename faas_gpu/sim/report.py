@@ -1,8 +1,14 @@
-"""Simulation outputs: a summary CSV, per-request latencies, and two PNG plots."""
+"""Simulation outputs: a summary CSV, per-request latencies, PNG plots and a one-page HTML report.
+
+`report.html` is what `faas-gpu sim --trace` points a user at when trying a policy on their own
+trace before deploying it: per-policy figures, the latency CDF per policy, misses per minute
+beside the requests per minute, and the GPU memory the loaded models hold over time.
+"""
 
 from __future__ import annotations
 
 import csv
+import html
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .engine import RunResult  # noqa: E402
+from .trace import Workload  # noqa: E402
 
 BAR_METRICS = [
     ("avg_latency_s", "average latency (s)"),
@@ -26,7 +33,14 @@ def label(r: RunResult) -> str:
     return f"{r.policy}(limit {r.o3_limit})" if r.policy == "lalb_o3" else r.policy
 
 
-def write_report(results: list[RunResult], out_dir: Path) -> list[Path]:
+def write_report(
+    results: list[RunResult],
+    out_dir: Path,
+    workload: Workload | None = None,
+    title: str = "",
+    notes: list[str] | None = None,
+) -> list[Path]:
+    """summary.csv, latencies.csv, latency_cdf.png, policies.png, timeline.png and report.html."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
     rows = [r.summary() for r in results]
@@ -65,4 +79,85 @@ def write_report(results: list[RunResult], out_dir: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(bars, dpi=120)
     plt.close(fig)
-    return [summary, latencies, cdf, bars]
+    timeline = write_timeline(results, out_dir / "timeline.png", workload)
+    page = write_html(results, out_dir / "report.html", title, notes or [])
+    return [summary, latencies, cdf, bars, timeline, page]
+
+
+def write_timeline(results: list[RunResult], path: Path, workload: Workload | None) -> Path:
+    """Requests and misses per minute, and the cluster's loaded model memory, along the run."""
+    rows = 3 if workload is not None else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.1 * rows + 0.4), sharex=True)
+    end = max((r.makespan_s for r in results), default=60.0) / 60.0
+    ax = iter(axes)
+    if workload is not None:
+        a = next(ax)
+        per_minute = workload.counts.sum(axis=0)
+        a.bar(np.arange(len(per_minute)) + 0.5, per_minute, width=1.0, color="tab:grey")
+        a.set_ylabel("requests / min", fontsize=8)
+        a.set_title("the trace as replayed", fontsize=9)
+    a = next(ax)
+    bins = np.arange(0, max(1, int(np.ceil(end))) + 1)
+    for r in results:
+        counts, _ = np.histogram(r.dispatch_times[~r.dispatch_hits] / 60.0, bins=bins)
+        a.step(bins[:-1], counts, where="post", label=label(r))
+    a.set_ylabel("misses / min", fontsize=8)
+    a.set_title("cache misses (a model loaded before the job ran)", fontsize=9)
+    a.legend(fontsize=7)
+    a = next(ax)
+    for r in results:
+        steps = r.memory_steps + [(r.makespan_s, r.memory_steps[-1][1])] if r.memory_steps else []
+        if steps and r.memory_capacity_mb:
+            t, mb = zip(*steps, strict=True)
+            a.step(np.array(t) / 60.0, 100.0 * np.array(mb) / r.memory_capacity_mb, where="post", label=label(r))
+    a.set_ylabel("% of GPU memory", fontsize=8)
+    a.set_title("GPU memory held by loaded models (all GPUs)", fontsize=9)
+    a.set_xlabel("minute", fontsize=8)
+    a.legend(fontsize=7)
+    for a in axes:
+        a.tick_params(labelsize=7)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+HTML_COLUMNS = [
+    ("requests", "requests", "{:d}"),
+    ("avg_latency_s", "mean latency (s)", "{:.3f}"),
+    ("p50_latency_s", "P50 (s)", "{:.3f}"),
+    ("p99_latency_s", "P99 (s)", "{:.3f}"),
+    ("miss_ratio", "miss ratio", "{:.3f}"),
+    ("false_miss_ratio", "false-miss ratio", "{:.3f}"),
+    ("sm_utilization", "SM utilisation", "{:.3f}"),
+    ("makespan_s", "last job done (s)", "{:.0f}"),
+]
+
+
+def write_html(results: list[RunResult], path: Path, title: str, notes: list[str]) -> Path:
+    """One self-contained page over the PNGs beside it (no script, no external resource)."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in HTML_COLUMNS)
+    body = []
+    for r in results:
+        row = r.summary()
+        cells = "".join(f"<td>{fmt.format(row[k])}</td>" for k, _, fmt in HTML_COLUMNS)
+        peak = f"<td>{100 * r.peak_memory_ratio:.0f}%</td>"
+        body.append(f"<tr><th>{html.escape(label(r))}</th>{cells}{peak}</tr>")
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>faas-gpu sim: {html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:1em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:100%}}</style></head>
+<body><h1>faas-gpu sim: {html.escape(title)}</h1>
+<ul>{items}</ul>
+<table><tr><th>policy</th>{head}<th>peak GPU memory (one GPU)</th></tr>
+{"".join(body)}</table>
+<h2>Latency CDF per policy</h2><img src="latency_cdf.png" alt="latency CDF per policy">
+<h2>Requests, misses and GPU memory over time</h2><img src="timeline.png" alt="timeline">
+<h2>Policies side by side</h2><img src="policies.png" alt="policy figures">
+<p>Per-request latencies: <a href="latencies.csv">latencies.csv</a>; figures: <a href="summary.csv">summary.csv</a>.</p>
+</body></html>
+"""
+    path.write_text(page)
+    return path

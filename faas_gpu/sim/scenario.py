@@ -7,6 +7,7 @@ A scenario is a small YAML or JSON file. Every refusal names the field, e.g.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,11 +74,34 @@ class ScenarioError(ValueError):
     pass
 
 
+CLUSTER_PRESETS = {
+    "gpu-faas": "3x4:8GB",  # the GPU-FaaS paper's testbed: 3 nodes x 4 RTX 2080 of 8 GB
+    "protean": "8x1:40GB",  # PROTEAN's: 8 worker nodes of one A100-40GB each
+}
+_CLUSTER_SPEC = re.compile(r"(\d+)\s*x\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*([a-z]*)", re.IGNORECASE)
+_MEMORY_UNITS = {"gb": 1024.0, "gib": 1024.0, "g": 1024.0, "mb": 1.0, "mib": 1.0, "m": 1.0}
+
+
 @dataclass
 class Cluster:
     nodes: int
     units_per_node: int
     unit_memory_mb: float
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """`NODESxGPUS:MEMORY` (`3x4:8GB`: 3 nodes of 4 GPUs with 8 GB each; GB = 1024 MB, as GPU
+    memory is quoted) or a preset name (`gpu-faas`, `protean`); ValueError says what is wrong."""
+    text = CLUSTER_PRESETS.get(spec.strip().lower(), spec.strip())
+    m = _CLUSTER_SPEC.fullmatch(text)
+    if not m:
+        raise ValueError(f"{spec!r} is not NODESxGPUS:MEMORY (e.g. 3x4:8GB) or a preset ({', '.join(CLUSTER_PRESETS)})")
+    nodes, gpus, amount, unit = int(m[1]), int(m[2]), float(m[3]), m[4].lower()
+    if unit not in _MEMORY_UNITS:
+        raise ValueError(f"{spec!r}: the GPU memory needs a unit, GB or MB (e.g. 3x4:8GB)")
+    if nodes < 1 or gpus < 1 or amount <= 0:
+        raise ValueError(f"{spec!r}: nodes, GPUs per node and memory must be positive")
+    return Cluster(nodes, gpus, amount * _MEMORY_UNITS[unit])
 
 
 @dataclass
@@ -210,7 +234,7 @@ def parse_scenario(data: Any, file: str = "scenario", base: Path | None = None) 
     return Scenario(str(data.get("name", file)), seed, cluster, models, trace, name, o3)
 
 
-def _sniff_format(path: Path) -> str:
+def sniff_format(path: Path) -> str:
     """An Azure CSV's format from its header line (2019 invocations, or 2021 per-invocation)."""
     with path.open(newline="") as fh:
         head = fh.readline()
@@ -234,7 +258,7 @@ def _trace(c: _Check, tr: dict, base: Path) -> TraceSpec:
     for i, f in enumerate(files):
         if not f.is_file():
             c.fail(f"trace.files[{i}]" if "files" in tr else "trace.file", f"{raw_files[i]} not found")
-    fmt = tr.get("format") or ("per-minute" if "files" in tr else _sniff_format(files[0]))
+    fmt = tr.get("format") or ("per-minute" if "files" in tr else sniff_format(files[0]))
     if fmt not in TRACE_FORMATS:
         c.fail("trace.format", f"must be one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
     if fmt != "per-minute" and "files" in tr:
@@ -275,6 +299,11 @@ def _trace(c: _Check, tr: dict, base: Path) -> TraceSpec:
         arrivals=arrivals,
         infer_time=infer_time,
     )
+
+
+def parse_models(raw: Any, file: str = "models") -> list[Model]:
+    """A catalogue name or a list of {name, size_mb, load_s, infer_s}; errors name the entry."""
+    return _models(_Check(file), raw)
 
 
 def _models(c: _Check, raw: Any) -> list[Model]:

@@ -211,9 +211,15 @@ def _spread(rng: np.random.Generator, how: str, n: int, minute: int, recorded: n
     return rng.uniform(lo, lo + 60.0, size=n)
 
 
-def build_workload(spec: TraceSpec, catalog: list[Model], seed: int) -> Workload:
-    """The scenario's timed requests, sorted by time, and how they came from the trace."""
-    chosen, notes = select_functions(spec, read_trace(spec))
+def build_workload(
+    spec: TraceSpec, catalog: list[Model], seed: int, functions: list[TraceFunction] | None = None
+) -> Workload:
+    """The scenario's timed requests, sorted by time, and how they came from the trace.
+
+    `functions` is `read_trace(spec)` when the caller has read it already (`faas-gpu sim --trace`
+    reads the trace first to size the window and the working set).
+    """
+    chosen, notes = select_functions(spec, read_trace(spec) if functions is None else functions)
     recorded = np.stack([w.counts for w in chosen])  # k x minutes
     scale = spec.scale
     if spec.mean_requests_per_minute is not None:

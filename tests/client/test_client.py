@@ -265,3 +265,33 @@ def test_the_client_never_sends_a_pickle(remote_env, tmp_path):
     with pytest.raises(client.NotConvertible, match="pickle is refused"):
         model(torch.ones(1, 3))
     assert not any((tmp_path / "scheduler-models").glob("*.pt"))
+
+
+def test_a_batch_tells_the_scheduler_its_application_so_its_slo_counts_under_it(monkeypatch):
+    """HarmonyBatch's app (X-Faas-Gpu-App at the instance) travels with the batch: the tightest
+    call's app for a strict batch, else the first one named."""
+    from faas_gpu.batching import _batch_class, _Call
+
+    now = 100.0
+    loose = _Call(torch.zeros(1), cls="strict", slo_ms=800.0, arrived=now, app="batch")
+    tight = _Call(torch.zeros(1), cls="strict", slo_ms=100.0, arrived=now, app="feed")
+    assert _batch_class([loose, tight]).app == "feed"
+    assert _batch_class([_Call(torch.zeros(1)), _Call(torch.zeros(1), app="batch")]).app == "batch"
+    assert _batch_class([_Call(torch.zeros(1))]).app is None
+
+    model = client.RemoteModel(torch.nn.Identity(), client.ClientConfig(["http://127.0.0.1:9"], "t"))
+    sent = {}
+    monkeypatch.setattr(model, "_ensure_uploaded", lambda x: "digest")
+
+    def request(method, path, budget=None, **kwargs):
+        sent.update(kwargs["headers"])
+        raise client.RemoteError(599, "captured")
+
+    monkeypatch.setattr(model, "_request", request)
+    with pytest.raises(client.RemoteError):
+        model._run(torch.zeros(1, 2), _batch_class([loose, tight]))
+    assert sent["X-Faas-Gpu-App"] == "feed" and sent["X-Faas-Gpu-Class"] == "strict"
+    sent.clear()
+    with pytest.raises(client.RemoteError):
+        model._run(torch.zeros(1, 2))
+    assert "X-Faas-Gpu-App" not in sent

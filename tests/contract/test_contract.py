@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,75 @@ def test_one_duration_grammar_and_the_watchdogs_copy_agrees():
         with pytest.raises(SystemExit):
             watchdog(text, "t")
     assert parse_duration("1h30m") == 5400 and parse_duration(7) == 7.0
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def test_every_metric_has_a_conventional_name_help_and_bounded_labels():
+    from faas_gpu.contract import metrics as m
+
+    label_re = re.compile(r"^[a-z_][a-z0-9_]*$")
+    for spec in m.SPECS:
+        assert spec.name.startswith(("faas_gpu_", "nv_")), spec.name
+        assert spec.help.strip(), spec.name
+        assert spec.name.endswith("_total") == (spec.kind is m.Kind.COUNTER), spec.name  # Triton's have none
+        assert (spec.kind is m.Kind.EXACT_COUNTER) <= spec.name.startswith("nv_inference_"), spec.name
+        assert spec.kind is not m.Kind.HISTOGRAM or spec.buckets, spec.name
+        for label in spec.labels:
+            assert label_re.match(label) and label not in ("le", "quantile"), (spec.name, label)
+            assert label.split("_")[0] not in ("request", "job", "call", "trace"), (spec.name, label)  # unbounded
+
+
+def _exported(tmp_path) -> dict[str, str]:
+    """Each daemon's /metrics text, from the daemons' own objects in this process."""
+    from faas_gpu.datastore import open_datastore
+    from faas_gpu.models import ModelStore
+    from gpu_manager.api import create_app as manager_app
+    from gpu_manager.discovery import cpu_units
+    from gpu_manager.manager import GPUManager
+    from procurer.metrics import procurer_metrics
+    from scheduler.api import create_app as scheduler_app
+    from scheduler.core import Scheduler
+    from scheduler.leader import LeaderElection
+
+    auth = {"Authorization": "Bearer t"}
+    manager = GPUManager(cpu_units(2, 64), ModelStore(tmp_path / "m"))
+    ds = open_datastore(None, tmp_path / "state.db")
+    scheduler = Scheduler(ds, ModelStore(tmp_path / "s"), "t")
+    try:
+        return {
+            "gpu_manager": manager_app(manager, "t").test_client().get("/metrics", headers=auth).get_data(as_text=True),
+            "scheduler": scheduler_app(scheduler, LeaderElection(ds, "me"), "t")
+            .test_client()
+            .get("/metrics", headers=auth)
+            .get_data(as_text=True),
+            "procurer": procurer_metrics(lambda: {}).exposition().decode(),
+        }
+    finally:
+        manager.close()
+        ds.close()
+
+
+def test_every_contract_metric_is_exported_by_its_daemon_and_no_other_name_of_ours(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from faas_gpu.contract import metrics as m
+
+    for daemon, text in _exported(tmp_path).items():
+        lines = text.splitlines()
+        helps = {line.split()[2] for line in lines if line.startswith("# HELP ")}
+        typed = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
+        assert typed <= helps, f"{daemon}: families without HELP: {typed - helps}"
+        families = list(text_string_to_metric_families(text))  # Prometheus's parser takes it
+        assert all(f.documentation for f in families)
+        ours = {name for name in helps if name.startswith(("faas_gpu_", "nv_"))}
+        assert ours == {s.name for s in m.for_daemon(m.Daemon(daemon))}, daemon
+
+
+def test_the_readme_lists_every_metric_as_the_contract_has_it():
+    from faas_gpu.contract import metrics as m
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    start, end = "<!-- metrics-table:start -->\n", "\n<!-- metrics-table:end -->"
+    table = readme[readme.index(start) + len(start) : readme.index(end)]
+    assert table == m.markdown(), "README's metrics table: paste `python -m faas_gpu.contract.metrics`"
+    assert all(f"`{s.name}`" in table for s in m.SPECS)

@@ -13,10 +13,10 @@ import time
 
 import pytest
 import requests
-import yaml
 
 from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
+from tests.e2e.classify_project import classify_stack, write_project
 from tests.stack_process import StackProcess
 
 RAW_HANDLER = """
@@ -42,25 +42,15 @@ def gpu_stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-e2e")
     home = root / ".faas-gpu"
     home.mkdir()
-    shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
-    stack_file = {
-        "version": 1.0,
-        "provider": {"name": "openfaas"},
-        "functions": {
-            "classify": {
-                "lang": "python3-gpu",
-                "handler": "./classify",
-                "image": "e2e/classify-gpu:latest",
-                "annotations": {"com.faas-gpu.slo-ms": "400", "com.faas-gpu.max-batch": "8"},
-            }
-        },
-    }
+    stack_file = classify_stack(
+        "e2e/classify-gpu:latest", {"com.faas-gpu.slo-ms": "400", "com.faas-gpu.max-batch": "8"}
+    )
     raw = root / "raw"
     raw.mkdir()
     shutil.copy(REPO_ROOT / "functions" / "classify" / "model.py", raw / "model.py")
     (raw / "handler.py").write_text(RAW_HANDLER)
     stack_file["functions"]["raw"] = {"lang": "python3-gpu", "handler": "./raw", "image": "e2e/raw:latest"}
-    (root / "stack.yml").write_text(yaml.safe_dump(stack_file))
+    write_project(root, stack_file)
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()

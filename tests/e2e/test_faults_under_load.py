@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,9 +29,8 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
-from faas_gpu.paths import REPO_ROOT
+from tests.e2e.classify_project import classify_stack, write_project
 from tests.servers import EtcdServer
 from tests.stack_process import free_port
 
@@ -186,23 +184,7 @@ class Stack:
 def stack(tmp_path, redis_server):
     root = tmp_path / "project"
     root.mkdir()
-    shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
-    (root / "stack.yml").write_text(
-        yaml.safe_dump(
-            {
-                "version": 1.0,
-                "provider": {"name": "openfaas"},
-                "functions": {
-                    "classify": {
-                        "lang": "python3-gpu",
-                        "handler": "./classify",
-                        "image": "faults/classify:latest",
-                        "annotations": {"com.faas-gpu.slo-ms": "2000"},
-                    }
-                },
-            }
-        )
-    )
+    write_project(root, classify_stack("faults/classify:latest", {"com.faas-gpu.slo-ms": "2000"}))
     etcd_dir = tmp_path / "etcd"
     etcd_dir.mkdir()
     etcd = EtcdServer(etcd_dir)

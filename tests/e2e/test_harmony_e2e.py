@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +20,8 @@ import pytest
 import requests
 import yaml
 
-from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
+from tests.e2e.classify_project import classify_stack, write_project
 from tests.harmony_models import VGG19
 from tests.stack_process import StackProcess
 
@@ -32,21 +31,11 @@ APPS = {"search": (500, 5.0), "feed": (800, 10.0), "reports": (1000, 20.0)}
 
 
 def _stack_file(apps: dict[str, tuple[float, float]]) -> dict:
-    return {
-        "version": 1.0,
-        "provider": {"name": "openfaas"},
-        "functions": {
-            "classify": {
-                "lang": "python3-gpu",
-                "handler": "./classify",
-                "image": "harmony/classify:latest",
-                "annotations": {
-                    "com.faas-gpu.apps": ",".join(f"{n}={slo:g}" for n, (slo, _) in apps.items()),
-                    "com.faas-gpu.harmony-model": "VGG19",
-                },
-            }
-        },
+    annotations = {
+        "com.faas-gpu.apps": ",".join(f"{n}={slo:g}" for n, (slo, _) in apps.items()),
+        "com.faas-gpu.harmony-model": "VGG19",
     }
+    return classify_stack("harmony/classify:latest", annotations)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +44,7 @@ def harmony_stack(tmp_path_factory):
     home = root / ".faas-gpu"
     home.mkdir()
     (home / "harmony-models.json").write_text(json.dumps({"VGG19": VGG19}))
-    shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
-    (root / "stack.yml").write_text(yaml.safe_dump(_stack_file(APPS)))
+    write_project(root, _stack_file(APPS))
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(

@@ -8,7 +8,6 @@ best-effort requests fills the queue; strict requests sent just after it are ser
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -18,10 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import yaml
 
-from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
+from tests.e2e.classify_project import classify_stack, write_project
 from tests.stack_process import StackProcess
 
 pytestmark = pytest.mark.slow
@@ -35,23 +33,10 @@ def overloaded(tmp_path_factory):
     home.mkdir()
     profile = root / "slow-profile.txt"
     profile.write_text("".join(f"slow 8 50 {b} {JOB_MS}\n" for b in (1, 2, 4, 8, 16, 32, 64)))
-    shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
-    stack_file = {
-        "version": 1.0,
-        "provider": {"name": "openfaas"},
-        "functions": {
-            "classify": {
-                "lang": "python3-gpu",
-                "handler": "./classify",
-                "image": "protean/classify:latest",
-                # an SLO no strict job here misses: this is about order (a strict job past its
-                # deadline is dropped as a miss, tests/scheduler/test_scheduler_late_work.py)
-                "annotations": {"com.faas-gpu.slo-ms": "10000", "com.faas-gpu.max-batch": "1"},
-                "environment": {"handler_threads": "64"},
-            }
-        },
-    }
-    (root / "stack.yml").write_text(yaml.safe_dump(stack_file))
+    # an SLO no strict job here misses: this is about order (a strict job past its deadline is
+    # dropped as a miss, tests/scheduler/test_scheduler_late_work.py)
+    annotations = {"com.faas-gpu.slo-ms": "10000", "com.faas-gpu.max-batch": "1"}
+    write_project(root, classify_stack("protean/classify:latest", annotations, {"handler_threads": "64"}))
     manager = Daemon(
         "gpu_manager", home, "--backend", "sim", "--sim-profile", str(profile), "--units", "1", "--node", "local"
     )

@@ -395,3 +395,64 @@ def test_a_manager_may_start_on_a_mig_gpu_without_instances(tmp_path):
     assert len(out["units"]) == 2 and len(mgr.units) == 2
     with pytest.raises(ValueError, match="at least one unit"):
         GPUManager([], ModelStore(tmp_path))
+
+
+def _scrape(client) -> dict[tuple[str, frozenset], float]:
+    """The manager's /metrics as {(sample name, labels): value}, parsed as Prometheus parses it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics", headers=AUTH)
+    assert r.status_code == 200 and r.mimetype == "text/plain"
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.get_data(as_text=True))
+        for s in family.samples
+    }
+
+
+def test_metrics_read_nvml_on_gpus_the_units_own_figures_on_mig_and_count_reconfigurations(node):
+    mgr, _, a100, h100, client, digest, gate = node
+    gate.set()
+    assert client.get("/metrics").status_code == 401  # the cluster token, as /v1/
+    h100.used_mb, h100.utilization = 2048, 37
+    four_g = _unit(mgr, "4g.20gb")
+    got = _scrape(client)
+    gpu = lambda name, uuid: got[(name, frozenset({"gpu_uuid": uuid}.items()))]  # noqa: E731
+    assert gpu("nv_gpu_memory_total_bytes", h100.uuid) == 81559 * 1024**2  # NVML's figures on a whole GPU
+    assert gpu("nv_gpu_memory_used_bytes", h100.uuid) == 2048 * 1024**2
+    assert gpu("nv_gpu_utilization", h100.uuid) == pytest.approx(0.37)
+    assert gpu("nv_gpu_memory_total_bytes", four_g) == mgr.units[four_g].info.memory_mb * 1024**2
+    assert gpu("nv_gpu_utilization", four_g) == 0.0  # NVML has none for a MIG device: the unit's own (idle)
+    info = {dict(labels)["unit"]: dict(labels) for (name, labels) in got if name == "faas_gpu_unit_info"}
+    assert info[four_g]["kind"] == "mig" and info[four_g]["profile"] == "4g.20gb" and info[four_g]["gpu"] == "0"
+    assert info[h100.uuid]["kind"] == "gpu" and info[h100.uuid]["profile"] == ""
+
+    for _ in range(3):
+        assert client.post(f"/v1/jobs/{digest}?unit={four_g}", data=BATCH, headers=AUTH).status_code == 200
+    got = _scrape(client)
+    unit = frozenset({"unit": four_g}.items())
+    assert got[("faas_gpu_model_cache_misses_total", unit)] == 1
+    assert got[("faas_gpu_model_cache_hits_total", unit)] == 2
+    assert got[("faas_gpu_model_loads_total", unit)] == 1
+    assert got[("faas_gpu_model_load_seconds_count", unit)] == 1
+    assert got[("faas_gpu_models_cached", unit)] == 1
+    assert 0.0 <= gpu("nv_gpu_utilization", four_g) <= 1.0
+
+    body = {"profiles": ["4g.20gb", "2g.10gb", "1g.5gb"]}
+    assert client.post("/v1/gpus/0/geometry", json=body, headers=AUTH).status_code == 200
+    assert client.post("/v1/gpus/0/geometry", json=body, headers=AUTH).status_code == 200  # no change: not counted
+    assert client.post("/v1/gpus/0/geometry", json={"profiles": ["4g.20gb"] * 2}, headers=AUTH).status_code == 400
+    assert client.post("/v1/gpus/1/geometry", json={"profiles": ["7g.80gb"]}, headers=AUTH).status_code == 409
+    assert client.post("/v1/gpus/7/geometry", json={"profiles": []}, headers=AUTH).status_code == 404
+    got = _scrape(client)
+    reconf = {
+        tuple(sorted(dict(labels).items())): v
+        for (name, labels), v in got.items()
+        if name == "faas_gpu_mig_reconfigurations_total"
+    }
+    assert reconf == {
+        (("gpu", "0"), ("result", "done")): 1,
+        (("gpu", "0"), ("result", "refused")): 1,
+        (("gpu", "1"), ("result", "refused")): 1,
+    }
+    assert got[("faas_gpu_models_cached", unit)] == 0  # drained: its worker stopped, its cache emptied

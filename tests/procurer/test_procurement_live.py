@@ -335,6 +335,15 @@ def test_the_daemon_serves_its_status_and_releases_its_nodes_when_stopped(tmp_pa
         assert {n["kind"] for n in status["nodes"]} == {"spot"}
         assert status["prices"]["onDemandPerHour"] == pytest.approx(load_prices(DEFAULT_SPOT_CSV)[1])
         assert requests.get(f"http://127.0.0.1:{port}/other", timeout=5).status_code == 404
+        got = _metrics(port)  # the same figures for Prometheus, open on the loopback as /status
+        assert got[("faas_gpu_procurement_nodes", (("kind", "spot"), ("state", "ready")))] == 2
+        assert got[("faas_gpu_procurement_nodes", (("kind", "on-demand"), ("state", "ready")))] == 0
+        assert got[("faas_gpu_procurement_target_nodes", ())] == 2
+        assert got[("faas_gpu_procurement_events_total", (("event", "acquired"), ("kind", "spot")))] == 2
+        assert got[("faas_gpu_procurement_price_dollars_per_hour", (("kind", "on-demand"),))] == pytest.approx(
+            status["prices"]["onDemandPerHour"]
+        )
+        wait_for(lambda: _metrics(port)[("faas_gpu_procurement_dollars_total", (("kind", "spot"),))] > 0)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=30)[0].decode()
@@ -343,6 +352,18 @@ def test_the_daemon_serves_its_status_and_releases_its_nodes_when_stopped(tmp_pa
     assert final["nodes"] == [] and final["counts"]["released"] == 2
     assert final["cost"]["dollars"]["spot"] > 0 and final["cost"]["dollars"]["on-demand"] == 0
     assert "procure: acquire spot-1" in out
+
+
+def _metrics(port: int) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
 
 
 def _status(port: int) -> dict | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import requests
 import torch
 
@@ -170,4 +171,106 @@ def test_the_leader_loop_keeps_the_injected_clock(tmp_path):
         assert len(reads) == 2
     finally:
         sched.close()
+        ds.close()
+
+
+def _scrape(url: str, auth: dict) -> tuple[dict[tuple[str, frozenset], float], str]:
+    """A daemon's /metrics as {(sample name, labels): value}, parsed as Prometheus parses it, and its text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = requests.get(f"{url}/metrics", headers=auth, timeout=10)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain"), r.text
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    return samples, r.text
+
+
+def _labels(**kw: str) -> frozenset:
+    return frozenset(kw.items())
+
+
+def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_server, tmp_path):
+    from faas_gpu.fn_credentials import FunctionCredentials
+
+    start, auth = cluster
+    manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "2")
+    sched = start("scheduler")
+    wait_units(sched.url, auth, 2)
+    ds = open_datastore(etcd_server.url)
+    creds = FunctionCredentials(ds, tmp_path / "function-tokens")
+    fn = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'classify')}"}
+    try:
+        for url in (sched.url, manager.url):  # the cluster token only: the labels name every function
+            assert requests.get(f"{url}/metrics", timeout=5).status_code == 401
+            assert requests.get(f"{url}/metrics", headers=fn, timeout=5).status_code == 401
+        data, _ = scripted_resnet(2)
+        up = requests.put(f"{sched.url}/v1/models", data=data, headers=fn, timeout=30)
+        assert up.status_code == 201, up.text
+        digest = up.json()["digest"]
+        strict = {**fn, "X-Faas-Gpu-Model": "resnet-mini", "X-Faas-Gpu-App": "fast"}
+        for rows in (3, 3, 1):
+            r = requests.post(
+                f"{sched.url}/v1/jobs/{digest}",
+                data=encode(torch.randn(rows, 3, 32, 32)),
+                headers={**strict, "X-Faas-Gpu-Deadline-Ms": "60000"},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+        late = requests.post(  # no budget left: a miss at once, never run
+            f"{sched.url}/v1/jobs/{digest}",
+            data=encode(torch.randn(1, 3, 32, 32)),
+            headers={**strict, "X-Faas-Gpu-Deadline-Ms": "0"},
+            timeout=60,
+        )
+        assert late.status_code == 504
+        be = requests.post(
+            f"{sched.url}/v1/jobs/{digest}",
+            data=encode(torch.randn(2, 3, 32, 32)),
+            headers={**fn, "X-Faas-Gpu-Class": "best-effort"},
+            timeout=60,
+        )
+        assert be.status_code == 200, be.text
+
+        got, text = _scrape(sched.url, auth)
+        function = "classify.openfaas-fn"
+        assert got[("faas_gpu_batch_size_count", _labels(function=function))] == 5  # one per job
+        assert got[("faas_gpu_batch_size_sum", _labels(function=function))] == 3 + 3 + 1 + 1 + 2
+        assert got[("faas_gpu_batch_size_bucket", _labels(function=function, le="1.0"))] == 2  # the two 1-row jobs
+        slo = {
+            s: got.get(("faas_gpu_slo_jobs_total", _labels(function=function, app="fast", slo=s)))
+            for s in ("within", "over")
+        }
+        assert slo == {"within": 3, "over": 1}  # the best-effort job has no SLO
+        model = _labels(model="resnet-mini", version=digest[:12])  # Triton's labels
+        assert got[("nv_inference_request_success", model)] == 4
+        assert got[("nv_inference_request_failure", model)] == 1
+        assert got[("nv_inference_count", model)] == 3 + 3 + 1 + 2
+        assert got[("nv_inference_exec_count", model)] == 4
+        assert got[("nv_inference_compute_infer_duration_us", model)] > 0
+        assert got[("nv_inference_queue_duration_us", model)] > 0
+        assert got[("faas_gpu_queue_depth", _labels(**{"class": "strict"}))] == 0
+        assert got[("faas_gpu_queue_depth", _labels(**{"class": "best-effort"}))] == 0
+        placed = {k[1]: v for k, v in got.items() if k[0] == "faas_gpu_placement_decisions_total"}
+        assert sum(placed.values()) == 4 and placed[_labels(policy="lalb_o3", cache="miss")] == 1
+        assert got[("faas_gpu_placement_duration_seconds_count", _labels(policy="lalb_o3"))] >= 1
+        assert got[("faas_gpu_scheduler_leader", frozenset())] == 1
+        assert "# TYPE nv_inference_count untyped" in text  # Triton's exact name, no _total
+
+        got, _ = _scrape(manager.url, auth)
+        units = ("cpu-0", "cpu-1")
+        count = lambda name: sum(got.get((name, _labels(unit=u)), 0) for u in units)  # noqa: E731
+        assert count("faas_gpu_model_cache_misses_total") == 1  # one load, then hits on the same unit
+        assert count("faas_gpu_model_cache_hits_total") == 3
+        assert count("faas_gpu_model_loads_total") == 1 and count("faas_gpu_model_load_seconds_count") == 1
+        assert count("faas_gpu_models_cached") == 1
+        for u in units:
+            assert got[("nv_gpu_memory_total_bytes", _labels(gpu_uuid=u))] == 2 * 1024**2  # the emulated budget
+            assert 0.0 <= got[("nv_gpu_utilization", _labels(gpu_uuid=u))] <= 1.0
+        used = sum(got[("nv_gpu_memory_used_bytes", _labels(gpu_uuid=u))] for u in units)
+        assert used == pytest.approx(len(data), rel=1e-6)  # the one cached model's artifact
+    finally:
+        creds.revoke("openfaas-fn", "classify")
         ds.close()

@@ -1,0 +1,32 @@
+"""A project folder holding the classify example and a stack file, as a user's would be.
+
+The whole-stack tests each deploy classify with their own image name, annotations and
+environment; the folder and the stack file around it are the same, so they are made here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from faas_gpu.paths import REPO_ROOT
+
+
+def classify_stack(image: str, annotations: dict[str, str], environment: dict[str, str] | None = None) -> dict:
+    """The stack file (as a dict) deploying ./classify with python3-gpu."""
+    fn: dict = {"lang": "python3-gpu", "handler": "./classify", "image": image, "annotations": annotations}
+    if environment:
+        fn["environment"] = environment
+    return {"version": 1.0, "provider": {"name": "openfaas"}, "functions": {"classify": fn}}
+
+
+def write_project(root: Path, stack_file: dict, name: str = "stack.yml") -> Path:
+    """Copy the classify example (without weights: the handler makes them) into `root` and write
+    `stack_file` beside it; the stack file's path."""
+    if not (root / "classify").exists():
+        shutil.copytree(REPO_ROOT / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
+    path = root / name
+    path.write_text(yaml.safe_dump(stack_file))
+    return path
