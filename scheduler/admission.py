@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from faas_gpu.contract.headers import DEADLINE_MISSED
 from faas_gpu.policies import Request
-from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueue
+from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueue, admission_queue, admit
 
 from .catalog import ModelCatalog
 from .jobs import Job, JobOutcome
@@ -55,7 +55,7 @@ class Admission:
         self.be_max_wait_s, self.be_share = be_max_wait_s, be_share
         self.jobs: dict[int, Job] = {}  # every job waiting or running
         self._next_id = 0
-        self.queue: ClassQueue[Job] = ClassQueue(be_max_wait_s, be_share)
+        self.queue: ClassQueue[Job] = admission_queue(be_max_wait_s, be_share)
         self._deadlines: list[tuple[float, int]] = []  # (deadline, job id) of waiting strict jobs
         self.deadline_misses = 0
         self.late_dropped = 0  # strict jobs whose deadline passed before they could start (also misses)
@@ -122,17 +122,17 @@ class Admission:
             return
         units = max(1, len(self.view.units))
         horizon_s = units * self.catalog.longest_load_s() * policy.lookahead_loads
-        n, work = policy.queued(), policy.queued_work_s()
-        while self.queue and (n < units or work < horizon_s):
-            job = self.queue.pop(now)
+        window = [policy.queued(), policy.queued_work_s()]  # jobs and work handed to placement
+        for entry in admit(self.queue, now, lambda: window[0] < units or window[1] < horizon_s):
+            job = entry.item
             if job.deadline is not None and job.deadline <= now:  # late: never handed to placement
                 self.jobs.pop(job.id, None)
                 self.miss(job, now)
                 continue
             job.admitted = True
             policy.submit(Request(job.id, job.digest, job.arrival), now)
-            n += 1
-            work += policy.models[job.digest].infer_s
+            window[0] += 1
+            window[1] += policy.models[job.digest].infer_s
 
     def resubmit(self) -> None:
         """The unit view was rebuilt: admitted jobs that still wait go to the new policy, in
@@ -244,7 +244,7 @@ class Admission:
             return
         log.warning("%s: failing %d queued job(s)", reason, len(waiting))
         self.view.clear()  # rebuilt when a manager reports again
-        self.queue = ClassQueue(self.be_max_wait_s, self.be_share)
+        self.queue = admission_queue(self.be_max_wait_s, self.be_share)
         for job in waiting:
             self.jobs.pop(job.id, None)
             self.answer(job, JobOutcome(503, f"{reason}; retry later\n".encode()))

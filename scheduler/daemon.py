@@ -44,9 +44,9 @@ class _Daemon:
         token = ensure_token(a.home / "secrets")
         distributor = None
         if a.distribution == "protean":
-            from faas_gpu.policies.protean.distribution import JobDistributor
+            from faas_gpu.policies.protean.distribution import job_distributor
 
-            distributor = JobDistributor(self._assumptions().slowdown)  # the paper's Alg. 1 and Eq. 2
+            distributor = job_distributor(self._assumptions())  # the paper's Alg. 1 and Eq. 2
         scheduler = Scheduler(
             ds,
             ModelStore(a.home / "scheduler-models", a.max_model_bytes),

@@ -88,8 +88,13 @@ class JobDistributionPreference:
         jobs: Mapping[int, JobClass],
         be_mem_mb: Mapping[Hashable, float],
         be_model: Mapping[Hashable, str] | None = None,
+        *,
+        strict_expected: bool = True,
     ):
+        """`strict_expected`: False when no strict work is predicted on these GPUs (the simulator's
+        extended PROTEAN, `JobDistributor.choose_without_strict_work`); the daemon keeps True."""
         self.distributor = distributor
+        self.strict_expected = strict_expected
         self.slowdown = distributor.slowdown
         self.slices = {s.state.id: s for s in slices}
         self.jobs = jobs
@@ -109,26 +114,28 @@ class JobDistributionPreference:
         return Batch(request.id, job.model, job.strict, self.slowdown.spec(job.model).mem_mb)
 
     def choose(self, batch: Batch, idle: Sequence[SliceState]) -> list[SliceState]:
-        """PROTEAN's slice for `batch` among the idle slices, with those it cannot tell apart from it."""
+        """PROTEAN's slice for `batch` among the idle slices, with those it cannot tell apart from it.
+
+        Per GPU the choice is the distributor's (`JobDistributor.place`: Alg. 1, with whatever
+        extensions it was built with); across GPUs the least eta wins for a strict batch, a slice
+        not fully tagged before one that is, and the smallest slice for a best-effort one."""
         per_gpu: dict[Hashable, list[SliceState]] = defaultdict(list)
         for s in idle:
             per_gpu[self.slices[s.id].gpu].append(s)
-        if batch.strict:
-            picks: list[tuple[tuple[bool, float], SliceState]] = []
-            for gpu, states in per_gpu.items():
-                chosen = self.distributor.choose_strict_slice(batch, states, self.tags, self.be_model.get(gpu))
-                if chosen is not None:
-                    s, eta = chosen
-                    picks.append(((self.tags.get(s.id, 0.0) >= 1.0, eta), s))
-            if not picks:
-                return []
-            full, eta = min(k for k, _ in picks)
-            return [s for (f, e), s in picks if f == full and e <= eta + EPS]
-        gpu_model = self.slowdown.gpu
-        fits = [self.distributor.choose_best_effort_slice(batch, states, self.tags) for states in per_gpu.values()]
-        sized = [((gpu_model.profile(s.profile).slices, s.memory_mb), s) for s in fits if s is not None]
-        if not sized:
+        place, tags = self.distributor.place, self.tags
+        picks = [
+            (gpu, chosen)
+            for gpu, states in per_gpu.items()
+            if (chosen := place(batch, states, tags, self.be_model.get(gpu), self.strict_expected)) is not None
+        ]
+        if not picks:
             return []
+        if batch.strict and all(eta is not None for _, (_, eta) in picks):
+            keyed = [((self.tags.get(s.id, 0.0) >= 1.0, eta), s) for _, (s, eta) in picks]
+            full, least = min(k for k, _ in keyed)
+            return [s for (f, e), s in keyed if f == full and e <= least + EPS]
+        gpu_model = self.slowdown.gpu
+        sized = [((gpu_model.profile(s.profile).slices, s.memory_mb), s) for _, (s, _) in picks]
         smallest = min(k for k, _ in sized)
         return [s for k, s in sized if k == smallest]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from faas_gpu.contract.keys import INSTANCES
 from faas_gpu.datastore import Datastore
 from faas_gpu.history import InvocationHistory
-from faas_gpu.policies.infless import Candidate, InstanceLoad, Server, dispatch, schedule
+from faas_gpu.policies.infless import Candidate, InstanceLoad, Server, dispatch, rate_window, schedule, warm
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 
 from ..types import FunctionRecord, ValidationError
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
-PANIC_WINDOW_S = 1.0
 
 
 class InflessScaling:
@@ -109,9 +108,10 @@ class InflessScaling:
         restart, take the plan it published; else start the most efficient ones."""
         policy = self.policy_of(record)
         key = record.key
-        state = InflessState(record, policy)
+        state = InflessState(record, policy, rate_window=rate_window(self.window_s))
         if previous is not None and previous.policy == policy:
-            state.instances, state.splitter, state.samples = previous.instances, previous.splitter, previous.samples
+            state.instances, state.splitter = previous.instances, previous.splitter
+            state.rate_window = previous.rate_window
         else:
             saved = self._load(key, now) if previous is None else []
             state.instances = saved or self._fresh(state, max(policy.min_instances, record.replicas), now)
@@ -189,14 +189,7 @@ class InflessScaling:
         """The arrival rate: the larger of the window's and the last second's (Knative's panic
         window): a step of load is answered with instances sized for the step, not for the first
         sliver of it that a slow average lets through, and a dip does not release at once."""
-        state.samples.append((now, arrivals))
-        while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
-            state.samples.popleft()
-        (t0, n0), (t1, n1) = state.samples[0], state.samples[-1]
-        stable = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-        recent = next((s for s in reversed(state.samples) if t1 - s[0] >= PANIC_WINDOW_S), None)
-        panic = (n1 - recent[1]) / (t1 - recent[0]) if recent is not None and t1 > recent[0] else 0.0
-        return max(stable, panic)
+        return state.rate_window.observe(now, arrivals)
 
     def _keep_alive(self, state: InflessState, now: float) -> None:
         """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted arrival."""
@@ -208,12 +201,10 @@ class InflessScaling:
         state.windows = (w.prewarm_s, w.keepalive_s)
         if not minutes or state.rps > 0:
             return
-        since = now_wall - minutes[-1] * 60  # seconds since the last active minute began
-        in_window = since <= w.prewarm_s + w.keepalive_s
-        warm = in_window and (w.prewarm_s == 0 or since < 60 or since >= w.prewarm_s)
-        if not warm and state.instances:
+        keep = warm(w, now_wall - minutes[-1] * 60)  # seconds since the last active minute began
+        if not keep and state.instances:
             state.instances = []
-        elif warm and not state.instances:
+        elif keep and not state.instances:
             state.instances = self._fresh(state, 1, now)  # pre-warm before the predicted arrival
 
     # -- placement -------------------------------------------------------------------------

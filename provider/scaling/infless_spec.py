@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,7 +19,9 @@ from faas_gpu.policies.infless import (
     HybridHistogram,
     KeepAlivePolicy,
     LongShortTermHistogram,
+    RateWindow,
     WeightedSplitter,
+    rate_window,
 )
 
 from ..config import parse_duration
@@ -165,13 +166,13 @@ class Instance:
 @dataclass
 class InflessState:
     """One function's INFless state: its instances, the splitter the gateway weighs them with,
-    and the arrival samples its rate is measured over."""
+    and the window its arrival rate is measured over (`faas_gpu.policies.infless.rate`)."""
 
     record: FunctionRecord
     policy: FunctionPolicy
     instances: list[Instance] = field(default_factory=list)
     splitter: WeightedSplitter = field(default_factory=WeightedSplitter)
-    samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    rate_window: RateWindow = field(default_factory=rate_window)
     rps: float = 0.0
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)

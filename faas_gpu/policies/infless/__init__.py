@@ -5,12 +5,15 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 - `dispatch`: the three cases of §3.2 (rates per instance, scale up, release) and the
   weighted splitter that sends requests in those proportions;
 - `schedule`: Algorithm 1, greedy non-uniform scaling by resource efficiency (Eq. 10);
-- `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP) and a fixed keep-alive.
+- `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP), a fixed keep-alive, and the
+  `warm` rule that applies their windows;
+- `rate`: the arrival rate the provider scales on (`RateWindow`, built by `rate_window`).
 """
 
 from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
 from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
-from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows
+from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
+from .rate import RateWindow, rate_window
 from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "KeepAlivePolicy",
     "LongShortTermHistogram",
     "Placement",
+    "RateWindow",
     "ScheduleResult",
     "Server",
     "WeightedSplitter",
@@ -34,5 +38,7 @@ __all__ = [
     "dispatch",
     "efficiency",
     "feasible",
+    "rate_window",
     "schedule",
+    "warm",
 ]

@@ -66,6 +66,15 @@ def _windows(head_min: float, tail_min: float, margin: float) -> Windows:
     return Windows(prewarm * MINUTE, max(1, end - prewarm) * MINUTE)
 
 
+def warm(w: Windows, since_s: float) -> bool:
+    """The keep-alive rule the provider applies and the simulator replays: an idle function is
+    kept (or pre-warmed) while inside [prewarm, prewarm + keep-alive] seconds after its last
+    active minute began; with no pre-warm gap it stays warm from the start, and the minute of
+    the invocation itself is always warm. `since_s`: seconds since the last active minute began."""
+    in_window = since_s <= w.prewarm_s + w.keepalive_s
+    return in_window and (w.prewarm_s == 0 or since_s < MINUTE or since_s >= w.prewarm_s)
+
+
 @dataclass(frozen=True)
 class FixedKeepAlive:
     keepalive_s: float = 300.0

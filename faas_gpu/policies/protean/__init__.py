@@ -15,17 +15,21 @@ The data files (`mig_profiles.yaml`, `assumptions.yaml`) are read by `faas_gpu.p
 
 from .autoscale import FunctionLoad, ProteanScaling, ScaleDecision, ScaleSnapshot, ScalingPolicy, containers_needed
 from .classes import (
+    BE_MAX_WAIT_S,
+    BE_SHARE,
     CLASS_HEADER,
     SLO_HEADER,
     ClassQueue,
     Queued,
     RequestClass,
     RequestClassChoice,
+    admission_queue,
+    admit,
     classify,
     parse_class,
     parse_slo_ms,
 )
-from .distribution import Batch, Distribution, JobDistributor, Placement, SliceState, tag_slices
+from .distribution import Batch, Distribution, JobDistributor, Placement, SliceState, job_distributor, tag_slices
 from .mig import Geometry, GpuModel, InvalidGeometry, ProfileInfo, gpu_models_from_data
 from .procurement import (
     CostMeter,
@@ -42,6 +46,8 @@ from .reconfigurator import GpuObservation, ReconfigDecision, ReconfigSettings, 
 from .slowdown import Assumptions, ModelSpec, SlowdownModel, assumptions_from_data, eta, merge_assumptions
 
 __all__ = [
+    "BE_MAX_WAIT_S",
+    "BE_SHARE",
     "CLASS_HEADER",
     "SLO_HEADER",
     "Assumptions",
@@ -79,11 +85,14 @@ __all__ = [
     "ScalingPolicy",
     "SliceState",
     "SlowdownModel",
+    "admission_queue",
+    "admit",
     "classify",
     "containers_needed",
     "assumptions_from_data",
     "eta",
     "gpu_models_from_data",
+    "job_distributor",
     "merge_assumptions",
     "parse_class",
     "parse_slo_ms",

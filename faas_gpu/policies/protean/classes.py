@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -37,6 +37,8 @@ __all__ = [
     "Queued",
     "RequestClass",
     "RequestClassChoice",
+    "admission_queue",
+    "admit",
     "classify",
     "parse_class",
     "parse_slo_ms",
@@ -201,3 +203,22 @@ class ClassQueue(Generic[T]):
         """Every entry in serving order at `now` (the queue is emptied)."""
         while self:
             yield self.pop_entry(now)
+
+
+def admission_queue(be_max_wait_s: float = BE_MAX_WAIT_S, be_share: float = BE_SHARE) -> ClassQueue[T]:
+    """The class queue of PROTEAN's admission, as the scheduler daemon (`scheduler.admission`) and the
+    simulator (`faas_gpu.sim.protean`) both build it: one place, so the two run the same queue with
+    the same bound on best-effort waiting and the same `be_share` (`ClassQueue` alone defaults to
+    no share cap; admission always has one)."""
+    return ClassQueue(be_max_wait_s, be_share)
+
+
+def admit(queue: ClassQueue[T], now: float, room: Callable[[], bool]) -> Iterator[Queued[T]]:
+    """Admission in the queue's serving order at `now` while the placement has `room` (asked
+    before each entry): the one rule for what placement sees next, in the daemon and the simulator.
+
+    Every entry yielded is taken off the queue and counts against `be_share`; one the caller
+    cannot place after all goes back with `push_entry` (its arrival and deadline kept).
+    """
+    while queue and room():
+        yield queue.pop_entry(now)

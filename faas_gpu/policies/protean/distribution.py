@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .slowdown import SlowdownModel
+from .slowdown import Assumptions, SlowdownModel
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,29 @@ class JobDistributor:
         chosen = self.choose_strict_slice(batch, slices, {}, None)
         return chosen[0] if chosen else None
 
+    def place(
+        self,
+        batch: Batch,
+        slices: Sequence[SliceState],
+        tags: Mapping[Hashable, float],
+        be_model: str | None = None,
+        strict_expected: bool = True,
+    ) -> tuple[SliceState, float | None] | None:
+        """Alg. 1 for one batch over one GPU's slices now: (its slice, the eta for a strict batch),
+        or None when it waits. The one coding of the per-batch choice: `distribute` and LALB's
+        `JobDistributionPreference` (the live scheduler's and the simulator's) both ask it."""
+        if batch.strict:
+            chosen = self.choose_strict_slice(batch, slices, tags, be_model)
+            if chosen is None or self.worth_waiting(batch, chosen[1], slices):
+                return None
+            return chosen
+        no_strict = not strict_expected and not any(st for x in slices for _, st in x.running)
+        if no_strict:
+            s = self.choose_without_strict_work(batch, slices)
+        else:
+            s = self.choose_best_effort_slice(batch, slices, tags)
+        return None if s is None else (s, None)
+
     def distribute(
         self,
         batches: Sequence[Batch],
@@ -240,27 +263,28 @@ class JobDistributor:
         tags = tag_slices(slices, be_mem_mb, self.slowdown)
         out = Distribution(tags=tags)
         for b in batches:
-            current = list(state.values())
-            if b.strict:
-                chosen = self.choose_strict_slice(b, current, tags, be_model)
-                if chosen is None:
-                    out.waiting.append(b)
-                    continue
-                s, e = chosen
-                if self.worth_waiting(b, e, current):
-                    out.waiting.append(b)
-                    continue
-                out.placements.append(Placement(b, s.id, e))
-            else:
-                no_strict = not strict_expected and not any(st for x in current for _, st in x.running)
-                s = (
-                    self.choose_without_strict_work(b, current)
-                    if no_strict
-                    else self.choose_best_effort_slice(b, current, tags)
-                )
-                if s is None:
-                    out.waiting.append(b)
-                    continue
-                out.placements.append(Placement(b, s.id))
+            chosen = self.place(b, list(state.values()), tags, be_model, strict_expected)
+            if chosen is None:
+                out.waiting.append(b)
+                continue
+            s, e = chosen
+            out.placements.append(Placement(b, s.id, e))
             state[s.id] = s.with_batch(b.model, b.strict, b.mem_mb)
         return out
+
+
+def job_distributor(assumptions: Assumptions, *, extended: bool = False) -> JobDistributor:
+    """Alg. 1 as the scheduler daemon (`--distribution protean`) and the simulator build it.
+
+    `extended=False` is the paper's Alg. 1 and Eq. 2 (the daemon's, and the simulator's
+    `protean_paper`); True adds our extensions (the simulator's `protean`): no BE spill onto
+    untagged slices, Eq. 2 with the SM-share term, deadline-aware waiting, and a bound on the
+    eta a BE batch may push a running strict batch to (`policy.strict_eta_limit`).
+    """
+    return JobDistributor(
+        assumptions.slowdown,
+        be_spill=not extended,
+        sm_share=extended,
+        deadline_aware=extended,
+        protect_strict_eta=float(assumptions.setting("policy", "strict_eta_limit")) if extended else None,
+    )

@@ -7,9 +7,12 @@ from faas_gpu.policies.infless import (
     InstanceLoad,
     KeepAlivePolicy,
     LongShortTermHistogram,
+    RateWindow,
     Windows,
     dispatch,
+    rate_window,
     schedule,
+    warm,
 )
 from faas_gpu.policies.infless.keepalive import MINUTE
 
@@ -45,6 +48,8 @@ class INFlessSystem:
         self.rates: dict[str, dict] = {}
         self.idle: dict[int, float] = {}  # instance id -> released at
         self._windows: dict[tuple[str, int], Windows] = {}
+        self.windows: dict[str, RateWindow] = {}  # the provider's rate measurement, per function
+        self.arrived: dict[str, float] = {}  # requests counted so far, per function
 
     def _window(self, fn: Function, now: float) -> Windows | None:
         minutes = self.sim.active[fn.name]
@@ -56,12 +61,16 @@ class INFlessSystem:
         return self._windows[key]
 
     def _warm_window(self, fn: Function, w: Windows | None, now: float) -> bool:
-        """The provider's rule: inside [prewarm, prewarm + keep-alive] after the last active minute."""
-        if w is None:
-            return False
-        since = now - self.sim.active[fn.name][-1] * MINUTE
-        in_window = since <= w.prewarm_s + w.keepalive_s
-        return in_window and (w.prewarm_s == 0 or since < MINUTE or since >= w.prewarm_s)
+        """The provider's rule (`keepalive.warm`) after the function's last active minute."""
+        return w is not None and warm(w, now - self.sim.active[fn.name][-1] * MINUTE)
+
+    def measure(self, fn: Function, step_rps: float, now: float) -> float:
+        """The rate the provider would scale on: its `RateWindow` fed the arrivals counted so far
+        (the last step brought `step_rps` requests per second for one second), not the step's
+        true rate."""
+        self.arrived[fn.name] = self.arrived.get(fn.name, 0.0) + step_rps
+        window = self.windows.setdefault(fn.name, rate_window())
+        return window.observe(now, self.arrived[fn.name])
 
     def _place(self, fn: Function, rps: float, now: float, limit: int | None = None) -> float:
         res = schedule(
@@ -79,6 +88,8 @@ class INFlessSystem:
         return res.unplaced_rps
 
     def control(self, fn: Function, rps: float, now: float) -> None:
+        """One control period: `rps` is the last step's arrival rate, measured as the provider does."""
+        rps = self.measure(fn, rps, now)
         w = self._window(fn, now)
         every = self.sim.instances[fn.name]
         for i in [i for i in every if i.id in self.idle]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from faas_gpu.policies.infless import KeepAlivePolicy
-from faas_gpu.policies.infless.keepalive import MINUTE
+from faas_gpu.policies.infless.keepalive import MINUTE, warm
 
 
 @dataclass
@@ -37,7 +37,7 @@ def replay_keepalive(counts: Sequence[int], policy: KeepAlivePolicy) -> KeepAliv
         if nxt is None:
             waste += max(0.0, b - max(a, t + 1))
             continue
-        if not a <= nxt <= b:
+        if not warm(w, (nxt - t) * MINUTE):  # the provider's rule: outside [a, b]
             cold += 1
         waste += max(0.0, min(b, nxt) - max(a, t + 1))
     return KeepAliveStats(int(sum(counts)), len(minutes), cold, waste)

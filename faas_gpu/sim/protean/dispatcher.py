@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import simpy
 
-from faas_gpu.policies.protean import ClassQueue
+from faas_gpu.policies.protean import ClassQueue, admission_queue
 
 from .model import Job, Node
 
@@ -67,7 +67,7 @@ class Dispatcher:
         """Take every queued job off `node` (to dispatch elsewhere)."""
         jobs = self.queued(node)
         if isinstance(node.queue, ClassQueue):
-            node.queue = ClassQueue(node.queue.be_max_wait_s)
+            node.queue = admission_queue(node.queue.be_max_wait_s, node.queue.be_share)
         else:
             node.queue.clear()
         for j in jobs:

@@ -4,8 +4,10 @@
 - `infless_llama`: the whole GPU shared through MPS by every batch that fits its memory.
 - `naive_slicing`: a static (4g, 3g) geometry, MPS within each slice, each batch to the slice
   with the least memory load (used / size), whatever its class.
-- `protean`: the classes queue (strict EDF first, bounded BE wait) and Job Distribution (Alg. 1),
-  with a strict reservation predicted by the monitor (`Node.strict_pred`).
+- `protean`: the live scheduler's admission (the class queue, strict EDF first, best-effort
+  bounded by `be_max_wait_s` and `be_share`, `admit`) and its Alg. 1 object
+  (`JobDistributionPreference`, as LALB-O3 asks it), with a strict reservation predicted by the
+  monitor (`Node.strict_pred`).
 
 A batch starts only where a warm container of its model is idle.
 """
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Hashable
 
-from faas_gpu.policies.protean import Batch, ClassQueue, JobDistributor, Queued, SliceState, SlowdownModel
+from faas_gpu.policies.lalb_job_distribution import JobDistributionPreference, MigSlice
+from faas_gpu.policies.protean import Batch, ClassQueue, JobDistributor, Queued, SliceState, SlowdownModel, admit
+from faas_gpu.policies.protean.distribution import reserve_for_strict
 
 from .containers import ContainerAutoscaler
 from .dispatcher import Dispatcher
@@ -105,33 +110,53 @@ class ProteanServing(Serving):
         self.extended, self.reserve_floor_mb = extended, reserve_floor_mb
 
     def _serve(self, node: Node) -> None:
+        """Admit (the live scheduler's rule), then place what has a warm container (Alg. 1)."""
         q: ClassQueue[Job] = node.queue  # type: ignore[assignment]
         now = self.env.now
-        # the first entries of each class while they could fit in free memory, in the queue's serving
-        # order (a backlog of thousands is not re-sorted at every event)
+        admitted = self._admit(node, q, now)
+        ready = self._ready(node, admitted)
+        placed = self._place(node, ready, now) if ready else {}
+        by_id = {u.id: u for u in node.units}
+        for e in admitted:
+            uid = placed.get(e.item.id)
+            if uid is None:
+                q.push_entry(e)  # back to the class queue, with its arrival and deadline
+            else:
+                self._start(node, by_id[uid], e.item)
+
+    def _admit(self, node: Node, q: ClassQueue[Job], now: float) -> list[Queued[Job]]:
+        """This round's admitted batches: the live scheduler's admission (`admit`, the class
+        queue's serving order with `be_max_wait_s` and `be_share`) under its look-ahead, one batch
+        per unit or, past that, as much as the node's free memory.
+
+        The daemon's admitted jobs stay with the placement policy until a unit takes them (LALB
+        starts every one as soon as a unit is idle). Here a batch may find no warm container, or
+        Alg. 1 may hold it for room on a slice that suits it: it goes back to the class queue at
+        the end of the round, so the next round sees the queue's order again rather than a
+        window full of batches that cannot start (its pop still counted against `be_share`).
+        """
         free = sum(u.memory_mb - u.used_mb for u in node.units)
-        strict: list[Queued[Job]] = []
-        left = free
-        while q.strict_count and left > 0:
-            strict.append(q.pop_class(True))
-            left -= strict[-1].item.mem_mb
-        be: list[Queued[Job]] = []
-        while q.best_effort_count and free > 0:
-            be.append(q.pop_class(False))
-            free -= be[-1].item.mem_mb
-        overdue = [e for e in be if now - e.arrival > q.be_max_wait_s]
-        entries = overdue + strict + be[len(overdue) :]
-        idle = {m: self.containers.idle(node, m) for m in {e.item.model for e in entries}}
+        units = len(node.units)
+        admitted: list[Queued[Job]] = []
+        window = [0.0]
+        for e in admit(q, now, lambda: len(admitted) < units or window[0] < free):
+            admitted.append(e)
+            window[0] += e.item.mem_mb
+        return admitted
+
+    def _ready(self, node: Node, admitted: list[Queued[Job]]) -> list[Queued[Job]]:
+        """The admitted batches, in admission order, that find an idle warm container of their model."""
+        idle = {m: self.containers.idle(node, m) for m in {e.item.model for e in admitted}}
         ready: list[Queued[Job]] = []
-        for e in entries:
+        for e in admitted:
             if idle[e.item.model] > 0:
                 idle[e.item.model] -= 1
                 ready.append(e)
-            else:
-                q.push_entry(e)
-        if not ready:
-            return
-        by_id = {u.id: u for u in node.units}
+        return ready
+
+    def _place(self, node: Node, ready: list[Queued[Job]], now: float) -> dict[int, Hashable]:
+        """Alg. 1 over the node's slices, asked through the live scheduler's object
+        (`JobDistributionPreference`, the one LALB-O3 asks in the daemon): batch id -> slice id."""
         slices = [
             SliceState(
                 u.id,
@@ -144,28 +169,29 @@ class ProteanServing(Serving):
             )
             for u in node.units
         ]
-        batches = [
-            Batch(
-                e.item.id,
-                e.item.model,
-                e.item.strict,
-                e.item.mem_mb,
-                None if e.deadline is None else e.deadline - now,
-            )
-            for e in ready
-        ]
         be_mem = node.queued_be_mb + sum(s.used_mb - s.strict_mb for s in slices)  # `ready` is still counted
-        reserve = 0.0
         if self.extended and self.strict_model:
             need = max(1, math.ceil(node.strict_pred), node.resident[True])
             reserve = max(need * self.sd.spec(self.strict_model).mem_mb, self.reserve_floor_mb)
+            slices = reserve_for_strict(slices, reserve, self.sd)
         # no strict function deployed: Guideline 1 has no large slice to keep free (our extension)
         strict_expected = not self.extended or self.strict_model is not None
-        dist = self.distributor.distribute(batches, slices, be_mem, node.be_model, reserve, strict_expected)
-        placed = {p.batch.id: p.slice for p in dist.placements}
+        preference = JobDistributionPreference(
+            self.distributor,
+            [MigSlice(node.id, s) for s in slices],  # one GPU per node
+            {},
+            {node.id: be_mem},
+            {node.id: node.be_model} if node.be_model else None,
+            strict_expected=strict_expected,
+        )
+        state = {s.id: s for s in slices}
+        placed: dict[int, Hashable] = {}
         for e in ready:
-            uid = placed.get(e.item.id)
-            if uid is None:
-                q.push_entry(e)
-            else:
-                self._start(node, by_id[uid], e.item)
+            j = e.item
+            batch = Batch(j.id, j.model, j.strict, j.mem_mb, None if e.deadline is None else e.deadline - now)
+            chosen = preference.choose(batch, list(state.values()))
+            if chosen:
+                s = chosen[0]
+                placed[j.id] = s.id
+                state[s.id] = s.with_batch(j.model, j.strict, j.mem_mb)
+        return placed

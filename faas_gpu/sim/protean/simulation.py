@@ -16,7 +16,14 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from faas_gpu.policies.protean import Assumptions, ClassQueue, JobDistributor, ProteanScaling
+from faas_gpu.policies.protean import (
+    BE_SHARE,
+    Assumptions,
+    ClassQueue,
+    ProteanScaling,
+    admission_queue,
+    job_distributor,
+)
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
 from faas_gpu.policy_data.protean import default_assumptions
 
@@ -85,13 +92,7 @@ class ProteanSim:
         self.containers = ContainerAutoscaler(env, self.sd, float(setting("simulator", "cold_start_s")), self._serve)
         self.serving: Serving
         if self.is_protean:
-            distributor = JobDistributor(
-                self.sd,
-                be_spill=not extended,
-                sm_share=extended,
-                deadline_aware=extended,
-                protect_strict_eta=float(setting("policy", "strict_eta_limit")) if extended else None,
-            )
+            distributor = job_distributor(self.a, extended=extended)
             self.serving = ProteanServing(
                 self.dispatcher,
                 self.gpus,
@@ -138,7 +139,9 @@ class ProteanSim:
         """A node with the scheme's initial geometry, its queue, autoscaler and pre-warmed containers."""
         nid = len(self.nodes)
         queue: ClassQueue[Job] | deque[Job] = (
-            ClassQueue(float(self.a.setting("policy", "be_max_wait_s"))) if self.is_protean else deque()
+            admission_queue(float(self.a.setting("policy", "be_max_wait_s")), self._be_share())
+            if self.is_protean
+            else deque()
         )
         node = Node(
             nid,
@@ -152,6 +155,11 @@ class ProteanSim:
         self.nodes.append(node)
         self.containers.prewarm(node, self.workload, self.n_nodes)
         return node
+
+    def _be_share(self) -> float:
+        """`policy.be_share` of the assumptions; a file that does not build on the package's may lack
+        it: then the live scheduler's default."""
+        return float(self.a.setting("policy", "be_share")) if "be_share" in self.a.policy else BE_SHARE
 
     def _serve(self, node: Node) -> None:
         self.serving.serve(node)
