@@ -113,8 +113,11 @@ def configure(service: str, environ: Mapping[str, str] | None = None, exporter: 
             protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
             if protocol and protocol != "http/protobuf":
                 log.warning("OTLP protocol %s is not shipped; exporting over http/protobuf", protocol)
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
+            try:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            except ImportError as exc:
+                log.warning("OTLP export asked for but not installed (pip install faas-gpu[otlp]): %s", exc)
+                continue
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         else:
             log.warning("OTEL_TRACES_EXPORTER=%s is not one faas-gpu ships (otlp, console, none); ignored", name)
