@@ -323,7 +323,9 @@ class ProgressBar:
     a configuration measured again because the machine was noisy is said either way."""
 
     def __init__(self, name: str, total: int):
-        self._bar = tqdm(total=total, desc=name, unit="config", disable=None, file=sys.stderr, leave=False, mininterval=0)
+        self._bar = tqdm(
+            total=total, desc=name, unit="config", disable=None, file=sys.stderr, leave=False, mininterval=0
+        )
 
     def step(self, message: str) -> None:
         if message.endswith(", again"):
