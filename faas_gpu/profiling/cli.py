@@ -336,4 +336,3 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
-
