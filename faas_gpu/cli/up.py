@@ -39,6 +39,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
     ]
     if args.metrics_port is not None:
         stack_args += ["--metrics-port", str(args.metrics_port)]
+    if args.no_metrics:
+        stack_args.append("--no-metrics")
     if args.redis:
         stack_args += ["--redis", args.redis]
     if not args.no_gpu:
@@ -82,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the gateway's /metrics and /healthz apart, as OpenFaaS's :8082 (default $FAAS_GPU_METRICS_PORT, "
         "else 8082; 0: off)",
+    )
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="the gateway keeps no per-call records (OpenFaaS's gateway always counts: this is for measuring "
+        "their cost and for operators who scrape nothing; default $FAAS_GPU_METRICS, else on)",
     )
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)
