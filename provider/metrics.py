@@ -63,7 +63,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self._replicas = replicas
-        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}  # (function_name, code) -> (counter, histogram)
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}  # by (function_name, code)
 
     def started(self, function_name: str) -> None:
         with self._started_lock:
