@@ -19,6 +19,7 @@ from faas_gpu.contract import env as env_vars
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
+from .build import BuildProgress
 from .common import Client, CliError, credentials, json_of
 from .deploy import deploy_specs
 from .down import main as down_main
@@ -185,7 +186,8 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
     for spec in stack.functions.values():
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
-            build_image(spec, stack_dir=stack.stack_dir)
+            with BuildProgress(spec.name) as progress:
+                build_image(spec, stack_dir=stack.stack_dir, on_step=progress)
     _profile_missing(path, stack)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():
