@@ -217,7 +217,7 @@ class InvocationApp:
                 if url is None:
                     result = _error(503, f"No endpoints available for: {raw_name}.")
                 else:
-                    result = self.invoker.forward(url, method, path, query, headers, body)
+                    result = self._send(key, url, method, path, query, headers, body)
                     status = result.status
                     self.invoker.count(key)
             finally:
@@ -230,11 +230,33 @@ class InvocationApp:
             result = _error(400, str(exc))
         except DatastoreUnavailable as exc:  # a function not known here yet, or one to scale from zero
             result = _error(503, f"{exc}; retry later")
+        except urllib3.exceptions.NewConnectionError:  # a ConnectTimeoutError to urllib3, but nothing timed out
+            result = _error(502, f"Can't reach service for: {raw_name}.")
         except urllib3.exceptions.TimeoutError:
             result = _error(504, f"Timeout reaching service for: {raw_name}.")
         except urllib3.exceptions.HTTPError:
             result = _error(502, f"Can't reach service for: {raw_name}.")
         return result
+
+    def _send(
+        self, key: tuple[str, str], url: str, method: str, path: str, query: str, headers: dict, body: bytes
+    ) -> Result:
+        """Forward to `url`; a replica that refuses the connection has died (the call never reached
+        it, so sending it again is safe even for a POST): the call goes to another ready replica,
+        or to the one the runtime starts in its place, for up to the ready timeout."""
+        deadline = time.monotonic() + self.invoker.ready_timeout_s
+        while True:
+            try:
+                return self.invoker.forward(url, method, path, query, headers, body)
+            except urllib3.exceptions.NewConnectionError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(0.05, left))
+                fresh = self.invoker.pick(key, headers)
+                if fresh is None and self.invoker.runtime.wait_ready(*key, max(0.0, deadline - time.monotonic())):
+                    fresh = self.invoker.pick(key, headers)
+                url = fresh or url
 
     # -- asynchronous --------------------------------------------------------------------
     def enqueue(self, environ: dict, start_response: StartResponse, rest: str) -> Iterable[bytes]:

@@ -119,3 +119,29 @@ def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
     while time.monotonic() < deadline and any(alive(p) for p in group):
         time.sleep(0.05)
     assert not any(alive(p) for p in group), "replica processes outlived the provider"
+
+
+def test_a_call_to_a_replica_that_just_died_goes_to_the_one_started_in_its_place(tmp_path):
+    """Connection refused means the call never reached the replica: the gateway sends it to the
+    replacement instead of answering 504 "Timeout reaching service" (urllib3 files a refused
+    connection under timeouts)."""
+    home = tmp_path / "home"
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "cat", "image": "x", "envProcess": "cat"}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = requests.post(f"{s.url}/function/cat", data=b"warm", timeout=30)
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        (watchdog,) = replica_pids(home)
+        os.kill(watchdog, signal.SIGKILL)
+        while alive(watchdog):
+            time.sleep(0.01)
+        r = requests.post(f"{s.url}/function/cat", data=b"after the kill", timeout=90)
+        assert (r.status_code, r.content) == (200, b"after the kill"), r.text
+        assert [p for p in replica_pids(home) if p != watchdog], "no replacement replica"
+    finally:
+        s.stop()
