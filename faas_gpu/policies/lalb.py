@@ -99,6 +99,8 @@ class PlacementError(ValueError):
 # the order never depends on how the idle units were listed)
 _BY_DISPATCHES = attrgetter("dispatches", "id")
 
+_BY_ESTIMATE: Callable[[tuple[Unit, float]], tuple[float, int]] = lambda pair: (pair[1], pair[0].id)  # noqa: E731
+
 UnitPreference = Callable[[Request, Sequence[Unit]], Collection[int] | None]
 """(request, idle units) -> the ids of the idle units wanted for it, all equally good; None: no opinion."""
 
@@ -394,8 +396,9 @@ class LALBScheduler(_Base):
             out.append(self._dispatch(request, other, now))
             return False
         model = self.models[request.model]
-        best = min((self.units[i] for i in holders), key=lambda u: (self._finish_estimate(u, now), u.id))
-        if self._finish_estimate(best, now) < model.load_s:  # lines 8-14: wait for a busy holder
+        # the holder that frees up first (then the lowest id), each estimate computed once
+        best, soonest = min(((units[i], self._finish_estimate(units[i], now)) for i in holders), key=_BY_ESTIMATE)
+        if soonest < model.load_s:  # lines 8-14: wait for a busy holder
             self._take(request)
             best.local_queue.append(request)
             best.queued_work_s += model.infer_s
