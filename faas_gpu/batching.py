@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from faas_gpu import tracing
 from faas_gpu.contract import env
 from faas_gpu.contract import headers as h
 
@@ -66,6 +67,7 @@ class _Call:
     headers: dict[str, str] = field(default_factory=dict)
     arrived: float = field(default_factory=time.monotonic)
     app: str | None = None  # HarmonyBatch's application of the request (current_app)
+    trace: tracing.Carried | None = None  # the caller's span (None while tracing is off)
 
 
 class BatchQueue:
@@ -98,7 +100,7 @@ class BatchQueue:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         app = current_app.get()
         timeout = self.timeouts.get(app or "", self.timeout_s)
-        call = _Call(x, time.monotonic() + timeout, *request_class.get(), app=app)
+        call = _Call(x, time.monotonic() + timeout, *request_class.get(), app=app, trace=tracing.current())
         with self._cv:
             self._pending.append(call)
             self._cv.notify()
@@ -136,7 +138,10 @@ class BatchQueue:
     def _flush(self, batch: list[_Call]) -> None:
         try:
             x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
-            y, headers = self._run(x, _batch_class(batch))
+            if tracing.enabled():
+                y, headers = self._traced_run(x, batch)
+            else:
+                y, headers = self._run(x, _batch_class(batch))
             headers = {**headers, h.BATCH: str(x.shape[0])}
             start = 0
             for c in batch:
@@ -150,6 +155,22 @@ class BatchQueue:
             self._slots.release()
         for c in batch:
             c.done.set()
+
+
+    def _traced_run(self, x: torch.Tensor, batch: list[_Call]) -> tuple[torch.Tensor, dict[str, str]]:
+        """`_run` inside the batch's span: its parent the first call's span, a link to every
+        call's; each call's wait for the batch is a span of its own trace."""
+        now = time.time_ns()
+        for c in batch:
+            tracing.record("instance.batch_wait", c.trace, c.trace.at_ns if c.trace else now, now)
+        first = batch[0].trace
+        with tracing.span(
+            "instance.batch",
+            first,
+            links=[c.trace for c in batch],
+            attributes={"faas_gpu.batch.rows": int(x.shape[0]), "faas_gpu.batch.calls": len(batch)},
+        ):
+            return self._run(x, _batch_class(batch))
 
 
 class BatchClass(NamedTuple):

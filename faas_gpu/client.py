@@ -44,6 +44,7 @@ from pathlib import Path
 import requests
 import torch
 
+from faas_gpu import tracing
 from faas_gpu.batching import (  # noqa: F401 — names the handlers and the template use here
     BatchClass,
     BatchQueue,
@@ -175,7 +176,13 @@ class RemoteModel(torch.nn.Module):
                 if budget is not None:
                     headers[DEADLINE_HEADER] = budget.header(time.monotonic())
                 try:
-                    r = self._http.request(method, url + path, headers=headers, timeout=300, **kwargs)
+                    if tracing.enabled():  # the hop to the scheduler, our span its parent
+                        with tracing.span("scheduler.request", kind="client", attributes={"http.method": method}):
+                            r = self._http.request(
+                                method, url + path, headers=tracing.inject(dict(headers)), timeout=300, **kwargs
+                            )
+                    else:
+                        r = self._http.request(method, url + path, headers=headers, timeout=300, **kwargs)
                 except requests.ConnectionError as exc:
                     last = exc
                     continue

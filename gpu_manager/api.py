@@ -30,6 +30,7 @@ from collections import Counter
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError, error_headers
 from faas_gpu.contract.wire import TENSOR_TYPE, decode
@@ -81,6 +82,16 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
 
     @app.post("/v1/jobs/<digest>")
     def job(digest: str):
+        if not tracing.enabled():
+            return run_job(digest)
+        attributes = {"faas_gpu.model.digest": digest[:12], "faas_gpu.unit": request.args.get("unit", "")}
+        with tracing.server_span("gpu_manager.job", request.headers, attributes) as sp:
+            resp = run_job(digest)
+            cache = resp.headers.get(h.CACHE)
+            tracing.set_attributes(sp, **{"http.status_code": resp.status_code, "faas_gpu.cache": cache})
+            return resp
+
+    def run_job(digest: str) -> Response:
         unit = request.args.get("unit")
         if not unit:
             return _text("unit: query parameter is required", 400)

@@ -15,7 +15,7 @@ import socket
 import threading
 from pathlib import Path
 
-from faas_gpu import paths
+from faas_gpu import paths, tracing
 from faas_gpu.contract.keys import UNITS
 from faas_gpu.contract.keys import unit as unit_key
 from faas_gpu.credentials import ensure_token
@@ -90,6 +90,7 @@ class _Daemon:
         self.reporter = None
 
     def load(self):
+        tracing.configure("faas-gpu-gpu-manager")  # in the worker: the SDK's export thread does not survive a fork
         from faas_gpu.models import ModelStore
 
         from .api import create_app

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from faas_gpu import tracing
 from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ModelNotUploaded
 from faas_gpu.models import Artifact, ModelStore
@@ -162,7 +163,10 @@ class GPUManager:
         if artifact is None:
             raise UnknownModel(f"model: {digest[:12]}… has not been uploaded to this node")
         self._check_open(state)
+        waited = tracing.current()  # the wait for the unit (a job running on it, or a reconfiguration)
         with state.lock:
+            if waited is not None:
+                tracing.record("gpu_manager.unit_wait", waited, waited.at_ns, attributes={"faas_gpu.unit": unit_id})
             self._check_open(state)  # drained or retired while this job waited for the unit
             state.busy_since, state.running = time.monotonic(), digest
             try:
@@ -187,7 +191,8 @@ class GPUManager:
             if not hit:
                 self._misses.labels(state.info.id).inc()
                 t0 = time.perf_counter()
-                worker = self._load(state, artifact)
+                with tracing.span("gpu_manager.load", attributes={"faas_gpu.unit": state.info.id}):
+                    worker = self._load(state, artifact)
                 load_s = time.perf_counter() - t0
                 self._loads.labels(state.info.id).inc()
                 self._load_seconds.labels(state.info.id).observe(load_s)
@@ -196,7 +201,8 @@ class GPUManager:
                 state.cache.touch(artifact.digest)
             t0 = time.perf_counter()
             try:
-                out = worker.run(payload, timeout_s)
+                with tracing.span("gpu_manager.execute", attributes={"faas_gpu.unit": state.info.id}):
+                    out = worker.run(payload, timeout_s)
             except WorkerDied as exc:
                 log.warning("worker for %s on %s died (%s); replacing it", artifact.digest[:12], state.info.id, exc)
                 self._drop(key, state)

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.slo import RequestClass, RequestSlo, parse_request
 from faas_gpu.datastore import DatastoreUnavailable
@@ -169,10 +170,25 @@ class InvocationApp:
             self._finished(key, label, result.status, time.perf_counter() - t0, slo)
             return result
         try:
-            result = self._forward(key, raw_name, method, path, query, headers, body)
+            if tracing.enabled():
+                result = self._traced_forward(key, raw_name, method, path, query, headers, body)
+            else:
+                result = self._forward(key, raw_name, method, path, query, headers, body)
         finally:
             self.invoker.inflight.leave(key)
         self._finished(key, label, result.status, time.perf_counter() - t0, slo)
+        return result
+
+    def _traced_forward(
+        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+    ) -> Result:
+        """`_forward` inside the gateway's spans, the replica given our `traceparent` (the caller's
+        is this trace's parent). Only while tracing is on: off, the hot path makes no span."""
+        function = f"{key[1]}.{key[0]}"
+        with tracing.server_span("gateway.invoke", headers, {"faas.name": function, "http.method": method}) as sp:
+            with tracing.span("gateway.forward", kind="client", attributes={"faas.name": function}):
+                result = self._forward(key, raw_name, method, path, query, tracing.inject(dict(headers)), body)
+            tracing.set_attributes(sp, **{"http.status_code": result.status})
         return result
 
     def _finished(self, key: tuple[str, str], label: str, status: int, seconds: float, slo: RequestSlo) -> None:

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from faas_gpu import paths
+from faas_gpu import paths, tracing
 from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig, parse_duration
@@ -28,6 +28,7 @@ class _Daemon:
         self.stack = None
 
     def load(self):
+        tracing.configure("faas-gpu-gateway")  # in the worker: the SDK's export thread does not survive a fork
         from .app import Stack, build_provider
 
         c = self.config

@@ -23,6 +23,7 @@ import heapq
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from faas_gpu.contract.headers import DEADLINE_MISSED
 from faas_gpu.policies import Request
@@ -73,6 +74,7 @@ class Admission:
         function: str | None = None,
         rows: int = 1,
         app: str = "",
+        trace: Any = None,
     ) -> Job:
         """`deadline_s`: the caller's remaining budget (None: no deadline); one already spent (<= 0)
         makes a strict job miss at once, without running. `function`: who sent it (the GPU Manager
@@ -93,6 +95,7 @@ class Admission:
                 function=function,
                 rows=rows,
                 app=app,
+                trace=trace,
             )
             self._next_id += 1
             if self.metrics is not None:

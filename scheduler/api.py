@@ -21,6 +21,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
+from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, ContractError, WireError, error_headers
@@ -130,6 +131,14 @@ def create_app(
 
     @app.post("/v1/jobs/<digest>")
     def job(digest: str):
+        if not tracing.enabled():
+            return run_job(digest)
+        with tracing.server_span("scheduler.job", request.headers, {"faas_gpu.model.digest": digest[:12]}) as sp:
+            resp = run_job(digest)
+            tracing.set_attributes(sp, **{"http.status_code": resp.status_code})
+            return resp
+
+    def run_job(digest: str) -> Response:
         if not election.is_leader.is_set():
             resp = _text("not the scheduler leader; retry", 503)
             resp.headers["Retry-After"] = "1"
@@ -152,6 +161,7 @@ def create_app(
                 function=None if credentials.caller().cluster else credentials.caller().label,
                 rows=int(x.shape[0]) if x.dim() else 1,
                 app=app_label(request.headers.get(h.APP)),
+                trace=tracing.current(),
             )
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from faas_gpu.datastore import Datastore
 from faas_gpu.models import ModelStore
@@ -134,12 +135,13 @@ class Scheduler:
         function: str | None = None,
         rows: int = 1,
         app: str = "",
+        trace: Any = None,
     ) -> Job:
         """`deadline_s`: the caller's remaining budget (None: no deadline); one already spent (<= 0)
         makes a strict job miss at once, without running. `function`: who sent it (the GPU Manager
         counts jobs by it), None for the cluster. `rows` (the batch's size) and `app` (its
-        HarmonyBatch application) are for the metrics."""
-        return self.admission.submit(digest, payload, deadline_s, best_effort, model, function, rows, app)
+        HarmonyBatch application) are for the metrics; `trace`: the caller's span (`faas_gpu.tracing`)."""
+        return self.admission.submit(digest, payload, deadline_s, best_effort, model, function, rows, app, trace)
 
     def abandon(self, job: Job) -> None:
         """The caller of `job` has gone: a waiting job is dropped, never started; a running one is counted."""

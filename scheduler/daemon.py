@@ -15,7 +15,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from faas_gpu import paths
+from faas_gpu import paths, tracing
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
@@ -33,6 +33,7 @@ class _Daemon:
         self.parts: tuple = ()
 
     def load(self):
+        tracing.configure("faas-gpu-scheduler")  # in the worker: the SDK's export thread does not survive a fork
         from faas_gpu.schedulers import Announcement
 
         from .api import create_app

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Job:
     rows: int = 1  # the batch's size (its first dimension)
     app: str = ""  # HarmonyBatch's application of the batch, "" for none
     started: float | None = None  # when it was first sent to a unit (the end of its queueing)
+    trace: Any = None  # the job route's span (`faas_gpu.tracing.Carried`): its queueing and dispatch spans' parent
 
     def finish(self, outcome: JobOutcome) -> None:
         self.outcome = outcome

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from faas_gpu import tracing
 from faas_gpu.policies import Dispatch
 from faas_gpu.policies.lalb_job_distribution import JobDistributionPreference
 
@@ -121,7 +122,10 @@ class PlacementLoop:
         outcome: JobOutcome | None = None
         retry = False
         try:
-            outcome = self._call(unit, job)
+            if job.trace is not None and tracing.enabled():
+                outcome = self._traced_call(unit, job)
+            else:
+                outcome = self._call(unit, job)
         except requests.RequestException as exc:
             log.warning("manager %s failed job %d: %s", unit.key, job.id, exc)
             retry = job.attempts < MAX_ATTEMPTS
@@ -157,6 +161,13 @@ class PlacementLoop:
             self.admission.drop_placed(job, now)
             self._wake.notify_all()
         return True
+
+    def _traced_call(self, unit: UnitRef, job: Job) -> JobOutcome:
+        """`_call` with the job's queueing (admission to this dispatch) and its hop to the GPU
+        Manager as spans of the job route's trace; a retried job's queueing counts from admission."""
+        tracing.record("scheduler.queue", job.trace, job.trace.at_ns, attributes={"faas_gpu.attempt": job.attempts})
+        with tracing.span("scheduler.dispatch", job.trace, kind="client", attributes={"faas_gpu.unit": unit.key}):
+            return self._call(unit, job)
 
     def _call(self, unit: UnitRef, job: Job) -> JobOutcome:
         r = self.client.run_job(unit, job)

@@ -17,6 +17,7 @@ from typing import Any
 
 import requests
 
+from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.errors import ModelNotUploaded, code_of
 from faas_gpu.models import ModelStore
@@ -38,7 +39,7 @@ class ManagerClient:
         """The manager's answer to `job` on `unit` (200, or a 4xx or 507 the caller is told)."""
         auth = {"Authorization": f"Bearer {self.token}"}
         url = f"{unit.url}/v1/jobs/{job.digest}"
-        headers = {**auth, h.FUNCTION: job.function} if job.function else auth
+        headers = tracing.inject({**auth, h.FUNCTION: job.function} if job.function else dict(auth))
         for _ in range(2):
             r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=headers, timeout=300)
             if r.status_code == 404 and code_of(r.headers) == ModelNotUploaded.code:

@@ -66,6 +66,14 @@ HOME: Var[Path | None] = Var("FAAS_GPU_HOME", None, Path, "state folder (default
 ETCD: Var[str | None] = Var("FAAS_GPU_ETCD", None, _text, "etcd URL (default: the embedded datastore)")
 REDIS: Var[str | None] = Var("FAAS_GPU_REDIS", None, _text, "Redis URL of the async queue (default: embedded)")
 
+TRACES_FILE: Var[Path | None] = Var(
+    "FAAS_GPU_TRACES_FILE",
+    None,
+    Path,
+    "a JSON-lines file every daemon and instance appends its finished spans to (`faas_gpu.tracing`; "
+    "beside or instead of OpenTelemetry's OTLP exporter), for tests and a stack without a collector",
+)
+
 # -- the provider -------------------------------------------------------------------------------
 CPUS: Var[float | None] = Var("FAAS_GPU_CPUS", None, float, "cores the autoscaler may give instances (default all)")
 MAX_BODY_BYTES: Var[int | None] = Var("FAAS_GPU_MAX_BODY_BYTES", None, int, "largest /function/ body")

@@ -62,6 +62,13 @@ START_TIME = "X-Start-Time"
 DURATION_SECONDS = "X-Duration-Seconds"
 CALLBACK_URL = "X-Callback-Url"
 
+# -- W3C Trace Context (`faas_gpu.tracing`): passed on by every hop, gateway to GPU Manager ---------
+TRACEPARENT = "traceparent"
+"""The caller's span: version-traceid-spanid-flags (W3C Trace Context). Header names are
+case-insensitive; the gateway's WSGI layer spells it `Traceparent`."""
+TRACESTATE = "tracestate"
+TRACE_CONTEXT = (TRACEPARENT, TRACESTATE)
+
 TENSOR_TYPE = "application/x-faas-gpu-tensor"
 """The content type of a `wire` tensor message."""
 

@@ -26,6 +26,7 @@ from .base import LaunchError
 
 CLASSIC_WATCHDOG = paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py"
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "OMP_NUM_THREADS", "PYTHONPATH")
+PASS_ENV_PREFIXES = ("OTEL_", "FAAS_GPU_TRACES_FILE")
 MAX_ARG_STRLEN = 131072  # Linux: one exec argument or environment string (`fprocess=...`)
 
 SCRIPT_SUFFIXES = (".py", ".js", ".mjs", ".ts", ".rb", ".pl", ".php", ".sh", ".jar")
@@ -59,6 +60,11 @@ def plan_launch(
         )
     env_vars = dict(dep.envVars or {})
     base_env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+    # the stack's tracing reaches its instances (`faas_gpu.tracing`), under their own service name;
+    # a function's own env wins
+    base_env.update(
+        {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV_PREFIXES) and k != "OTEL_SERVICE_NAME"}
+    )
     image = images.get(dep.image)
     if image is not None:
         fprocess = dep.envProcess or image.fprocess

@@ -14,12 +14,15 @@ from waitress import serve
 
 try:  # the GPU client ships with faas-gpu's stack; a plain image runs its models as they are
     from faas_gpu import client as gpu_client
+    from faas_gpu import tracing as gpu_tracing
     from faas_gpu.contract import env as gpu_env
     from faas_gpu.contract import headers as gpu_headers
     from faas_gpu.contract.slo import read_request
 except ImportError:
-    gpu_client = gpu_env = gpu_headers = read_request = None
+    gpu_client = gpu_env = gpu_headers = read_request = gpu_tracing = None
 if gpu_client is not None:
+    # traces: the watchdog passes the gateway's traceparent on; the GPU client passes ours on
+    gpu_tracing.configure(f"faas-gpu-function:{gpu_env.FUNCTION.read() or 'instance'}")
     # with a scheduler, torch.export.load / torch.load / torch.jit.load return models that run on GPU
     # units; without one, torch.load only explains a whole-module pickle it cannot load
     gpu_client.install()
@@ -135,7 +138,11 @@ def call_handler(path):
         gpu_client.current_app.set(request.headers.get(gpu_headers.APP))
         gpu_client.request_class.set(_request_class(request.headers))
     try:
-        response_data = handler.handle(event, context)
+        if gpu_tracing is not None and gpu_tracing.enabled():
+            with gpu_tracing.server_span("instance.handle", request.headers, {"http.method": request.method}):
+                response_data = handler.handle(event, context)
+        else:
+            response_data = handler.handle(event, context)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
         traceback.print_exc()
         status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)

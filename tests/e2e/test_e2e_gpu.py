@@ -5,6 +5,7 @@ Everything on the embedded datastore of one state folder, as `make up` runs it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,8 @@ def gpu_stack(tmp_path_factory):
     (raw / "handler.py").write_text(RAW_HANDLER)
     stack_file["functions"]["raw"] = {"lang": "python3-gpu", "handler": "./raw", "image": "e2e/raw:latest"}
     write_project(root, stack_file)
+    traces = pytest.MonkeyPatch()  # every daemon and instance appends its spans here (`faas_gpu.tracing`)
+    traces.setenv("FAAS_GPU_TRACES_FILE", str(root / "spans.jsonl"))
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()
@@ -66,10 +69,12 @@ def gpu_stack(tmp_path_factory):
         )
     stack.wait_ready("classify", timeout_s=120)
     stack.wait_ready("raw", timeout_s=120)
+    stack.traces = root / "spans.jsonl"
     yield stack
     stack.stop()
     scheduler.kill()
     manager.kill()
+    traces.undo()
 
 
 def test_classify_runs_on_a_unit_and_says_which(gpu_stack):
@@ -106,3 +111,46 @@ def test_wrong_tensor_shape_through_a_function_is_400_with_the_models_message(gp
     assert ok.headers["X-Faas-Gpu-Unit"].startswith("cpu-")
     bad = requests.post(f"{gpu_stack.url}/function/raw", json={"channels": 5}, timeout=120)
     assert bad.status_code == 400 and "model:" in bad.text
+
+
+HOPS = [  # one call's path, each span the parent of the next
+    "gateway.invoke",
+    "gateway.forward",
+    "instance.handle",
+    "instance.batch",
+    "scheduler.request",
+    "scheduler.job",
+    "scheduler.dispatch",
+    "gpu_manager.job",
+    "gpu_manager.execute",
+]
+
+
+def test_one_classify_call_is_one_trace_across_every_hop(gpu_stack):
+    """W3C traceparent from the caller through gateway, watchdog, handler, batch queue, scheduler
+    and GPU Manager: every hop's span in the caller's trace, each the child of the one before."""
+    trace_id = os.urandom(16).hex()
+    caller = os.urandom(8).hex()
+    r = requests.post(
+        f"{gpu_stack.url}/function/classify",
+        json={"seed": 3},
+        headers={"traceparent": f"00-{trace_id}-{caller}-01"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 20
+    while True:  # the gateway's span ends after the answer is sent
+        spans = [json.loads(line) for line in gpu_stack.traces.read_text().splitlines() if line.strip()]
+        mine = [s for s in spans if s["context"]["trace_id"] == "0x" + trace_id]
+        if any(s["name"] == "gateway.invoke" for s in mine) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    by_name = {s["name"]: s for s in mine}
+    assert set(HOPS) <= set(by_name), sorted(by_name)
+    assert by_name["gateway.invoke"]["parent_id"] == "0x" + caller
+    for parent, child in zip(HOPS, HOPS[1:], strict=False):
+        assert by_name[child]["parent_id"] == by_name[parent]["context"]["span_id"], (parent, child)
+    for waiting, parent in (("instance.batch_wait", "instance.handle"), ("scheduler.queue", "scheduler.job")):
+        assert by_name[waiting]["parent_id"] == by_name[parent]["context"]["span_id"]
+    services = {s["resource"]["attributes"]["service.name"] for s in mine}
+    assert {"faas-gpu-gateway", "faas-gpu-scheduler", "faas-gpu-gpu-manager"} <= services
