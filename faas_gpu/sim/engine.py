@@ -11,6 +11,7 @@ many interacting processes, stays on simpy.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -76,7 +77,27 @@ def simulate(
 
     `workload` is the scenario's `build_workload` result when the caller already has it (the CLI
     builds it once to print its notes and count the requests, then runs every policy on it).
+
+    The cyclic garbage collector is paused for the run: every request, decision and record it
+    makes lives until the result is built, and the loop makes no reference cycles, so the
+    collector's passes over a growing heap (~12% of the time at 500 k requests) find nothing.
     """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(scenario, policy, o3_limit, progress, workload)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _simulate(
+    scenario: Scenario,
+    policy: str | None,
+    o3_limit: int | None,
+    progress: Callable[[int], None] | None,
+    workload: Workload | None,
+) -> RunResult:
     policy = policy or scenario.policy
     o3 = scenario.o3_limit if o3_limit is None else o3_limit
     workload = workload or build_workload(scenario.trace, scenario.models, scenario.seed)
