@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml functions/embed/requirements.txt
 	$(PY) -m pip install -q --no-deps -r functions/embed/requirements.txt
 	touch $@
 
-# Real etcd and Redis for the integration tests (Debian packages; the fixtures start them).
+# Real etcd, Redis and Prometheus for the integration tests (Debian packages; the fixtures start them).
 servers:
 	@if ! command -v etcd >/dev/null || ! command -v redis-server >/dev/null; then \
 		$(SUDO) apt-get update -q && \
@@ -37,6 +37,11 @@ servers:
 	@if ! test -x /usr/bin/chromium || ! test -x /usr/bin/chromedriver; then \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium chromium-driver; \
+	fi
+	@# the dashboard test's real Prometheus (and promtool), Debian's package
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
 test: $(STAMP) servers

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from faas_gpu import paths
-from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore
+from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore, StepCallback
 from faas_gpu.stack import FunctionSpec, StackError, resolve_inside
 
 SKIP_IN_HANDLER = ("build", "template")
@@ -164,13 +164,17 @@ def build(
     *,
     stack_dir: Path | str | None = None,
     quiet: bool = True,
+    on_step: StepCallback | None = None,
 ) -> ImageRecord:
-    """Shrinkwrap, then add the context to the local image store as `spec.image`."""
+    """Shrinkwrap, then add the context to the local image store as `spec.image`; `on_step` hears
+    of each step (the shrink-wrap, then the store's), for a progress bar."""
     if spec.lang == "dockerfile" and not spec.fprocess:
         raise BuildError(
             f"functions.{spec.name}: dockerfile functions cannot be built into the local image store "
             "without an fprocess; build them with docker and deploy with skip_build: true"
         )
+    if on_step is not None:
+        on_step("shrink-wrap", 1)
     context = shrinkwrap(spec, stack_dir, out_dir)
     fprocess = spec.fprocess
     if not fprocess and (context / "template.yml").is_file():
@@ -178,6 +182,13 @@ def build(
     if not fprocess:
         raise BuildError(f"functions.{spec.name}: the template has no fprocess and the function gives none")
     try:
-        return (store or ImageStore()).add(spec.image, context, lang=spec.lang or "", fprocess=fprocess, quiet=quiet)
+        return (store or ImageStore()).add(
+            spec.image,
+            context,
+            lang=spec.lang or "",
+            fprocess=fprocess,
+            quiet=quiet,
+            on_step=None if on_step is None else lambda label, total: on_step(label, total + 1),
+        )
     except BuildError as exc:
         raise BuildError(f"functions.{spec.name}: {exc}") from None

@@ -27,6 +27,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from faas_gpu import paths
 RECORD = "image.json"
 PTH_NAME = "_faas_gpu_stack.pth"
 KEEP_VERSIONS = 2  # the current one and the one before it
+
+StepCallback = Callable[[str, int], None]
+"""`on_step(label, total)`: a build step named `label` begins, of `total` steps as now known. Why a
+callback: the store says what it is doing and the CLI decides how to show it (a bar on a terminal)."""
 
 
 class BuildError(Exception):
@@ -152,28 +157,38 @@ class ImageStore:
         lang: str,
         fprocess: str,
         quiet: bool = True,
+        on_step: StepCallback | None = None,
     ) -> ImageRecord:
         """Copy the build context in, make its environment, then publish it atomically."""
         context_dir = Path(context_dir)
         if not context_dir.is_dir():
             raise BuildError(f"image {image}: build context {context_dir} is not a folder")
+        handler_folder = _handler_folder(context_dir)
+        candidates = ("requirements.txt", f"{handler_folder}/requirements.txt")
+        requirements = [rel for rel in candidates if has_requirements(context_dir / rel)]
+        labels = ["copy the context", "make the function environment"]
+        labels += [f"pip install -r {rel}" for rel in requirements] + ["publish"]
+
+        def step(label: str) -> None:
+            if on_step is not None:
+                on_step(label, len(labels))
+
         image = normalise(image)
         name = folder_name(image)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
         version = self.root / f".{name}@{time.time_ns()}"
         try:
+            step(labels[0])
             shutil.copytree(
                 context_dir, staging / "context", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
             )
+            step(labels[1])
             make_function_env(staging / "venv")
-            handler_folder = _handler_folder(staging / "context")
-            for req in (
-                staging / "context" / "requirements.txt",
-                staging / "context" / handler_folder / "requirements.txt",
-            ):
-                if has_requirements(req):
-                    pip_install(staging / "venv" / "bin" / "python", req, quiet=quiet)
+            for rel in requirements:
+                step(f"pip install -r {rel}")
+                pip_install(staging / "venv" / "bin" / "python", staging / "context" / rel, quiet=quiet)
+            step(labels[-1])
             created = time.time()
             record_json = {"image": image, "fprocess": fprocess, "lang": lang, "created": created}
             (staging / RECORD).write_text(json.dumps(record_json, indent=2) + "\n")

@@ -24,6 +24,11 @@ class ProviderConfig:
     """The gateway's metrics on a port of their own (`/metrics`, `/healthz`), as the CE gateway
     serves them on :8082; None: $FAAS_GPU_METRICS_PORT, else 8082; 0: not served apart (the
     gateway and provider ports keep their own /metrics)."""
+    metrics: bool = True
+    """The gateway's per-call records: OpenFaaS's invocation counters and duration histogram, and
+    the status page's rate and SLO tally (`provider.activity`). OpenFaaS's gateway always counts;
+    off (`--no-metrics`, FAAS_GPU_METRICS=off) is for measuring their cost and for operators who
+    scrape nothing. /metrics still answers then, with gateway_service_count and no per-call series."""
     home: Path = field(default_factory=paths.home)
     etcd_url: str | None = None
     redis_url: str | None = None
@@ -83,6 +88,8 @@ class ProviderConfig:
             cfg.infless_profiles = Path(env["FAAS_GPU_INFLESS_PROFILES"])
         if "FAAS_GPU_MAX_BODY_BYTES" in env:
             cfg.max_body_bytes = int(env["FAAS_GPU_MAX_BODY_BYTES"])
+        if "metrics" not in overrides:
+            cfg.metrics = env_vars.METRICS.read(env)
         if cfg.metrics_port is None:
             cfg.metrics_port = env_vars.METRICS_PORT.read(env)
         if "upstream_timeout" in env:

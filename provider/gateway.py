@@ -101,6 +101,7 @@ class InvocationApp:
         self.fallback = fallback
         self.gateway = gateway
         self.max_body = provider.config.max_body_bytes
+        self.recording = provider.config.metrics  # off: no per-call metrics or activity (`--no-metrics`)
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -161,7 +162,8 @@ class InvocationApp:
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
-        self.metrics.started(label)
+        if self.recording:
+            self.metrics.started(label)
         t0 = time.perf_counter()
         try:
             self.invoker.inflight.enter(key, self.invoker.inflight_limit(key), wait=wait_for_slot)
@@ -193,6 +195,8 @@ class InvocationApp:
 
     def _finished(self, key: tuple[str, str], label: str, status: int, seconds: float, slo: RequestSlo) -> None:
         """One call answered: OpenFaaS's metrics, and the status page's rate and SLO tally."""
+        if not self.recording:
+            return
         self.metrics.finished(label, status, seconds)
         if slo.request_class is RequestClass.BEST_EFFORT:
             slo_ms = None  # a best-effort call has no SLO to meet

@@ -35,12 +35,13 @@ class _Daemon:
         self.stack = Stack(build_provider(c))
         self.stack.start()
         log.info(
-            "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, metrics %s, state %s",
+            "faas-gpu serving: gateway http://%s:%d, provider http://%s:%d, metrics %s%s, state %s",
             c.bind,
             c.gateway_port,
             c.bind,
             c.provider_port,
             f"http://{c.bind}:{c.metrics_port}/metrics" if c.metrics_port else "not served apart",
+            "" if c.metrics else " (per-call records off)",
             c.home,
         )
         return self.stack
@@ -60,6 +61,13 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         type=int,
         help="the gateway's /metrics and /healthz on a port of their own, as the OpenFaaS gateway's :8082 "
         "(default $FAAS_GPU_METRICS_PORT, else 8082; 0: off)",
+    )
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="the gateway keeps no per-call records (invocation counters, durations, the status page's rate "
+        "and SLO tally); OpenFaaS's gateway always counts: this is for measuring their cost and for "
+        "operators who scrape nothing (default $FAAS_GPU_METRICS, else on)",
     )
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL, e.g. http://127.0.0.1:2379 (default: embedded store)")
@@ -121,6 +129,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "harmony_plan_period_s": a.harmony_plan_period,
         "protean_surplus_window_s": surplus_s,
     }
+    if a.no_metrics:
+        overrides["metrics"] = False
     if a.harmony_coefficients:
         overrides["harmony_coefficients"] = a.harmony_coefficients.resolve()
     if a.cpus:

@@ -5,7 +5,10 @@ write build/<fn>/, as faas-cli does, which needs no stack."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from faas_gpu.build import build as build_image
 from faas_gpu.build import shrinkwrap
@@ -33,9 +36,36 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"{spec.name} shrink-wrapped to {_rel(out)}")
         else:
             print(f"Building: {spec.image} with {spec.lang} template. Please wait..", flush=True)
-            record = build_image(spec, store, stack_dir=stack.stack_dir)
+            with BuildProgress(spec.name) as progress:
+                record = build_image(spec, store, stack_dir=stack.stack_dir, on_step=progress)
             print(f"Image: {record.image} built.")
     return 0
+
+
+class BuildProgress:
+    """A build's steps as a bar on a terminal (shrink-wrap, environment, each pip install, publish);
+    nothing when stderr is not a terminal (tqdm's `disable=None`), so logs and pipes stay as they were.
+    Why steps and not pip's own output: pip runs quiet (its tail is shown when it fails), and an
+    install that takes minutes should say that it is the one running."""
+
+    def __init__(self, name: str):
+        self._bar = tqdm(total=None, desc=name, unit="step", disable=None, file=sys.stderr, leave=False, mininterval=0)
+        self._begun = False
+
+    def __call__(self, label: str, total: int) -> None:
+        if self._begun:
+            self._bar.update(1)
+        self._begun = True
+        self._bar.total = total
+        self._bar.set_postfix_str(label)
+
+    def __enter__(self) -> BuildProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._begun and exc[0] is None:
+            self._bar.update(1)
+        self._bar.close()
 
 
 def _rel(path: Path) -> str:

@@ -19,6 +19,7 @@ from faas_gpu.contract import env as env_vars
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
+from .build import BuildProgress
 from .common import Client, CliError, credentials, json_of
 from .deploy import deploy_specs
 from .down import main as down_main
@@ -39,6 +40,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
     ]
     if args.metrics_port is not None:
         stack_args += ["--metrics-port", str(args.metrics_port)]
+    if args.no_metrics:
+        stack_args.append("--no-metrics")
     if args.redis:
         stack_args += ["--redis", args.redis]
     if not args.no_gpu:
@@ -82,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the gateway's /metrics and /healthz apart, as OpenFaaS's :8082 (default $FAAS_GPU_METRICS_PORT, "
         "else 8082; 0: off)",
+    )
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="the gateway keeps no per-call records (OpenFaaS's gateway always counts: this is for measuring "
+        "their cost and for operators who scrape nothing; default $FAAS_GPU_METRICS, else on)",
     )
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)
@@ -177,7 +186,8 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
     for spec in stack.functions.values():
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
-            build_image(spec, stack_dir=stack.stack_dir)
+            with BuildProgress(spec.name) as progress:
+                build_image(spec, stack_dir=stack.stack_dir, on_step=progress)
     _profile_missing(path, stack)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():

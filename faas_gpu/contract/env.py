@@ -51,6 +51,16 @@ def _urls(raw: str) -> tuple[str, ...]:
     return tuple(u.strip().rstrip("/") for u in raw.split(",") if u.strip())
 
 
+def on_off(raw: str) -> bool:
+    """ "on"/"off" (also 1/0, true/false, yes/no), case-insensitive; ValueError otherwise."""
+    value = raw.strip().lower()
+    if value in ("on", "1", "true", "yes"):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"expected on or off, got {raw!r}")
+
+
 def app_timeouts_ms(raw: str) -> dict[str, float]:
     """ "app=ms,app=ms" -> {app: seconds}; items without a name or a value are skipped."""
     out: dict[str, float] = {}
@@ -83,6 +93,16 @@ INFLESS_DATA: Var[Path | None] = Var("FAAS_GPU_INFLESS_DATA", None, Path, "INFle
 SPOT_PRICES: Var[Path | None] = Var("FAAS_GPU_SPOT_PRICES", None, Path, "spot price CSV (procurer)")
 METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
+)
+
+METRICS: Var[bool] = Var(
+    "FAAS_GPU_METRICS",
+    True,
+    on_off,
+    "on|off: the gateway's per-call records (OpenFaaS's gateway_function_invocation*, "
+    "gateway_functions_seconds, and the status page's rate and SLO tally). OpenFaaS's gateway always "
+    "counts; off exists to measure what counting costs and for operators who scrape nothing. /metrics "
+    "still answers (gateway_service_count), without the per-call series",
 )
 
 # -- an instance: set by the provider's runtime, read by the template and the GPU client --------

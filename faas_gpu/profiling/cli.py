@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.stack import StackError, find_stack_file, load_stack
 
 from .graph import TraceError
-from .operators import DEFAULT_BATCHES, DTYPES, default_threads, profile_model
+from .operators import DEFAULT_BATCHES, DTYPES, default_threads, devices, profile_model
 from .report import DEFAULT_MAX_SPREAD
 from .store import ProfileStore, profiles_db
 
@@ -132,6 +134,7 @@ def _profile(
     store: ProfileStore, job: Job, module: Any, batches: list[int], threads: list[int], args: argparse.Namespace
 ) -> None:
     shape = ",".join(map(str, job.shape))
+    bar = ProgressBar(job.name, len(batches) * len(threads) * len(devices()))
     try:
         res = profile_model(
             store,
@@ -144,7 +147,7 @@ def _profile(
             warmup=args.warmup,
             dtype=job.dtype,
             remeasure=args.remeasure,
-            progress=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True),
+            progress=bar.step,
             max_spread=args.max_spread,
             retries=args.retries,
             rerun=job.rerun,
@@ -154,6 +157,8 @@ def _profile(
     except RuntimeError as exc:  # e.g. out of memory at a large batch: the grid, not the input, is at fault
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ProfilingFailed(f"profiling {job.name} failed: {type(exc).__name__}: {first}") from None
+    finally:
+        bar.close()
     print(
         f"{job.name}: {len(res.graph.nodes)} operators, {len(res.graph.signatures)} signatures; operators timed "
         f"at {res.measured_op_configs} configurations, taken from the store at {res.reused_op_configs}"
@@ -311,3 +316,23 @@ def load_model(spec: str, base: Path | None = None, key: str = "--model") -> Any
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class ProgressBar:
+    """The profiler's progress: a bar on a terminal, nothing in a log (tqdm's `disable=None`);
+    a configuration measured again because the machine was noisy is said either way."""
+
+    def __init__(self, name: str, total: int):
+        self._bar = tqdm(
+            total=total, desc=name, unit="config", disable=None, file=sys.stderr, leave=False, mininterval=0
+        )
+
+    def step(self, message: str) -> None:
+        if message.endswith(", again"):
+            self._bar.write(f"  {message}", file=sys.stderr)
+        else:
+            self._bar.update(1)
+            self._bar.set_postfix_str(message.partition(": ")[2], refresh=False)
+
+    def close(self) -> None:
+        self._bar.close()

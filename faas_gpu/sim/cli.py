@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             print(note, file=sys.stderr)
         total = len(workload.arrivals) * len(policies)
         results: list[RunResult] = []
-        with tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr) as bar:
+        with tqdm(total=total, unit="req", disable=True if args.no_progress else None, file=sys.stderr) as bar:
             for name in policies:
                 bar.set_description(name)
                 results.append(simulate(scenario, name, args.o3_limit, progress=bar.update, workload=workload))

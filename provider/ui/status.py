@@ -146,7 +146,8 @@ class StatusCollector:
                     "invokeName": record.name + suffix,
                 }
             )
-        return {"items": items, **({"error": error} if error else {})}
+        # recording False (`--no-metrics`): rates and SLO tallies stay zero, not measured as zero
+        return {"items": items, "recording": p.config.metrics, **({"error": error} if error else {})}
 
     # -- the scheduler -------------------------------------------------------------------
     def scheduler_urls(self, members: list[str]) -> list[str]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
 import pytest
 
 from faas_gpu.build import build, shrinkwrap
+from faas_gpu.cli.build import BuildProgress
 from faas_gpu.imagestore import BuildError, ImageStore, normalise
 from faas_gpu.paths import TEMPLATES_DIR
 from faas_gpu.stack import load_stack
@@ -172,3 +174,41 @@ def test_a_link_in_the_handler_folder_to_outside_the_project_is_refused(tmp_path
     with pytest.raises(BuildError, match=r"^functions.fn.handler: etc links outside the stack file's folder"):
         shrinkwrap(spec)
     assert not list(project.rglob("secret"))
+
+
+def test_build_reports_each_step(project, tmp_path):
+    steps: list[tuple[str, int]] = []
+    build(
+        project.functions["fn"],
+        ImageStore(tmp_path / "images"),
+        on_step=lambda label, total: steps.append((label, total)),
+    )
+    labels = [label for label, _ in steps]
+    assert labels == [
+        "shrink-wrap",
+        "copy the context",
+        "make the function environment",
+        "pip install -r requirements.txt",  # the template's
+        "pip install -r function/requirements.txt",  # the handler's
+        "publish",
+    ]
+    assert {total for _, total in steps[1:]} == {6}  # known once the context is shrink-wrapped
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_build_progress_on_a_terminal_and_not_elsewhere(project, tmp_path, monkeypatch):
+    (tmp_path / "fn" / "requirements.txt").write_text("# nothing to install\n")
+    store = ImageStore(tmp_path / "images")
+    for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with BuildProgress("fn") as progress:
+            build(project.functions["fn"], store, on_step=progress)
+        text = stream.getvalue()
+        if shown:
+            assert "fn:" in text and "make the function environment" in text and "5/5" in text
+        else:
+            assert text == ""

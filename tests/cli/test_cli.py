@@ -381,7 +381,9 @@ def test_build_shrinkwrap_and_image_via_cli(project, capsys):
     assert (project / "build" / "echo" / "function" / "handler.py").is_file()
     assert not (project / "home" / "images").exists()
     assert run("build", "--filter", "echo") == 0
-    assert "Image: me/echo:latest built." in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "Image: me/echo:latest built." in out
+    assert err == ""  # stderr is no terminal here: no progress bar, not even a carriage return
     from faas_gpu.imagestore import ImageStore
 
     record = ImageStore(project / "home" / "images").get("me/echo")

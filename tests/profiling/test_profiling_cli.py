@@ -1,12 +1,14 @@
 """`faas-gpu profile`: a model by MODULE:FACTORY or the functions of a stack file; bad input -> exit 2."""
 
+import io
+import sys
 import textwrap
 
 import pytest
 import yaml
 
 from faas_gpu.profiling import LatencyPredictor, ProfileStore
-from faas_gpu.profiling.cli import main
+from faas_gpu.profiling.cli import ProgressBar, main
 
 MODEL = textwrap.dedent(
     """
@@ -174,3 +176,23 @@ def test_a_model_failing_while_measured_is_one_line_and_exit_1(project, capsys, 
         and err.strip()
         == "faas-gpu profile: profiling m failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
     )
+
+
+def test_progress_is_a_bar_on_a_terminal_and_nothing_in_a_log(project, capsys, monkeypatch):
+    """tqdm's `disable=None`: captured stderr is not a terminal, so no bar and no step lines."""
+    rc, _, err = profile(capsys, "--model", "fn/model.py:make", "--input-shape", "12", "--name", "quiet", *FAST)
+    assert rc == 0 and "\r" not in err and "config/s" not in err and "  quiet: batch" not in err
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    bar = ProgressBar("mlp", 2)
+    bar.step("mlp: batch 1, 1 threads, cpu")
+    bar.step("mlp: batch 2, 1 threads, cpu: repeats spread 45%, again")
+    bar.step("mlp: batch 2, 1 threads, cpu")
+    bar.close()
+    shown = term.getvalue()
+    assert "mlp" in shown and "2/2" in shown and "repeats spread 45%, again" in shown

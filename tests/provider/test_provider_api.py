@@ -545,3 +545,35 @@ def test_an_unbuilt_python3_gpu_function_is_refused_naming_the_store_and_the_bui
     r = deploy(stack, "not-here", envProcess="no-such-program --x")
     assert r.status_code == 400 and str(stack.home / "images") in r.text
     assert deploy(stack, "inline-py", envProcess="python -c 'print(1)'").status_code == 202  # runs no file
+
+
+def test_no_metrics_keeps_no_per_call_records(tmp_path):
+    """`--no-metrics`: /metrics still answers (a scrape stays up, gateway_service_count is read at
+    scrape time), without the per-call series; invocation counts (autoscaling's) still count."""
+    s = StackProcess(tmp_path / "quiet", "--no-metrics").start()
+    try:
+        assert deploy(s, "quiet-fn").status_code == 202
+        s.wait_ready("quiet-fn")
+        assert requests.post(f"{s.url}/function/quiet-fn", data=b"x", timeout=10).content == b"x"
+        status = requests.get(f"{s.url}/system/function/quiet-fn", auth=s.auth, timeout=5).json()
+        assert status["invocationCount"] == 1
+        for base in (s.url, s.metrics_url):
+            r = requests.get(f"{base}/metrics", timeout=5)
+            assert r.status_code == 200
+            assert f'gateway_service_count{{function_name="quiet-fn.{NS}"}}' in r.text
+            assert "quiet-fn" not in r.text.replace(f'gateway_service_count{{function_name="quiet-fn.{NS}"}}', "")
+        ui = requests.get(f"{s.url}/ui/api/status", auth=s.auth, timeout=5).json()["functions"]
+        assert ui["recording"] is False and ui["items"][0]["ratePerSecond"] == 0
+    finally:
+        s.stop()
+
+
+def test_metrics_switch_from_the_environment():
+    from faas_gpu.contract import env as env_vars
+    from provider.config import ProviderConfig
+
+    assert ProviderConfig.from_env({}).metrics is True
+    assert ProviderConfig.from_env({"FAAS_GPU_METRICS": "off"}).metrics is False
+    assert ProviderConfig.from_env({"FAAS_GPU_METRICS": "OFF"}, metrics=True).metrics is True  # a flag wins
+    with pytest.raises(ValueError, match="on or off"):
+        env_vars.METRICS.read({"FAAS_GPU_METRICS": "maybe"})

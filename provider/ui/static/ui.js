@@ -55,6 +55,7 @@
     });
     $("functions").tBodies[0].replaceChildren(...rows);
     show("functions-empty", rows.length === 0);
+    show("functions-unrecorded", fns.recording === false);
     $("functions-error").textContent = fns.error ? "function store: " + fns.error : "";
     show("functions-error", Boolean(fns.error));
     updateInvokeChoices(fns.items.map((f) => f.invokeName));
