@@ -35,6 +35,7 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from .model_cache import ModelCache, ModelTooLarge
 
@@ -93,6 +94,12 @@ class Unit:
 class PlacementError(ValueError):
     pass
 
+
+# the paper's order by frequency among idle units: least dispatched first, then by id (unique, so
+# the order never depends on how the idle units were listed)
+_BY_DISPATCHES = attrgetter("dispatches", "id")
+
+_BY_ESTIMATE: Callable[[tuple[Unit, float]], tuple[float, int]] = lambda pair: (pair[1], pair[0].id)  # noqa: E731
 
 UnitPreference = Callable[[Request, Sequence[Unit]], Collection[int] | None]
 """(request, idle units) -> the ids of the idle units wanted for it, all equally good; None: no opinion."""
@@ -172,7 +179,8 @@ class _Base:
 
     def idle_order(self) -> list[Unit]:
         """Idle units, least often dispatched to first, then by id (the paper's order by frequency)."""
-        return sorted((self.units[i] for i in self.idle), key=lambda u: (u.dispatches, u.id))
+        units = self.units
+        return sorted([units[i] for i in self.idle], key=_BY_DISPATCHES)
 
     # -- the unit preference ------------------------------------------------------------
     def preferred_units(self, request: Request) -> set[int] | None:
@@ -218,21 +226,26 @@ class _Base:
 
     def _dispatch(self, request: Request, unit: Unit, now: float) -> Dispatch:
         model = self.models[request.model]
-        hit = request.model in unit.cache
-        false_miss = (not hit) and bool(self.holders.get(request.model))
-        try:
-            evicted = unit.cache.load(model.name, model.size_mb)
-        except ModelTooLarge as exc:
-            raise PlacementError(f"unit {unit.id}: {exc}") from None
-        for name in evicted:
-            self.holders[name].discard(unit.id)
-        self.holders.setdefault(model.name, set()).add(unit.id)
+        cache, holders, uid = unit.cache, self.holders, unit.id
+        hit = request.model in cache
+        false_miss = (not hit) and bool(holders.get(request.model))
+        if model.name in cache:  # the model becomes the unit's most recently used, nothing evicted
+            cache.touch(model.name)
+            evicted: tuple[str, ...] = ()
+        else:
+            try:
+                evicted = tuple(cache.load(model.name, model.size_mb))
+            except ModelTooLarge as exc:
+                raise PlacementError(f"unit {uid}: {exc}") from None
+            for name in evicted:
+                holders[name].discard(uid)
         duration = model.infer_s + (0.0 if hit else model.load_s)
+        holders.setdefault(model.name, set()).add(uid)
         unit.running = request
         unit.busy_until = now + duration
         unit.dispatches += 1
-        self.idle.discard(unit.id)
-        return Dispatch(request, unit.id, hit, false_miss, tuple(evicted), now, duration)
+        self.idle.discard(uid)
+        return Dispatch(request, uid, hit, false_miss, evicted, now, duration)
 
 
 class LBScheduler(_Base):
@@ -241,7 +254,9 @@ class LBScheduler(_Base):
     name = "lb"
 
     def schedule(self, now: float) -> list[Dispatch]:
-        out = []
+        out: list[Dispatch] = []
+        if not self.queue or not self.idle:  # nothing to place, or nowhere to place it
+            return out
         for unit in self.idle_order():
             if not self.queue:
                 break
@@ -268,7 +283,11 @@ class LALBScheduler(_Base):
         self._skips: list[int] = []  # heap of skip-event boundaries (sequence numbers)
 
     def _enqueued(self, request: Request) -> None:
-        self.by_model.setdefault(request.model, deque()).append(request)
+        q = self.by_model.get(request.model)
+        if q is None:
+            self.by_model[request.model] = deque((request,))
+        else:
+            q.append(request)
 
     def _dequeued(self, request: Request) -> None:
         # every removal from the global queue is the oldest request of its model
@@ -300,15 +319,20 @@ class LALBScheduler(_Base):
     # -- Algorithm 1 ---------------------------------------------------------------------
     def schedule(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
+        if not self.idle:
+            return out
+        queue, units = self.queue, self.units
+        if not queue and not any(units[i].local_queue for i in self.idle):  # nothing to place
+            return out
         for unit in self.idle_order():
-            if not unit.idle:  # taken meanwhile by Algorithm 2, line 5
+            if unit.running is not None:  # taken meanwhile by Algorithm 2, line 5
                 continue
             if unit.local_queue:  # lines 2-4: the local queue first
                 request = unit.local_queue.popleft()
                 unit.queued_work_s -= self.models[request.model].infer_s
                 out.append(self._dispatch(request, unit, now))
                 continue
-            if self.queue:
+            if queue:
                 self._serve(unit, now, out)
         return out
 
@@ -316,15 +340,18 @@ class LALBScheduler(_Base):
         """The oldest queued request whose model `unit` holds (cost: the unit's cached models),
         among the models whose oldest request the unit preference accepts on `unit`."""
         best = None
-        for model in unit.cache.models:
-            q = self.by_model.get(model)
-            if q and (best is None or q[0].seq < best.seq) and self._accepts(q[0], unit):
+        by_model = self.by_model
+        anywhere = self.unit_preference is None
+        for model in unit.cache:
+            q = by_model.get(model)
+            if q and (best is None or q[0].seq < best.seq) and (anywhere or self._accepts(q[0], unit)):
                 best = q[0]
         return best
 
     def _serve(self, unit: Unit, now: float, out: list[Dispatch]) -> None:
-        while self.queue:
-            head = next(iter(self.queue.values()))
+        queue = self.queue
+        while queue:
+            head = next(iter(queue.values()))
             cand = self._candidate(unit)
             if cand is head:  # lines 7-8: a hit, in order
                 self._take(head)
@@ -350,7 +377,7 @@ class LALBScheduler(_Base):
     # -- Algorithm 2 ---------------------------------------------------------------------
     def _locality_load_balance(self, unit: Unit, request: Request, now: float, out: list[Dispatch]) -> bool:
         """Place `request`; True when it went to `unit` (which is then busy)."""
-        wanted = self.preferred_units(request)
+        wanted = None if self.unit_preference is None else self.preferred_units(request)
         if wanted is not None:  # the preference chose the units; locality picks among them
             target = self._pick(request, wanted, unit)
             self._take(request)
@@ -361,15 +388,17 @@ class LALBScheduler(_Base):
             self._take(request)
             out.append(self._dispatch(request, unit, now))
             return True
-        idle_holders = [self.units[i] for i in holders if i in self.idle]
+        units, idle = self.units, self.idle
+        idle_holders = [units[i] for i in holders if i in idle]
         if idle_holders:  # lines 4-6: a hit on another idle unit
-            other = min(idle_holders, key=lambda u: (u.dispatches, u.id))
+            other = min(idle_holders, key=_BY_DISPATCHES)
             self._take(request)
             out.append(self._dispatch(request, other, now))
             return False
         model = self.models[request.model]
-        best = min((self.units[i] for i in holders), key=lambda u: (self._finish_estimate(u, now), u.id))
-        if self._finish_estimate(best, now) < model.load_s:  # lines 8-14: wait for a busy holder
+        # the holder that frees up first (then the lowest id), each estimate computed once
+        best, soonest = min(((units[i], self._finish_estimate(units[i], now)) for i in holders), key=_BY_ESTIMATE)
+        if soonest < model.load_s:  # lines 8-14: wait for a busy holder
             self._take(request)
             best.local_queue.append(request)
             best.queued_work_s += model.infer_s

@@ -8,6 +8,7 @@ recently used models until it fits. Sizes are the peak occupation at the profile
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 
 class ModelTooLarge(ValueError):
@@ -27,6 +28,10 @@ class ModelCache:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    def __iter__(self) -> Iterator[str]:
+        """Cached models, least recently used first, without the copy `models` makes."""
+        return iter(self._lru)
 
     @property
     def models(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""Trace-driven simulator: the real policy objects on a virtual clock (simpy)."""
+"""Trace-driven simulator: the real policy objects on a virtual clock."""
 
 from .engine import RunResult, simulate
 from .scenario import Scenario, ScenarioError, load_scenario, parse_scenario
