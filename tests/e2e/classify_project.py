@@ -6,7 +6,10 @@ environment; the folder and the stack file around it are the same, so they are m
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -30,3 +33,14 @@ def write_project(root: Path, stack_file: dict, name: str = "stack.yml") -> Path
     path = root / name
     path.write_text(yaml.safe_dump(stack_file))
     return path
+
+
+def build_and_deploy(root: Path, home: Path, gateway: str) -> None:
+    """`faas-gpu build` then `faas-gpu deploy` of `root`/stack.yml, as a user runs them in the
+    project folder, with `home` as the state folder and `gateway` as the stack to deploy to."""
+    env = {**os.environ, "FAAS_GPU_HOME": str(home)}
+    for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", gateway]):
+        done = subprocess.run(
+            [sys.executable, "-m", "faas_gpu.cli", *cmd], cwd=root, env=env, capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, (cmd, done.stdout.decode()[-2000:], done.stderr.decode()[-2000:])

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +15,7 @@ import requests
 
 from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import classify_stack, write_project
+from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
 from tests.stack_process import StackProcess
 
 RAW_HANDLER = """
@@ -57,16 +55,7 @@ def gpu_stack(tmp_path_factory):
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()
-    env = {**os.environ, "FAAS_GPU_HOME": str(home)}
-    for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", stack.url]):
-        subprocess.run(
-            [sys.executable, "-m", "faas_gpu.cli", *cmd],
-            cwd=root,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+    build_and_deploy(root, home, stack.url)
     stack.wait_ready("classify", timeout_s=120)
     stack.wait_ready("raw", timeout_s=120)
     stack.traces = root / "spans.jsonl"

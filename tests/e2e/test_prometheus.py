@@ -12,7 +12,6 @@ fixed, must return data through Prometheus's HTTP API.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from gpu_manager.api import create_app
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import classify_stack, write_project
+from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker
 from tests.prometheus import dashboard_queries, prometheus, query, require_prometheus, scrape_config, substitute
@@ -84,16 +83,7 @@ def test_prometheus_answers_every_dashboard_query_over_a_running_stack(tmp_path,
     try:
         token_file = home / "secrets" / "gpu-manager-token"
         mig = mig_node(ensure_token(home / "secrets"))
-        env = {**os.environ, "FAAS_GPU_HOME": str(home)}
-        for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", stack.url]):
-            subprocess.run(
-                [sys.executable, "-m", "faas_gpu.cli", *cmd],
-                cwd=tmp_path,
-                env=env,
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+        build_and_deploy(tmp_path, home, stack.url)
         stack.wait_ready("classify", timeout_s=120)
 
         targets = {

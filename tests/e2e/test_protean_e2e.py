@@ -7,11 +7,8 @@ best-effort requests fills the queue; strict requests sent just after it are ser
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +16,7 @@ import pytest
 import requests
 
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import classify_stack, write_project
+from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
 from tests.stack_process import StackProcess
 
 pytestmark = pytest.mark.slow
@@ -42,9 +39,7 @@ def overloaded(tmp_path_factory):
     )
     scheduler = Daemon("scheduler", home, "--be-max-wait", "30")
     stack = StackProcess(home, "--scheduler", scheduler.url, "--threads", "128").start()
-    env = {**os.environ, "FAAS_GPU_HOME": str(home)}
-    for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", stack.url]):
-        subprocess.run([sys.executable, "-m", "faas_gpu.cli", *cmd], cwd=root, env=env, check=True, timeout=300)
+    build_and_deploy(root, home, stack.url)
     stack.wait_ready("classify", timeout_s=120)
     # the first call uploads the model and loads it on the unit
     assert requests.post(f"{stack.url}/function/classify", json={"seed": 0}, timeout=120).status_code == 200

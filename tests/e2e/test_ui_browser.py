@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import requests
@@ -24,7 +22,7 @@ import requests
 from faas_gpu.paths import REPO_ROOT
 from tests.browser import chromium, require_chromium
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import classify_stack, write_project
+from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
 from tests.stack_process import StackProcess
 
 FIGURE = REPO_ROOT / "docs" / "figures" / "ui.png"
@@ -42,17 +40,8 @@ def gpu_stack(tmp_path_factory):
     manager = Daemon("gpu_manager", home, "--units", "2", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()
-    env = {**os.environ, "FAAS_GPU_HOME": str(home)}
     try:
-        for cmd in (["build", "-f", "stack.yml"], ["deploy", "-f", "stack.yml", "--gateway", stack.url]):
-            subprocess.run(
-                [sys.executable, "-m", "faas_gpu.cli", *cmd],
-                cwd=root,
-                env=env,
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+        build_and_deploy(root, home, stack.url)
         stack.wait_ready("classify", timeout_s=120)
         yield stack
     finally:
