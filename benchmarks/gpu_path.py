@@ -263,16 +263,30 @@ def embed_figures(callers: int, seconds: float) -> dict:
         f"{nobatch_tput:.1f} texts/s; efficiency vs offline best {batched_tput / best_tput:.2f}; "
         f"cache hit {hit_s * 1000:.1f} ms vs miss {miss_s * 1000:.1f} ms (load {load_s * 1000:.1f} ms)"
     )
+    return path_figures("embed_", best_tput, best_b, batched_tput, nobatch_tput, hit_s, miss_s, load_s)
+
+
+def path_figures(
+    prefix: str,
+    best_tput: float,
+    best_b: int,
+    batched: float,
+    nobatch: float,
+    hit_s: float,
+    miss_s: float,
+    load_s: float,
+) -> dict:
+    """One model's figures through the path (the toy's keys bare, the embed example's prefixed)."""
     return {
-        "embed_offline_best_throughput": round(best_tput, 2),
-        "embed_offline_best_batch": best_b,
-        "embed_cpu_batch_throughput": round(batched_tput, 2),
-        "embed_cpu_nobatch_throughput": round(nobatch_tput, 2),
-        "embed_cpu_batch_efficiency": round(batched_tput / best_tput, 3),
-        "embed_batch_vs_nobatch_x": round(batched_tput / nobatch_tput, 3),
-        "embed_hit_ms": round(hit_s * 1000, 2),
-        "embed_miss_ms": round(miss_s * 1000, 2),
-        "embed_load_ms": round(load_s * 1000, 2),
+        f"{prefix}offline_best_throughput": round(best_tput, 2),
+        f"{prefix}offline_best_batch": best_b,
+        f"{prefix}cpu_batch_throughput": round(batched, 2),
+        f"{prefix}cpu_nobatch_throughput": round(nobatch, 2),
+        f"{prefix}cpu_batch_efficiency": round(batched / best_tput, 3),
+        f"{prefix}batch_vs_nobatch_x": round(batched / nobatch, 3),
+        f"{prefix}hit_ms": round(hit_s * 1000, 2),
+        f"{prefix}miss_ms": round(miss_s * 1000, 2),
+        f"{prefix}load_ms": round(load_s * 1000, 2),
     }
 
 
@@ -336,15 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     profile_speedup, sim = sim_batching_speedup()
     speedup, sim_path = sim_path_speedup(0.4, min(args.seconds, 4.0))
     fig = {
-        "offline_best_throughput": round(best_tput, 2),
-        "offline_best_batch": best_b,
-        "cpu_batch_throughput": round(batched_tput, 2),
-        "cpu_nobatch_throughput": round(nobatch_tput, 2),
-        "cpu_batch_efficiency": round(batched_tput / best_tput, 3),
-        "batch_vs_nobatch_x": round(batched_tput / nobatch_tput, 3),
-        "hit_ms": round(hit_s * 1000, 2),
-        "miss_ms": round(miss_s * 1000, 2),
-        "load_ms": round(load_s * 1000, 2),
+        **path_figures("", best_tput, best_b, batched_tput, nobatch_tput, hit_s, miss_s, load_s),
         "batch8_total_ms": round(total_s * 1000, 2),
         "batch8_execute_ms": round(execute_s * 1000, 2),
         "batch8_queue_ms": round(max(queue_s, 0.0) * 1000, 2),
