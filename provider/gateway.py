@@ -19,6 +19,7 @@ import urllib3
 
 from faas_gpu import tracing
 from faas_gpu.contract import headers as h
+from faas_gpu.contract.annotations import RETRY_ON_RESET, is_true
 from faas_gpu.contract.slo import RequestClass, RequestSlo, parse_request
 from faas_gpu.datastore import DatastoreUnavailable
 
@@ -243,11 +244,26 @@ class InvocationApp:
     ) -> Result:
         """Forward to `url`; a replica that refuses the connection has died (the call never reached
         it, so sending it again is safe even for a POST): the call goes to another ready replica,
-        or to the one the runtime starts in its place, for up to the ready timeout."""
+        or to the one the runtime starts in its place, for up to the ready timeout.
+
+        A replica that drops the connection before any byte of an answer (killed, its host lost,
+        its container stopped mid-call) is Envoy's `retry_on: reset`: the call is sent once more,
+        to a ready replica, so that a lost node loses no accepted call. Once only, so a call that
+        kills every replica it reaches is not replayed across the fleet; never for a function
+        annotated `com.faas-gpu.retry-on-reset: "false"` (one whose call must not run twice),
+        which gets OpenFaaS's 502."""
         deadline = time.monotonic() + self.invoker.ready_timeout_s
+        resent = False
         while True:
             try:
                 return self.invoker.forward(url, method, path, query, headers, body)
+            except urllib3.exceptions.ProtocolError:
+                if resent or not self._retry_on_reset(key):
+                    raise
+                resent = True
+                log.info("%s.%s: %s dropped the call before answering; sending it once more", key[1], key[0], url)
+                time.sleep(0.05)  # the runtime's supervisor notices a dead replica within its tick
+                url = self.invoker.pick(key, headers) or url
             except urllib3.exceptions.NewConnectionError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -257,6 +273,11 @@ class InvocationApp:
                 if fresh is None and self.invoker.runtime.wait_ready(*key, max(0.0, deadline - time.monotonic())):
                     fresh = self.invoker.pick(key, headers)
                 url = fresh or url
+
+    def _retry_on_reset(self, key: tuple[str, str]) -> bool:
+        record = self.provider.store.cached(*key)
+        annotations = (record.deployment.annotations or {}) if record is not None else {}
+        return is_true(annotations.get(RETRY_ON_RESET), default=True)
 
     # -- asynchronous --------------------------------------------------------------------
     def enqueue(self, environ: dict, start_response: StartResponse, rest: str) -> Iterable[bytes]:

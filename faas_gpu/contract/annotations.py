@@ -40,6 +40,9 @@ GPU = "com.faas-gpu.gpu"
 MODEL_SOURCE = "com.faas-gpu.model-source"
 INPUT_SHAPE = "com.faas-gpu.input-shape"
 INPUT_DTYPE = "com.faas-gpu.input-dtype"
+RETRY_ON_RESET = "com.faas-gpu.retry-on-reset"
+"""`false` for a function whose call must never run twice: the gateway then answers 502 when a
+replica drops a call it was sent, instead of sending it once more to another replica."""
 
 SCALING_POLICIES = ("infless", "harmonybatch", "protean")
 """`com.faas-gpu.scaling`'s values (unset: harmonybatch with apps, infless with a model, else none)."""
@@ -189,6 +192,7 @@ CHECKS: dict[str, Check] = {
     MODEL_SOURCE: text(1024),
     INPUT_SHAPE: shape,
     INPUT_DTYPE: one_of(*INPUT_DTYPES),
+    RETRY_ON_RESET: flag,
 }
 """Every `com.faas-gpu.*` key the stack reads (annotations; the same rules hold in labels).
 An unknown `com.faas-gpu.*` key is refused: a typo (`slo_ms`) would otherwise be silently ignored."""
@@ -211,3 +215,8 @@ def check(where: str, key: str, raw: str) -> None:
     if rule is None:
         raise ValidationError(f"{where} is not a faas-gpu key (known: {', '.join(sorted(CHECKS))})")
     rule(where, raw)
+
+
+def is_true(raw: str | None, default: bool) -> bool:
+    """A validated flag's value (`flag`'s spellings); unset is `default`."""
+    return default if raw is None else raw.strip().lower() in ("true", "1")

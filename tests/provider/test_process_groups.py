@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -145,3 +146,36 @@ def test_a_call_to_a_replica_that_just_died_goes_to_the_one_started_in_its_place
         assert [p for p in replica_pids(home) if p != watchdog], "no replacement replica"
     finally:
         s.stop()
+
+
+def _call_while_killing_the_replica(tmp_path, annotations: dict[str, str]) -> requests.Response:
+    """A slow call in flight when its replica is killed with -9 (the connection drops before any
+    byte of an answer): what the gateway answers."""
+    home = tmp_path / "home"
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "slow", "image": "x", "envProcess": "sh -c 'sleep 1; cat'", "annotations": annotations}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        s.wait_ready("slow")
+        (watchdog,) = replica_pids(home)
+        answers: list[requests.Response] = []
+        call = threading.Thread(
+            target=lambda: answers.append(requests.post(f"{s.url}/function/slow", data=b"once more", timeout=90))
+        )
+        call.start()
+        time.sleep(0.4)  # the call is in the replica's sleep
+        os.kill(watchdog, signal.SIGKILL)
+        call.join(90)
+        return answers[0]
+    finally:
+        s.stop()
+
+
+def test_a_call_dropped_by_a_dying_replica_is_sent_once_more_to_the_one_in_its_place(tmp_path):
+    r = _call_while_killing_the_replica(tmp_path, {})
+    assert (r.status_code, r.content) == (200, b"once more"), r.text
+
+
+def test_a_function_that_must_not_run_twice_gets_openfaas_502_instead(tmp_path):
+    r = _call_while_killing_the_replica(tmp_path, {"com.faas-gpu.retry-on-reset": "false"})
+    assert r.status_code == 502 and r.text.startswith("Can't reach service for: slow"), r.text
