@@ -3,8 +3,9 @@ the simulator builds the same class through the same factory, and asks it the sa
 
 - PROTEAN's admission: the class queue (`admission_queue`, with `be_max_wait_s` and `be_share`)
   and the order it admits in (`admit`), in `scheduler.admission` and `faas_gpu.sim.protean`;
-- PROTEAN's Job Distribution: the `JobDistributor` (`job_distributor`) and LALB-O3's
-  `JobDistributionPreference`, in the scheduler daemon and the simulator's PROTEAN serving;
+- PROTEAN's placement: LALB-O3 from `make_scheduler` over the slices of every node, with the
+  `JobDistributor` (`job_distributor`) as its `JobDistributionPreference`, in the scheduler
+  daemon and the simulator's PROTEAN serving;
 - INFless's scaling: the rate window (`rate_window`) and the keep-alive `warm` rule, in
   `provider.scaling.infless` and `faas_gpu.sim.infless`;
 - HarmonyBatch's live pools: `AppPools` (`app_pools`: the per-app rate window, the re-plan rule,
@@ -37,6 +38,8 @@ import provider.scaling.infless_spec as live_infless_spec
 import scheduler.admission as live_admission
 import scheduler.daemon as live_daemon
 import scheduler.distribution as live_distribution
+import scheduler.loop as live_loop
+import scheduler.units as live_units
 from faas_gpu.paths import SHARED_DATA
 from faas_gpu.policies.harmony import pools
 from faas_gpu.policies.infless import keepalive
@@ -115,6 +118,49 @@ def test_placement_asks_the_daemons_job_distribution_preference(monkeypatch):
     r = simulate("protean", Workload(diurnal_trace(400.0, 10.0), "resnet50", BE), nodes=1)
     assert built and set(built) == {JobDistributionPreference}
     assert asked[0] >= len(r.strict_latency_s) + len(r.be_latency_s)  # every batch started was placed by it
+
+
+def test_placement_is_lalb_o3_from_the_schedulers_factory_across_nodes(monkeypatch):
+    """The PROTEAN simulation places as the live scheduler does: one LALB-O3 from `make_scheduler`
+    (the factory the scheduler's unit view calls) over the slices of every node, with Alg. 1's
+    `JobDistributionPreference` as its unit preference, asked by LALB itself."""
+    from faas_gpu.policies import lalb
+
+    assert live_units.make_scheduler is lalb.make_scheduler
+    assert sim_serving.make_scheduler is lalb.make_scheduler
+    assert "make_scheduler(" in inspect.getsource(live_units.UnitView.rebuild)
+    assert "make_scheduler(" in inspect.getsource(sim_serving.ProteanServing._lalb)
+    assert "unit_preference = " in inspect.getsource(live_loop.PlacementLoop.round)
+    assert "unit_preference = " in inspect.getsource(sim_serving.ProteanServing._round)
+    built: list[type] = []
+    nodes_used: set[int] = set()
+    asked = [0]
+    factory, schedule, call = lalb.make_scheduler, lalb.LALBScheduler.schedule, JobDistributionPreference.__call__
+
+    def spy_factory(name, units, *args, **kw):
+        policy = factory(name, units, *args, **kw)
+        built.append(type(policy))
+        assert name == "lalb_o3" and policy.o3_limit > 0
+        return policy
+
+    def spy_schedule(self, now):
+        out = schedule(self, now)
+        if isinstance(self.unit_preference, JobDistributionPreference):
+            nodes_used.update(self.units[d.unit].node for d in out)
+        return out
+
+    def spy_call(self, request, idle):
+        asked[0] += 1
+        return call(self, request, idle)
+
+    monkeypatch.setattr(sim_serving, "make_scheduler", spy_factory)
+    monkeypatch.setattr(lalb.LALBScheduler, "schedule", spy_schedule)
+    monkeypatch.setattr(JobDistributionPreference, "__call__", spy_call)
+    r = simulate("protean", Workload(diurnal_trace(2000.0, 10.0), "resnet50", BE), nodes=3)
+    assert built and set(built) == {lalb.LALBScheduler}
+    assert asked[0] > 0  # LALB-O3 asked Alg. 1's preference
+    assert nodes_used == {0, 1, 2}  # one LALB-O3 placed on the slices of every node
+    assert r.strict_slo_pct > 0
 
 
 # -- INFless's scaling -----------------------------------------------------------------------
