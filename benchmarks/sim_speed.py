@@ -17,6 +17,11 @@ are compared; the run fails otherwise). Without git or the ref the baseline is s
 and null in the JSON). Every run is its own process; the time is `simulate` alone (the workload
 build is timed apart and printed).
 
+The day-long figure is also measured, not only projected from the median: one run of
+`--day-requests` (default 1 M) requests, LALB-O3 at ws35, on the current code, timed whole
+(workload build + simulate), and extrapolated linearly to 10 M requests (a day of a busy trace;
+run time is linear in the requests, issue 18). `--day-requests 0` skips it.
+
 Last line: one JSON object, `{"us_per_request_lalb_o3_ws35": ..., ...}`.
 """
 
@@ -94,6 +99,12 @@ def main() -> int:
     p.add_argument("--minutes", type=int, default=6, help="minutes of the trace (default 6, the scenario's)")
     p.add_argument("--runs", type=int, default=3, help="runs per code and policy; the median is reported (default 3)")
     p.add_argument("--baseline-ref", default=BASELINE_REF, help=f"git ref of the baseline (default {BASELINE_REF})")
+    p.add_argument(
+        "--day-requests",
+        type=int,
+        default=1_000_000,
+        help="one run of this many requests, timed whole and extrapolated to 10 M (default 1000000; 0: skip)",
+    )
     p.add_argument("--no-baseline", action="store_true", help="time the current code only")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--policy", default="lalb_o3", help=argparse.SUPPRESS)
@@ -115,6 +126,10 @@ def main() -> int:
                 line += f" (baseline {old[-1]['us_per_request']:.2f})"
             print(line + f", LB {lb[-1]['us_per_request']:.2f}", file=sys.stderr)
 
+    day = None
+    if args.day_requests > 0:
+        day = run(REPO, "lalb_o3", argparse.Namespace(**{**vars(args), "requests": args.day_requests}))
+
     identical = None
     if old:
         identical = all(o["summary"] == new[0]["summary"] for o in old + new)
@@ -135,6 +150,23 @@ def main() -> int:
     print(f"  issue's 25 µs / now  {ISSUE_US / us_new:6.2f}x", file=sys.stderr)
     print(f"  LB (current code)    {us_lb:6.2f} µs/request", file=sys.stderr)
     print(f"  workload build       {build_us:6.2f} µs/request; 10 M requests: {day_s:.0f} s in all", file=sys.stderr)
+    day_figures: dict = {}
+    if day is not None:
+        whole_s = day["build_s"] + day["us_per_request"] * day["requests"] / 1e6
+        projected = whole_s * 10_000_000 / day["requests"]
+        print(
+            f"  one run of {day['requests']} requests: {whole_s:.1f} s (build + simulate, "
+            f"{day['us_per_request']:.2f} µs/request simulate); x{10_000_000 / day['requests']:.1f} = "
+            f"{projected:.0f} s for 10 M requests ({'under' if projected < 120 else 'over'} 2 minutes)",
+            file=sys.stderr,
+        )
+        day_figures = {
+            "day_run_requests": day["requests"],
+            "day_run_s": round(whole_s, 2),
+            "day_run_us_per_request": round(day["us_per_request"], 3),
+            "day_run_projected_10M_s": round(projected, 1),
+            "day_run_under_2_min": projected < 120,
+        }
     figures = {
         "us_per_request_lalb_o3_ws35": round(us_new, 3),
         "us_per_request_lalb_o3_ws35_baseline": None if us_old is None else round(us_old, 3),
@@ -151,6 +183,7 @@ def main() -> int:
         "baseline_ref": None if us_old is None else args.baseline_ref,
         "runs_us_lalb_o3": [round(r["us_per_request"], 3) for r in new],
         "runs_us_lalb_o3_baseline": [round(r["us_per_request"], 3) for r in old],
+        **day_figures,
     }
     print(json.dumps(figures))
     return 0 if identical is not False else 1

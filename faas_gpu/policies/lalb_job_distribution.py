@@ -54,6 +54,7 @@ class JobClass:
 
     model: str | None
     strict: bool
+    slack_s: float | None = None  # strict: time left to its deadline now (the simulator's deadline-aware Alg. 1)
 
 
 def be_footprint(
@@ -111,7 +112,7 @@ class JobDistributionPreference:
         job = self.jobs.get(request.id)
         if job is None or job.model not in self.slowdown.models:
             return None
-        return Batch(request.id, job.model, job.strict, self.slowdown.spec(job.model).mem_mb)
+        return Batch(request.id, job.model, job.strict, self.slowdown.spec(job.model).mem_mb, job.slack_s)
 
     def choose(self, batch: Batch, idle: Sequence[SliceState]) -> list[SliceState]:
         """PROTEAN's slice for `batch` among the idle slices, with those it cannot tell apart from it.

@@ -11,6 +11,10 @@ is billed with the price list (GPU calls in whole seconds where the prices say s
 
 `replay` re-plans every minute with that minute's rates, as the authors' experiments do, and
 feeds every strategy the same arrivals (common random numbers), so costs compare like for like.
+`replay_live` replays the same arrivals through the provider's live pools instead (`AppPools`
+from `app_pools`, the object `provider.scaling.harmony` decides with): the rates measured over
+its window at every tick of the provider's loop, a re-plan every plan period applied only when
+it differs enough, the plan in force serving each request.
 Everything is seeded: same inputs, same result.
 
 It lives in `faas_gpu.sim`, beside the other simulators, and not in `faas_gpu.policies`: it reads
@@ -29,6 +33,7 @@ import numpy as np
 from faas_gpu.policies.harmony.cost import Prices
 from faas_gpu.policies.harmony.models import ModelCoefficients
 from faas_gpu.policies.harmony.plans import App, Group, Plan
+from faas_gpu.policies.harmony.pools import app_pools
 
 Z_MAX = 2.33  # the maximum latency sits this many standard deviations above the average
 
@@ -226,3 +231,55 @@ def replay(
         rng = np.random.default_rng([seed, minute, 1_000_003])
         total.add(simulate_plan(plan, arrivals, model, prices, rng, noise))
     return total
+
+
+def replay_live(
+    apps: Sequence[TraceApp],
+    planner: Callable[[list[App]], Plan],
+    model: ModelCoefficients,
+    prices: Prices,
+    minutes: Sequence[int],
+    window_s: float = 60.0,
+    seed: int = 0,
+    noise: bool = True,
+    *,
+    tick_s: float = 1.0,
+    rate_window_s: float = 30.0,
+    plan_period_s: float = 10.0,
+    name: str = "fn",
+) -> tuple[SimResult, int]:
+    """The arrivals of `replay` (the same seeds) through the provider's live pools: one `AppPools`
+    from `app_pools` (the provider's defaults: rates over 30 s, a re-plan every 10 s, the loop's
+    tick of 1 s), planned once at deploy with no traffic (every app at `MIN_RATE`), then driven
+    tick by tick on the cumulative counts per app. The replayed minutes' windows follow one
+    another on one timeline. Each stretch of time under one plan is simulated with that plan
+    (a batch still buffering when the plan changes is sent at its deadline by the old pool).
+    Returns the totals and the number of plans applied (the deploy-time one included)."""
+    slos = {a.name: a.slo for a in apps}
+    live = app_pools(name, slos, window_s=rate_window_s, plan_period_s=plan_period_s)
+    live.apply(planner(live.planned_apps(slos)), 0.0)
+    arrivals: dict[str, list[np.ndarray]] = {n: [] for n in slos}
+    for k, minute in enumerate(minutes):
+        for i, a in enumerate(apps):
+            if a.rates[minute] > 0:
+                rng = np.random.default_rng([seed, minute, i])
+                arrivals[a.name].append(k * window_s + poisson_arrivals(a.rates[minute], window_s, rng))
+    times = {n: np.concatenate(x) if x else np.empty(0) for n, x in arrivals.items()}
+    end = len(minutes) * window_s
+    # the provider's loop: the plan in force from each change on
+    stretches: list[tuple[float, Plan]] = [(0.0, live.plan)]  # type: ignore[list-item]
+    ticks = int(math.ceil(end / tick_s - 1e-9))
+    for k in range(1, ticks + 1):
+        now = min(k * tick_s, end)
+        live.measure(now, {n: float(np.searchsorted(x, now, side="left")) for n, x in times.items()})
+        if live.replan(now, lambda: planner(live.planned_apps(slos))):
+            stretches.append((now, live.plan))  # type: ignore[arg-type]
+    total = SimResult()
+    for j, (start, plan) in enumerate(stretches):
+        stop = stretches[j + 1][0] if j + 1 < len(stretches) else math.inf
+        part = {n: x[(x >= start) & (x < stop)] for n, x in times.items()}
+        part = {n: x for n, x in part.items() if len(x)}
+        if part:
+            rng = np.random.default_rng([seed, j, 1_000_003])
+            total.add(simulate_plan(plan, part, model, prices, rng, noise))
+    return total, live.replans

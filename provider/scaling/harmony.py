@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,11 +35,13 @@ from faas_gpu.contract.slo import parse_slo_ms
 from faas_gpu.policies.harmony import (
     ALIBABA_FC_CNY,
     STRATEGIES,
-    App,
+    AppPools,
     InfeasibleSLOError,
     ModelCoefficients,
     Options,
     Plan,
+    Pool,
+    app_pools,
     plan,
 )
 from faas_gpu.policies.infless import WeightedSplitter
@@ -55,7 +56,6 @@ APPS = annotation_keys.APPS
 MODEL = annotation_keys.HARMONY_MODEL
 STRATEGY = annotation_keys.HARMONY_STRATEGY
 _APP_NAME = APP_NAME_RE
-MIN_RATE = 0.05  # an app with no traffic yet is planned as a trickle, not left out
 
 
 class BadApp(ValueError):
@@ -83,48 +83,33 @@ def parse_apps(raw: str) -> dict[str, float]:
 
 
 @dataclass
-class _Pool:
-    id: str
-    group: dict
-    apps: dict[str, float]  # app -> share of the app's rate this pool takes
-    copies: int = 1  # instances of this pool (more than one under a scale request's floor)
-
-    @property
-    def instance_ids(self) -> list[str]:
-        return [self.id] + [f"{self.id[:56]}-r{i}" for i in range(2, self.copies + 1)]
-
-
-@dataclass
 class _State:
+    """A function's HarmonyBatch state: its apps and model, and its live pools (`AppPools`, from
+    `app_pools`: the rate window, the re-plan rule, the pools and their copies)."""
+
     record: FunctionRecord
     model: ModelCoefficients
     strategy: str
     slos: dict[str, float]
-    samples: deque = field(default_factory=lambda: deque(maxlen=256))
-    rates: dict[str, float] = field(default_factory=dict)
-    plan: Plan | None = None
-    pools: list[_Pool] = field(default_factory=list)
-    planned_at: float = -math.inf
-    floor: int = 0  # instances a scale request asked for (0: one per pool)
+    live: AppPools
     splitters: dict[str, WeightedSplitter] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def rates(self) -> dict[str, float]:
+        return self.live.rates
 
-def _shape(p: Plan) -> dict[tuple[str, tuple[str, ...]], int]:
-    return {(g.kind, tuple(sorted({a.name for a in g.apps}))): g.batch for g in p.groups}
+    @property
+    def plan(self) -> Plan | None:
+        return self.live.plan
 
+    @property
+    def pools(self) -> list[Pool]:
+        return self.live.pools
 
-def _differs(old: Plan | None, new: Plan) -> bool:
-    """Worth restarting pools for: other groups, or a batch size off by a quarter or more.
-
-    Rates wobble from one period to the next; each applied change replaces instances, so small
-    changes of batch size (and the timeouts that go with them) wait for a real shift of load."""
-    if old is None:
-        return True
-    a, b = _shape(old), _shape(new)
-    if a.keys() != b.keys():
-        return True
-    return any(abs(b[k] - a[k]) >= max(1, 0.25 * a[k]) for k in a)
+    @property
+    def floor(self) -> int:
+        return self.live.floor
 
 
 class HarmonyPools:
@@ -178,7 +163,8 @@ class HarmonyPools:
         strategy = ann.get(STRATEGY, "harmony")
         if strategy not in STRATEGIES:
             raise ValidationError(f"annotations: {STRATEGY} must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-        state = _State(record, self._model(ann[MODEL]), strategy, slos)
+        live = app_pools(record.name, slos, window_s=self.window_s, plan_period_s=self.plan_period_s)
+        state = _State(record, self._model(ann[MODEL]), strategy, slos, live)
         self._plan(state)  # an SLO no configuration meets is refused now, with the best latency
         return state
 
@@ -186,7 +172,7 @@ class HarmonyPools:
         self.state_of(record)
 
     def _plan(self, state: _State) -> Plan:
-        apps = [App(n, slo, max(MIN_RATE, state.rates.get(n, 0.0))) for n, slo in state.slos.items()]
+        apps = state.live.planned_apps(state.slos)
         try:
             return plan(apps, state.model, self.prices, state.strategy, options=self.options)
         except InfeasibleSLOError as exc:
@@ -201,7 +187,7 @@ class HarmonyPools:
         state = self.state_of(record)
         old = previous
         if old is not None and old.slos == state.slos and old.model == state.model:
-            state.samples, state.rates, state.floor = old.samples, old.rates, old.floor
+            state.live.keep_from(old.live)
         return self._apply(state, self._plan(state), now)
 
     def forget(self, key: Key, *, deleted: bool) -> None:
@@ -254,27 +240,27 @@ class HarmonyPools:
     def decide(self, ctx: ScalingContext) -> ScalingDecision:
         """Measure the rates per app; every plan period, re-plan and apply a plan that differs."""
         state: _State = ctx.state
-        now = ctx.now
-        state.samples.append((now, dict(ctx.load.by_app)))
-        while len(state.samples) > 2 and now - state.samples[1][0] >= self.window_s:
-            state.samples.popleft()
-        (t0, a0), (t1, a1) = state.samples[0], state.samples[-1]
-        if t1 > t0:
-            state.rates = {n: (a1.get(n, 0) - a0.get(n, 0)) / (t1 - t0) for n in state.slos}
-        if now - state.planned_at >= self.plan_period_s:
-            state.planned_at = now
-            try:
-                new = self._plan(state)
-            except ValidationError:
-                return self._decision(state)  # keep the current plan; the deploy-time check vouched for one
-            if _differs(state.plan, new):
-                return self._apply(state, new, now)
+        live = state.live
+        live.measure(ctx.now, ctx.load.by_app)
+        if live.due(ctx.now):
+            new = self._replan(state)  # outside the lock: planning takes a while
+            with state.lock:  # the hot path reads pools and splitters together
+                applied = live.offer(new, ctx.now)
+            if applied:
+                self._spread(state)
         return self._decision(state)
+
+    def _replan(self, state: _State) -> Plan | None:
+        try:
+            return self._plan(state)
+        except ValidationError:
+            return None  # keep the current plan; the deploy-time check vouched for one
 
     def scale_to(self, ctx: ScalingContext, n: int) -> ScalingDecision:
         """A floor on the instances, spread over the busiest pools (see the module's docstring)."""
         state: _State = ctx.state
-        state.floor = n
+        with state.lock:
+            state.live.spread(n)
         self._spread(state)
         return self._decision(state)
 
@@ -285,42 +271,22 @@ class HarmonyPools:
         """The plan is re-made from the rates after a restart: nothing to keep."""
 
     def _apply(self, state: _State, new: Plan, now: float) -> ScalingDecision:
-        state.planned_at = now
-        pools: list[_Pool] = []
-        for g in new.groups:
-            d = g.to_dict()
-            names = [a.name for a in g.apps]
-            pid = f"{state.record.name}-{g.kind}-" + "-".join(sorted(set(names)))
-            shares: dict[str, float] = {}
-            for a in g.apps:  # MBS+ may split one app over several groups
-                shares[a.name] = shares.get(a.name, 0.0) + a.rate
-            while any(p.id == pid for p in pools):
-                pid += "x"
-            pools.append(_Pool(pid[:60], d, shares))
-        self._spread(state, new, pools)
+        with state.lock:  # the hot path reads pools and splitters together
+            state.live.apply(new, now)
+        self._spread(state)
         return self._decision(state)
 
-    def _spread(self, state: _State, new: Plan | None = None, pools: list[_Pool] | None = None) -> None:
-        """Copies of the pools up to the floor, each next one for the pool with the most load a
-        copy; then the splitters weigh every instance with its part of its pool's rates."""
-        with state.lock:  # the hot path reads pools and splitters together
-            if new is not None and pools is not None:
-                state.plan, state.pools = new, pools
-            pools = state.pools
-            for p in pools:
-                p.copies = 1
-            for _ in range(max(0, state.floor - len(pools))):
-                busiest = max(pools, key=lambda p: sum(p.apps.values()) / p.copies)
-                busiest.copies += 1
+    def _spread(self, state: _State) -> None:
+        """The splitters weigh every instance with its part of its pool's rates (`AppPools.weights`)."""
+        with state.lock:
             for app in state.slos:
-                s = state.splitters.setdefault(app, WeightedSplitter())
-                s.set_weights({i: p.apps[app] / p.copies for p in pools if app in p.apps for i in p.instance_ids})
+                state.splitters.setdefault(app, WeightedSplitter()).set_weights(state.live.weights(app))
 
     def _decision(self, state: _State) -> ScalingDecision:
         specs = tuple(InstanceSpec(i, self._env(p)) for p in state.pools for i in p.instance_ids)
         return ScalingDecision(state, len(specs), specs)
 
-    def _env(self, pool: _Pool) -> dict[str, str]:
+    def _env(self, pool: Pool) -> dict[str, str]:
         g = pool.group
         names = [a["name"] for a in g["apps"]]
         timeouts = ",".join(f"{n}={t * 1000:.3f}" for n, t in zip(names, g["timeouts_s"], strict=True))

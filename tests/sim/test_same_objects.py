@@ -3,10 +3,14 @@ the simulator builds the same class through the same factory, and asks it the sa
 
 - PROTEAN's admission: the class queue (`admission_queue`, with `be_max_wait_s` and `be_share`)
   and the order it admits in (`admit`), in `scheduler.admission` and `faas_gpu.sim.protean`;
-- PROTEAN's Job Distribution: the `JobDistributor` (`job_distributor`) and LALB-O3's
-  `JobDistributionPreference`, in the scheduler daemon and the simulator's PROTEAN serving;
+- PROTEAN's placement: LALB-O3 from `make_scheduler` over the slices of every node, with the
+  `JobDistributor` (`job_distributor`) as its `JobDistributionPreference`, in the scheduler
+  daemon and the simulator's PROTEAN serving;
 - INFless's scaling: the rate window (`rate_window`) and the keep-alive `warm` rule, in
-  `provider.scaling.infless` and `faas_gpu.sim.infless`.
+  `provider.scaling.infless` and `faas_gpu.sim.infless`;
+- HarmonyBatch's live pools: `AppPools` (`app_pools`: the per-app rate window, the re-plan rule,
+  the pools and their copies under a floor), in `provider.scaling.harmony` and
+  `faas_gpu.sim.harmony.replay_live`.
 
 A sim module that imported the class but built it its own way, or re-coded the rule, would
 pass an identity check on the class alone; the tests also check that the factories are the ones
@@ -19,18 +23,25 @@ import inspect
 import threading
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+import faas_gpu.sim.harmony as sim_harmony
 import faas_gpu.sim.infless.infless_system as sim_infless
 import faas_gpu.sim.infless.keepalive_replay as sim_keepalive
 import faas_gpu.sim.protean.dispatcher as sim_dispatcher
 import faas_gpu.sim.protean.serving as sim_serving
 import faas_gpu.sim.protean.simulation as sim_protean
+import provider.scaling.harmony as live_harmony
 import provider.scaling.infless as live_infless
 import provider.scaling.infless_spec as live_infless_spec
 import scheduler.admission as live_admission
 import scheduler.daemon as live_daemon
 import scheduler.distribution as live_distribution
+import scheduler.loop as live_loop
+import scheduler.units as live_units
+from faas_gpu.paths import SHARED_DATA
+from faas_gpu.policies.harmony import pools
 from faas_gpu.policies.infless import keepalive
 from faas_gpu.policies.infless.rate import RateWindow, rate_window
 from faas_gpu.policies.lalb_job_distribution import JobDistributionPreference
@@ -109,6 +120,49 @@ def test_placement_asks_the_daemons_job_distribution_preference(monkeypatch):
     assert asked[0] >= len(r.strict_latency_s) + len(r.be_latency_s)  # every batch started was placed by it
 
 
+def test_placement_is_lalb_o3_from_the_schedulers_factory_across_nodes(monkeypatch):
+    """The PROTEAN simulation places as the live scheduler does: one LALB-O3 from `make_scheduler`
+    (the factory the scheduler's unit view calls) over the slices of every node, with Alg. 1's
+    `JobDistributionPreference` as its unit preference, asked by LALB itself."""
+    from faas_gpu.policies import lalb
+
+    assert live_units.make_scheduler is lalb.make_scheduler
+    assert sim_serving.make_scheduler is lalb.make_scheduler
+    assert "make_scheduler(" in inspect.getsource(live_units.UnitView.rebuild)
+    assert "make_scheduler(" in inspect.getsource(sim_serving.ProteanServing._lalb)
+    assert "unit_preference = " in inspect.getsource(live_loop.PlacementLoop.round)
+    assert "unit_preference = " in inspect.getsource(sim_serving.ProteanServing._round)
+    built: list[type] = []
+    nodes_used: set[int] = set()
+    asked = [0]
+    factory, schedule, call = lalb.make_scheduler, lalb.LALBScheduler.schedule, JobDistributionPreference.__call__
+
+    def spy_factory(name, units, *args, **kw):
+        policy = factory(name, units, *args, **kw)
+        built.append(type(policy))
+        assert name == "lalb_o3" and policy.o3_limit > 0
+        return policy
+
+    def spy_schedule(self, now):
+        out = schedule(self, now)
+        if isinstance(self.unit_preference, JobDistributionPreference):
+            nodes_used.update(self.units[d.unit].node for d in out)
+        return out
+
+    def spy_call(self, request, idle):
+        asked[0] += 1
+        return call(self, request, idle)
+
+    monkeypatch.setattr(sim_serving, "make_scheduler", spy_factory)
+    monkeypatch.setattr(lalb.LALBScheduler, "schedule", spy_schedule)
+    monkeypatch.setattr(JobDistributionPreference, "__call__", spy_call)
+    r = simulate("protean", Workload(diurnal_trace(2000.0, 10.0), "resnet50", BE), nodes=3)
+    assert built and set(built) == {lalb.LALBScheduler}
+    assert asked[0] > 0  # LALB-O3 asked Alg. 1's preference
+    assert nodes_used == {0, 1, 2}  # one LALB-O3 placed on the slices of every node
+    assert r.strict_slo_pct > 0
+
+
 # -- INFless's scaling -----------------------------------------------------------------------
 
 
@@ -145,3 +199,81 @@ def test_the_keep_alive_warm_rule_is_written_once():
 )
 def test_warm_rule(prewarm, keep, since, expected):
     assert keepalive.warm(keepalive.Windows(prewarm, keep), since) is expected
+
+
+# -- HarmonyBatch's live pools -------------------------------------------------------------
+
+
+def test_the_live_pools_come_from_one_factory_on_both_sides():
+    assert live_harmony.app_pools is pools.app_pools
+    assert sim_harmony.app_pools is pools.app_pools
+    assert "app_pools(" in inspect.getsource(live_harmony.HarmonyPools.state_of)
+    assert "app_pools(" in inspect.getsource(sim_harmony.replay_live)
+    # neither re-codes the rate window, the re-plan rule or the copies next to the call
+    for module in (live_harmony, sim_harmony):
+        src = inspect.getsource(module)
+        assert "samples.popleft" not in src and "0.25 *" not in src and "busiest.copies" not in src
+
+
+def _harmony_case():
+    from faas_gpu.policies.harmony import ALIBABA_FC_CNY, plan
+    from faas_gpu.policy_data.harmony import load_models
+
+    model = load_models(SHARED_DATA / "harmonybatch" / "model.json")["VGG19"]
+    slos = {"a": 0.5, "b": 0.8, "c": 1.0}
+
+    def planner(apps):
+        return plan(apps, model, ALIBABA_FC_CNY, "harmony")
+
+    return model, slos, planner, ALIBABA_FC_CNY
+
+
+def test_the_simulator_and_the_provider_decide_alike_on_the_same_counts(monkeypatch):
+    """The provider's HarmonyPools and `replay_live` fed the same cumulative counts per app, tick
+    by tick, build the same AppPools and apply the same plans at the same times."""
+    from faas_gpu.sim.harmony import TraceApp
+
+    model, slos, planner, prices = _harmony_case()
+    built: list[pools.AppPools] = []
+    init = pools.AppPools.__init__
+
+    def spy_init(self, *args, **kw):
+        init(self, *args, **kw)
+        built.append(self)
+
+    monkeypatch.setattr(pools.AppPools, "__init__", spy_init)
+    minutes = [0, 1, 2, 3]
+    rates = {"a": (2.0, 2.0, 12.0, 0.5), "b": (8.0, 8.0, 2.0, 2.0), "c": (10.0, 30.0, 30.0, 1.0)}
+    apps = [TraceApp(n, slos[n], rates[n]) for n in slos]
+    result, replans = sim_harmony.replay_live(apps, planner, model, prices, minutes, 30.0, seed=3)
+    sim_pools = built[-1]
+    assert type(sim_pools) is pools.AppPools and replans == sim_pools.replans >= 2  # it re-planned as load moved
+    assert result.requests > 0
+
+    # the provider, on the counts the simulator measured (one sample per tick), decides the same
+    policy = live_harmony.HarmonyPools(None, gpu_path=False)
+    live = pools.app_pools("fn", slos, window_s=policy.window_s, plan_period_s=policy.plan_period_s)
+    assert (live.window_s, live.plan_period_s) == (sim_pools.window_s, sim_pools.plan_period_s)
+    state = live_harmony._State(SimpleNamespace(name="fn"), model, "harmony", slos, live)  # type: ignore[arg-type]
+    monkeypatch.setattr(policy, "_plan", lambda st: planner(st.live.planned_apps(st.slos)))
+    policy._apply(state, planner(live.planned_apps(slos)), 0.0)
+    assert type(state.live) is type(sim_pools)
+    rng = np.random.default_rng(0)
+    counts = dict.fromkeys(slos, 0)
+    sim_twin = pools.app_pools("fn", slos)
+    sim_twin.apply(planner(sim_twin.planned_apps(slos)), 0.0)
+    for t in range(1, 121):
+        minute = (t - 1) // 30
+        for n in slos:
+            counts[n] += int(rng.poisson(rates[n][minute]))
+        ctx = SimpleNamespace(state=state, now=float(t), load=SimpleNamespace(by_app=dict(counts)))
+        policy.decide(ctx)  # type: ignore[arg-type]
+        sim_twin.measure(float(t), counts)
+        sim_twin.replan(float(t), lambda: planner(sim_twin.planned_apps(slos)))
+        assert state.live.rates == sim_twin.rates
+        assert state.live.plan == sim_twin.plan and state.live.replans == sim_twin.replans
+    assert state.live.replans >= 2
+    # a scale request's floor spreads copies the same way on both sides
+    policy.scale_to(SimpleNamespace(state=state), len(state.pools) + 3)  # type: ignore[arg-type]
+    sim_twin.spread(len(sim_twin.pools) + 3)
+    assert [p.instance_ids for p in state.pools] == [p.instance_ids for p in sim_twin.pools]

@@ -6,7 +6,9 @@ Schemes (paper §5), on `nodes` single-GPU workers (8 x A100-40GB):
 - `naive_slicing`: a static (4g, 3g) geometry, MPS within each slice, each batch to the slice
   with the least memory load (used / size), whatever its class.
 - `protean`: the policies of `faas_gpu.policies.protean`: the classes queue (strict EDF first,
-  bounded BE wait), Job Distribution (Alg. 1), the Reconfigurator (Alg. 2, draining and ~2 s of
+  bounded BE wait), then the live scheduler's placement across the nodes: LALB-O3 (built by
+  `make_scheduler`, as the scheduler builds it) with Job Distribution (Alg. 1) as its unit
+  preference, the Reconfigurator (Alg. 2, draining and ~2 s of
   downtime per change, at most 30% of GPUs at once); optionally spot/on-demand procurement.
 Every scheme gets the same dispatcher (the node where the fewest batches are ahead of this one in
 that node's serving order: all of them where service is class-blind, only the strict ones for a
