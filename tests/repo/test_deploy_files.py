@@ -499,3 +499,29 @@ def test_promtool_accepts_the_swarm_configuration_with_its_dns_discovery(tmp_pat
     checked.write_text(yaml.safe_dump(config))
     out = subprocess.run([promtool, "check", "config", str(checked)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dockers_own_stack_loader_reads_the_swarm_file():
+    """`docker stack config` (Docker CLI 25+) loads the file exactly as `docker stack deploy` does,
+    with Docker's own schema, variables and merge keys, without an engine."""
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI")
+    env = {**os.environ, "FAAS_GPU_IMAGE": "127.0.0.1:5000/faas-gpu:test", "REGISTRY_IMAGE": "faas-gpu/registry"}
+    out = subprocess.run(
+        [docker, "stack", "config", "-c", str(SWARM)], capture_output=True, text=True, timeout=60, env=env
+    )
+    if out.returncode != 0 and "stack config" in out.stderr and "unknown" in out.stderr.lower():
+        pytest.skip(f"this docker CLI has no `stack config`: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    rendered = yaml.safe_load(out.stdout)["services"]
+    assert set(rendered) == set(yaml.safe_load(SWARM.read_text())["services"])
+    for name in ("faas-gpu", "scheduler", "gpu-manager"):
+        assert rendered[name]["image"] == "127.0.0.1:5000/faas-gpu:test"
+        assert rendered[name]["environment"]["FAAS_GPU_CREDENTIALS_DIR"] == "/run/secrets"
+    assert rendered["registry"]["image"] == "faas-gpu/registry"
+    manager = rendered["gpu-manager"]
+    assert manager["deploy"]["mode"] == "global"
+    assert manager["deploy"]["placement"]["constraints"] == ["node.labels.gpu == true"]
+    assert manager["hostname"] == "{{.Node.Hostname}}"
+    assert manager["environment"]["NVIDIA_VISIBLE_DEVICES"] == "all"
