@@ -51,6 +51,7 @@ def scrape_config(
     config["global"]["scrape_interval"] = interval
     config["global"]["evaluation_interval"] = interval
     for job in config["scrape_configs"]:
+        job.pop("dns_sd_configs", None)  # prometheus-swarm.yml finds tasks through Swarm's DNS
         job["static_configs"] = [{"targets": targets[job["job_name"]]}]
         if "authorization" in job:
             job["authorization"]["credentials_file"] = str(token_file)

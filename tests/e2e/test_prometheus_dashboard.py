@@ -117,11 +117,13 @@ def test_the_dashboard_is_grafanas_shape_on_the_provisioned_data_source():
 def test_the_scrape_configurations_have_every_daemon_and_pass_promtool(path, tmp_path):
     config = yaml.safe_load(path.read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == JOBS
+    swarm = path == SWARM_CONFIG  # no procurer in a Swarm stack; the token is a Swarm secret there
+    assert set(jobs) == (JOBS - {"procurer"} if swarm else JOBS)
     for name, job in jobs.items():
         auth = job.get("authorization")
         if name in TOKEN_JOBS:
-            assert auth["credentials_file"] == "/var/lib/faas-gpu/secrets/gpu-manager-token"
+            token = "/run/secrets/gpu-manager-token" if swarm else "/var/lib/faas-gpu/secrets/gpu-manager-token"
+            assert auth["credentials_file"] == token
         else:
             assert auth is None
     promtool = shutil.which("promtool")
@@ -139,11 +141,15 @@ def test_the_scrape_configurations_have_every_daemon_and_pass_promtool(path, tmp
 def test_compose_and_swarm_start_prometheus_and_grafana_with_these_files():
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     swarm = yaml.safe_load((DEPLOY / "swarm-stack.yml").read_text())
-    for stack, config in ((compose, "prometheus.yml"), (swarm, "prometheus-swarm.yml")):
+    # the cluster token: the state volume on one box, the Swarm secret in a cluster
+    for stack, config, token in (
+        (compose, "prometheus.yml", "/var/lib/faas-gpu"),
+        (swarm, "prometheus-swarm.yml", "faas-gpu-cluster-token"),
+    ):
         services = stack["services"]
         assert {"faas-gpu", "prometheus", "grafana"} <= set(services)
         mounted = json.dumps(services["prometheus"]) + json.dumps(stack.get("configs", {}))
-        assert config in mounted and "/var/lib/faas-gpu" in mounted
+        assert config in mounted and token in mounted
         grafana = json.dumps(services["grafana"]) + json.dumps(stack.get("configs", {}))
         assert "faas-gpu.json" in grafana or "grafana/" in grafana
         assert "PROMETHEUS_URL" in grafana
