@@ -88,6 +88,7 @@ DEADLINE_HEADER = h.BUDGET_MS  # the budget left, in ms (the scheduler turns it 
 DEADLINE_MISSED_HEADER = h.DEADLINE_MISSED
 LEASE_RETRY_S = 0.5  # with no lease granted, the scheduler is asked again after this long
 LEASE_ASK_TIMEOUT_S = 5.0
+MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
 
 
 @dataclass
@@ -157,6 +158,8 @@ class RemoteModel(torch.nn.Module):
         self._lease: HeldLease | None = None
         self._no_lease_until = 0.0
         self._lease_lock = threading.Lock()
+        self._unreported: list[list] = []  # leased batches answered, not yet told to the scheduler
+        self._report_lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._refused: NotConvertible | None = None  # said once, then at once on every call
         self._queue = BatchQueue(
@@ -254,7 +257,7 @@ class RemoteModel(torch.nn.Module):
             headers[h.APP] = app
         body = encode(x)
         if self.config.leases and kind != "best-effort":
-            done = self._run_leased(digest, body, headers, budget)
+            done = self._run_leased(digest, body, headers, budget, int(x.shape[0]) if x.dim() else 1)
             if done is not None:
                 return done
         r = self._request("POST", f"/v1/jobs/{digest}", budget, data=body, headers=headers)
@@ -262,7 +265,7 @@ class RemoteModel(torch.nn.Module):
 
     # -- placement leases: the batch straight to the leased unit's GPU Manager ---------------------
     def _run_leased(
-        self, digest: str, body: bytes, headers: dict[str, str], budget: Budget | None
+        self, digest: str, body: bytes, headers: dict[str, str], budget: Budget | None, rows: int
     ) -> tuple[torch.Tensor, dict] | None:
         """The batch's answer from the leased unit, or None: send it through the scheduler."""
         lease = self._current_lease(digest, headers)
@@ -282,13 +285,26 @@ class RemoteModel(torch.nn.Module):
             self._drop_lease(lease)
             return None
         if r.status_code == 200:
+            self._ran(rows, 200, r.headers.get(h.EXECUTE_SECONDS), budget is not None, headers.get(h.APP, ""))
             return decode(r.content), h.ours(r.headers)
         if r.status_code == 400 and h.UNIT_STATE not in r.headers:  # the model refused the batch, as it would there
+            self._ran(rows, 400, None, False, headers.get(h.APP, ""))
             raise RemoteError(r.status_code, r.text.strip())
         if code_of(r.headers) != LeaseError.code:
             log.info("faas-gpu: leased unit %s answered %d; through the scheduler", lease.unit, r.status_code)
         self._drop_lease(lease)  # run out, draining, gone, model lost, manager in trouble
         return None
+
+    def _ran(self, rows: int, status: int, exec_s: str | None, slo: bool, app: str) -> None:
+        """A leased batch answered: told to the scheduler with the next lease asked for (its
+        metrics count every batch, leased or not), at most `MAX_REPORTED` at a time."""
+        try:
+            seconds = float(exec_s or 0)
+        except ValueError:
+            seconds = 0.0
+        with self._report_lock:
+            if len(self._unreported) < MAX_REPORTED:
+                self._unreported.append([rows, status, round(seconds, 6), slo, app])
 
     def _post_direct(self, lease: HeldLease, digest: str, body: bytes, headers: dict[str, str]) -> requests.Response:
         return self._direct.post(
@@ -319,16 +335,20 @@ class RemoteModel(torch.nn.Module):
 
     def _ask_lease(self, digest: str, headers: dict[str, str]) -> HeldLease | None:
         ask = {"Authorization": f"Bearer {self.config.token}"}
-        if h.CLASS in headers:
-            ask[h.CLASS] = headers[h.CLASS]
+        ask.update({k: headers[k] for k in (h.CLASS, h.MODEL) if k in headers})
+        with self._report_lock:
+            ran, self._unreported = self._unreported, []
         for url in self.config.scheduler_urls:
             t0 = time.monotonic()
             try:
-                r = self._http.post(f"{url}/v1/leases/{digest}", headers=ask, timeout=LEASE_ASK_TIMEOUT_S)
+                r = self._http.post(
+                    f"{url}/v1/leases/{digest}", json={"ran": ran}, headers=ask, timeout=LEASE_ASK_TIMEOUT_S
+                )
             except requests.RequestException:
                 continue
             if r.status_code == 503:  # not the leader
                 continue
+            ran = []  # told
             if r.status_code != 200:  # 204: none now; 404 on a scheduler without leases
                 return None
             try:
@@ -343,7 +363,14 @@ class RemoteModel(torch.nn.Module):
                 )
             except (ValueError, KeyError, TypeError):
                 return None
+        self._keep_unreported(ran)  # no scheduler answered
         return None
+
+    def _keep_unreported(self, ran: list[list]) -> None:
+        """Reports no scheduler took: told with the next ask."""
+        if ran:
+            with self._report_lock:
+                self._unreported = (ran + self._unreported)[:MAX_REPORTED]
 
     def _drop_lease(self, lease: HeldLease) -> None:
         with self._lease_lock:

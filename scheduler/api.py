@@ -9,7 +9,9 @@ is a miss at once) and `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumpt
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
 `X-Faas-Gpu-App` (HarmonyBatch's application), when the caller sends one, labels the job's SLO count.
 
-`POST /v1/leases/<digest>` (with `X-Faas-Gpu-Class`): a placement lease for the caller's batches of
+`POST /v1/leases/<digest>` (with `X-Faas-Gpu-Class`, and a JSON body {"ran": [[rows, status,
+execute s, had an SLO, app], ...]} of the batches run on the previous lease, which the metrics count
+as the jobs run through here): a placement lease for the caller's batches of
 the model (`faas_gpu.contract.lease`, granted by `scheduler.leases`): 200 {"url", "unit", "lease",
 "expires_in_s"}, the GPU Manager and unit to send them to with the lease and the caller's own
 token; 204 when no lease is granted now (send the batches here).
@@ -146,7 +148,12 @@ def create_app(
         refused = credentials.check_owner(resolver, digest)
         if refused is not None:
             return refused
+        who = credentials.caller()
+        body = request.get_json(silent=True) if request.content_length else None
         try:
+            if isinstance(body, dict) and body.get("ran"):  # the batches it ran on its last lease
+                model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
+                scheduler.leased_ran(digest, model, None if who.cluster else who.label, body["ran"])
             klass = parse_class(request.headers.get(h.CLASS))
             unit = scheduler.lease(digest, best_effort=klass is RequestClass.BEST_EFFORT)
         except PlacementError as exc:
@@ -160,7 +167,6 @@ def create_app(
             return resp
         if unit is None:
             return Response(status=204)
-        who = credentials.caller()
         granted = leases.Lease(
             digest,
             unit.unit,

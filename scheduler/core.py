@@ -151,6 +151,15 @@ class Scheduler:
             self.catalog.get(digest, self.view.policy)  # LookupError for a model never uploaded
             return lease_unit(self.view, self.admission, digest, best_effort, self.distributor is not None)
 
+    def leased_ran(self, digest: str, model: str | None, function: str | None, ran: list) -> None:
+        """A function's batches run on a leased unit: counted in the metrics, and their execution
+        times learnt as a placed job's are."""
+        times = self.metrics.leased(digest, model, function, ran)
+        if times:
+            with self._wake:
+                if digest in self.catalog.models:
+                    self.catalog.observe(digest, self.view.policy, True, 0.0, sum(times) / len(times))
+
     def abandon(self, job: Job) -> None:
         """The caller of `job` has gone: a waiting job is dropped, never started; a running one is counted."""
         self.admission.abandon(job)

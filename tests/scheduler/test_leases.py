@@ -55,6 +55,14 @@ def test_a_function_sends_its_batches_to_the_leased_unit_and_falls_back_to_the_s
         counted = requests.get(f"{manager.url}/v1/functions", headers=auth, timeout=5).json()
         assert counted.get("classify.openfaas-fn", 0) >= 3  # the manager counts the lease's function
 
+        # the leased batches are told to the scheduler with the next ask, and counted as its own jobs
+        time.sleep(max(0.0, lease.renew_at - time.monotonic()) + 0.05)
+        model(x)
+        assert model._lease is not lease and len(model._unreported) == 1  # this batch: told with the next ask
+        metrics = requests.get(f"{sched.url}/metrics", headers=auth, timeout=5).text
+        success = [line for line in metrics.splitlines() if line.startswith("nv_inference_request_success{")]
+        assert success and float(success[0].split()[-1]) >= 4, success  # 1 through the queue, 3 leased
+
         # the scheduler: strict only, and only the model's owner
         url = f"{sched.url}/v1/leases/{digest}"
         assert requests.post(url, headers={**fn, h.CLASS: "best-effort"}, timeout=5).status_code == 204
