@@ -26,6 +26,16 @@ above 1), and the log says so once. The handler's code is the same either way.
 Concurrent calls in one instance are coalesced into one batch (`FAAS_GPU_MAX_BATCH`, and a
 timeout `FAAS_GPU_BATCH_TIMEOUT_MS`, by default a quarter of the SLO `FAAS_GPU_SLO_MS`).
 
+Placement leases (`FAAS_GPU_LEASES`, on by default): a strict batch does not go through the
+scheduler when the scheduler leases its placement. The instance asks `POST /v1/leases/<digest>`
+(at most once per `LEASE_RETRY_S` while none is granted), and while the lease lasts sends its
+batches to the leased unit's GPU Manager itself, over one persistent connection, with the lease
+and its own token (`faas_gpu.contract.lease`). Whenever the direct path cannot take a batch (no
+lease, the lease ran out or was refused, the unit is draining, the manager does not answer or
+has lost the model, the SLO is spent) the batch goes through the scheduler as before, which
+places, retries and answers misses; a batch the model itself refused (400) is answered as the
+scheduler would have answered it.
+
 What it says to the scheduler is the contract (`faas_gpu.contract`: headers, the SLO as a budget,
 the tensor wire format, the variables' defaults); it imports no daemon.
 """
@@ -57,6 +67,8 @@ from faas_gpu.batching import (  # noqa: F401 — names the handlers and the tem
 )
 from faas_gpu.contract import env
 from faas_gpu.contract import headers as h
+from faas_gpu.contract.errors import code_of
+from faas_gpu.contract.lease import RENEW_BEFORE_S, LeaseError
 from faas_gpu.contract.slo import Budget
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.saving import (  # noqa: F401 — save_model and explain_pickle: names handlers use here
@@ -74,6 +86,9 @@ _original = {}
 RETRYABLE = (502, 503, 504)
 DEADLINE_HEADER = h.BUDGET_MS  # the budget left, in ms (the scheduler turns it into its deadline)
 DEADLINE_MISSED_HEADER = h.DEADLINE_MISSED
+LEASE_RETRY_S = 0.5  # with no lease granted, the scheduler is asked again after this long
+LEASE_ASK_TIMEOUT_S = 5.0
+MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
 
 
 @dataclass
@@ -89,6 +104,7 @@ class ClientConfig:
     default_class: str | None = None
     max_inflight: int = env.MAX_INFLIGHT.default
     model_name: str | None = None  # sent as X-Faas-Gpu-Model: FAAS_GPU_PROTEAN_MODEL, else FAAS_GPU_MODEL
+    leases: bool = env.LEASES.default  # ask for placement leases and send batches to the GPU Manager
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig | None:
@@ -107,6 +123,7 @@ class ClientConfig:
             default_class=env.CLASS.read(environ),
             max_inflight=env.MAX_INFLIGHT.read(environ),
             model_name=env.PROTEAN_MODEL.read(environ) or env.MODEL.read(environ),
+            leases=env.LEASES.read(environ),
         )
 
 
@@ -114,6 +131,17 @@ class RemoteError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A placement lease the scheduler granted: where to send the batches, until when (monotonic)."""
+
+    url: str
+    unit: str
+    text: str
+    renew_at: float
+    expires: float
 
 
 class RemoteModel(torch.nn.Module):
@@ -126,6 +154,12 @@ class RemoteModel(torch.nn.Module):
         self._artifact = artifact
         self._digest: str | None = None
         self._http = requests.Session()
+        self._direct = requests.Session()  # the persistent connection to the leased unit's GPU Manager
+        self._lease: HeldLease | None = None
+        self._no_lease_until = 0.0
+        self._lease_lock = threading.Lock()
+        self._unreported: list[list] = []  # leased batches answered, not yet told to the scheduler
+        self._report_lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._refused: NotConvertible | None = None  # said once, then at once on every call
         self._queue = BatchQueue(
@@ -221,8 +255,127 @@ class RemoteModel(torch.nn.Module):
             headers[h.MODEL] = self.config.model_name
         if app:  # the scheduler counts the job's SLO under it
             headers[h.APP] = app
-        r = self._request("POST", f"/v1/jobs/{digest}", budget, data=encode(x), headers=headers)
+        body = encode(x)
+        if self.config.leases and kind != "best-effort":
+            done = self._run_leased(digest, body, headers, budget, int(x.shape[0]) if x.dim() else 1)
+            if done is not None:
+                return done
+        r = self._request("POST", f"/v1/jobs/{digest}", budget, data=body, headers=headers)
         return decode(r.content), h.ours(r.headers)
+
+    # -- placement leases: the batch straight to the leased unit's GPU Manager ---------------------
+    def _run_leased(
+        self, digest: str, body: bytes, headers: dict[str, str], budget: Budget | None, rows: int
+    ) -> tuple[torch.Tensor, dict] | None:
+        """The batch's answer from the leased unit, or None: send it through the scheduler."""
+        lease = self._current_lease(digest, headers)
+        if lease is None:
+            return None
+        if budget is not None and budget.remaining_ms(time.monotonic()) <= 0:
+            return None  # spent: the scheduler answers the miss
+        send = {"Authorization": f"Bearer {self.config.token}", h.LEASE: lease.text, **headers}
+        try:
+            if tracing.enabled():
+                with tracing.span("gpu_manager.request", kind="client", attributes={"faas_gpu.unit": lease.unit}):
+                    r = self._post_direct(lease, digest, body, tracing.inject(send))
+            else:
+                r = self._post_direct(lease, digest, body, send)
+        except requests.RequestException as exc:  # the manager died or is unreachable: the scheduler places it
+            log.info("faas-gpu: leased unit %s at %s failed (%s); through the scheduler", lease.unit, lease.url, exc)
+            self._drop_lease(lease)
+            return None
+        if r.status_code == 200:
+            self._ran(rows, 200, r.headers.get(h.EXECUTE_SECONDS), budget is not None, headers.get(h.APP, ""))
+            return decode(r.content), h.ours(r.headers)
+        if r.status_code == 400 and h.UNIT_STATE not in r.headers:  # the model refused the batch, as it would there
+            self._ran(rows, 400, None, False, headers.get(h.APP, ""))
+            raise RemoteError(r.status_code, r.text.strip())
+        if code_of(r.headers) != LeaseError.code:
+            log.info("faas-gpu: leased unit %s answered %d; through the scheduler", lease.unit, r.status_code)
+        self._drop_lease(lease)  # run out, draining, gone, model lost, manager in trouble
+        return None
+
+    def _ran(self, rows: int, status: int, exec_s: str | None, slo: bool, app: str) -> None:
+        """A leased batch answered: told to the scheduler with the next lease asked for (its
+        metrics count every batch, leased or not), at most `MAX_REPORTED` at a time."""
+        try:
+            seconds = float(exec_s or 0)
+        except ValueError:
+            seconds = 0.0
+        with self._report_lock:
+            if len(self._unreported) < MAX_REPORTED:
+                self._unreported.append([rows, status, round(seconds, 6), slo, app])
+
+    def _post_direct(self, lease: HeldLease, digest: str, body: bytes, headers: dict[str, str]) -> requests.Response:
+        return self._direct.post(
+            f"{lease.url}/v1/jobs/{digest}", params={"unit": lease.unit}, data=body, headers=headers, timeout=300
+        )
+
+    def _current_lease(self, digest: str, headers: dict[str, str]) -> HeldLease | None:
+        """The lease to use now: the one held until it is due for renewal, then a new one from the
+        scheduler (one batch thread asks; the others use the old one while it lasts)."""
+        now = time.monotonic()
+        held = self._lease
+        if held is not None and now < held.renew_at:
+            return held
+        usable = held if held is not None and now < held.expires else None
+        if now < self._no_lease_until:
+            return usable
+        if not self._lease_lock.acquire(blocking=usable is None):
+            return usable
+        try:
+            if self._lease is not held:  # renewed by another thread meanwhile
+                return self._lease
+            self._lease = self._ask_lease(digest, headers)
+            if self._lease is None:
+                self._no_lease_until = time.monotonic() + LEASE_RETRY_S
+            return self._lease
+        finally:
+            self._lease_lock.release()
+
+    def _ask_lease(self, digest: str, headers: dict[str, str]) -> HeldLease | None:
+        ask = {"Authorization": f"Bearer {self.config.token}"}
+        ask.update({k: headers[k] for k in (h.CLASS, h.MODEL) if k in headers})
+        with self._report_lock:
+            ran, self._unreported = self._unreported, []
+        for url in self.config.scheduler_urls:
+            t0 = time.monotonic()
+            try:
+                r = self._http.post(
+                    f"{url}/v1/leases/{digest}", json={"ran": ran}, headers=ask, timeout=LEASE_ASK_TIMEOUT_S
+                )
+            except requests.RequestException:
+                continue
+            if r.status_code == 503:  # not the leader
+                continue
+            ran = []  # told
+            if r.status_code != 200:  # 204: none now; 404 on a scheduler without leases
+                return None
+            try:
+                body = r.json()
+                granted_s = float(body["expires_in_s"])
+                return HeldLease(
+                    str(body["url"]).rstrip("/"),
+                    str(body["unit"]),
+                    str(body["lease"]),
+                    t0 + max(0.0, granted_s - RENEW_BEFORE_S),
+                    t0 + granted_s,
+                )
+            except (ValueError, KeyError, TypeError):
+                return None
+        self._keep_unreported(ran)  # no scheduler answered
+        return None
+
+    def _keep_unreported(self, ran: list[list]) -> None:
+        """Reports no scheduler took: told with the next ask."""
+        if ran:
+            with self._report_lock:
+                self._unreported = (ran + self._unreported)[:MAX_REPORTED]
+
+    def _drop_lease(self, lease: HeldLease) -> None:
+        with self._lease_lock:
+            if self._lease is lease:
+                self._lease = None
 
 
 def _config() -> ClientConfig | None:

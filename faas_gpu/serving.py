@@ -84,12 +84,18 @@ def _die_with_master(server, _worker) -> None:
     die_with_parent(signal.SIGTERM, parent_pid=server.pid)
 
 
-def require_bearer_token(app: Flask, token: str, prefix: str = "/v1/") -> None:
-    """Internal APIs answer 401 without `Authorization: Bearer <token>` (compared in constant time)."""
+def require_bearer_token(
+    app: Flask, token: str, prefix: str = "/v1/", checked_by_route: Callable[[], bool] | None = None
+) -> None:
+    """Internal APIs answer 401 without `Authorization: Bearer <token>` (compared in constant time).
+    `checked_by_route()`: True for a request whose route checks its caller itself (the GPU
+    Manager's job route with a placement lease), which this guard lets through."""
 
     @app.before_request
     def _check_token():
         if flask_request.path.startswith(prefix):
+            if checked_by_route is not None and checked_by_route():
+                return None
             if not token_matches(bearer_token(flask_request.headers.get("Authorization")), token):
                 return unauthorized()
         return None

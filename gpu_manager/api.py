@@ -20,12 +20,17 @@ list the GPUs and change a GPU's MIG geometry.
 
 Every /v1/ route needs `Authorization: Bearer <token>`, the cluster token (the node's token file):
 the API is for the scheduler and the daemons. Functions' replicas hold only their own token,
-which the scheduler checks and which is refused here (401).
+which the scheduler checks and which is refused here (401) but on one route: `POST /v1/jobs/<digest>`
+with `X-Faas-Gpu-Lease`, a placement lease the scheduler signed for that token, model and unit
+(`faas_gpu.contract.lease`), runs the job (a lease refused is 401 with the code `lease-refused`:
+the instance sends the batch through the scheduler instead). A leased job never loads its model:
+one not loaded on the unit is answered 409, and goes through the scheduler.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 from flask import Flask, Response, jsonify, request
@@ -33,11 +38,12 @@ from flask import Flask, Response, jsonify, request
 from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError, error_headers
-from faas_gpu.contract.wire import TENSOR_TYPE, decode
-from faas_gpu.serving import require_bearer_token
+from faas_gpu.contract.lease import LeaseError, verify
+from faas_gpu.contract.wire import TENSOR_TYPE, check
+from faas_gpu.serving import bearer_token, require_bearer_token
 
 from . import mig
-from .manager import GPUManager, ModelDoesNotFit, UnitDraining, UnknownModel, UnknownUnit
+from .manager import GPUManager, ModelDoesNotFit, NotResident, UnitDraining, UnknownModel, UnknownUnit
 from .mps import MPSError
 from .worker import ModelInputError, ModelLoadError, WorkerDied
 
@@ -57,7 +63,7 @@ def _unavailable(message: str, status: int, state: str) -> Response:
 def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 * 1024) -> Flask:
     app = Flask("faas-gpu-manager")
 
-    require_bearer_token(app, token)
+    require_bearer_token(app, token, checked_by_route=lambda: request.endpoint == "job" and h.LEASE in request.headers)
     manager.metrics.serve(app, token)  # GET /metrics: Prometheus's text, with the cluster token
     jobs_by_function: Counter[str] = Counter()
     counting = threading.Lock()
@@ -95,12 +101,29 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
         unit = request.args.get("unit")
         if not unit:
             return _text("unit: query parameter is required", 400)
+        leased = request.headers.get(h.LEASE)
+        function = (request.headers.get(h.FUNCTION) or "").strip()[:200]
+        if leased is not None:  # a function's instance, with the lease the scheduler gave it
+            try:
+                lease = verify(
+                    token,
+                    leased,
+                    digest=digest,
+                    unit=unit,
+                    bearer=bearer_token(request.headers.get("Authorization")),
+                    now=time.time(),
+                )
+            except LeaseError as exc:
+                resp = _text(str(exc), exc.status)
+                resp.headers.update(error_headers(exc))
+                return resp
+            function = lease.function
         if request.content_length and request.content_length > max_job_bytes:
             return _text(f"body: larger than {max_job_bytes} bytes", 413)
         payload = request.get_data(cache=False)
         try:
-            decode(payload)  # a malformed batch is the caller's error, not the model's
-            result = manager.run(digest, unit, payload)
+            check(payload)  # a malformed batch is the caller's error, not the model's (read, not copied)
+            result = manager.run(digest, unit, payload, resident_only=leased is not None)
         except (WireError, ArtifactError) as exc:
             return _text(str(exc), 400)
         except ModelInputError as exc:
@@ -111,6 +134,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             resp = _text(str(exc), exc.status)
             resp.headers.update(error_headers(exc))
             return resp
+        except NotResident as exc:  # a lease never loads a model: the instance goes to the scheduler
+            return _text(str(exc), 409)
         except ModelDoesNotFit as exc:
             return _text(str(exc), 507)
         except ModelLoadError as exc:
@@ -121,7 +146,6 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _unavailable(str(exc), 503, "draining")
         except MPSError as exc:
             return _text(str(exc), 503)
-        function = (request.headers.get(h.FUNCTION) or "").strip()[:200]
         if function:
             with counting:
                 jobs_by_function[function] += 1

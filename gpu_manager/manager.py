@@ -50,6 +50,11 @@ class ModelDoesNotFit(ValueError):
     """A model larger than the unit (answered 507 with the sizes)."""
 
 
+class NotResident(LookupError):
+    """A leased job's model is not loaded on its unit (answered 409): a lease never loads a model,
+    since a load evicts others behind the scheduler's back; the instance sends it to the scheduler."""
+
+
 class UnitDraining(RuntimeError):
     """The unit is being drained for a reconfiguration, or is gone (answered 503: place it again)."""
 
@@ -155,7 +160,10 @@ class GPUManager:
         """Memory a model takes on a unit: its artifact's size (weights dominate it)."""
         return artifact.size / (1024 * 1024)
 
-    def run(self, digest: str, unit_id: str, payload: bytes, timeout_s: float = 60) -> JobResult:
+    def run(
+        self, digest: str, unit_id: str, payload: bytes, timeout_s: float = 60, resident_only: bool = False
+    ) -> JobResult:
+        """`resident_only` (a leased job): NotResident rather than load the model."""
         state = self.units.get(unit_id)
         if state is None:
             raise UnknownUnit(f"unit: {unit_id!r} is not a unit of this node")
@@ -168,12 +176,18 @@ class GPUManager:
             if waited is not None:
                 tracing.record("gpu_manager.unit_wait", waited, waited.at_ns, attributes={"faas_gpu.unit": unit_id})
             self._check_open(state)  # drained or retired while this job waited for the unit
+            if resident_only and not self._resident(artifact.digest, state):
+                raise NotResident(f"model: {digest[:12]}… is not loaded on unit {unit_id}")
             state.busy_since, state.running = time.monotonic(), digest
             try:
                 return self._run_locked(state, artifact, payload, timeout_s)
             finally:
                 state.busy_s += time.monotonic() - state.busy_since
                 state.busy_since, state.running = None, None
+
+    def _resident(self, digest: str, state: _UnitState) -> bool:
+        worker = self.workers.get((digest, state.info.id))
+        return worker is not None and worker.alive
 
     @staticmethod
     def _check_open(state: _UnitState) -> None:

@@ -9,6 +9,13 @@ is a miss at once) and `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumpt
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
 `X-Faas-Gpu-App` (HarmonyBatch's application), when the caller sends one, labels the job's SLO count.
 
+`POST /v1/leases/<digest>` (with `X-Faas-Gpu-Class`, and a JSON body {"ran": [[rows, status,
+execute s, had an SLO, app], ...]} of the batches run on the previous lease, which the metrics count
+as the jobs run through here): a placement lease for the caller's batches of
+the model (`faas_gpu.contract.lease`, granted by `scheduler.leases`): 200 {"url", "unit", "lease",
+"expires_in_s"}, the GPU Manager and unit to send them to with the lease and the caller's own
+token; 204 when no lease is granted now (send the batches here).
+
 `GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`), with the cluster token, as
 `/v1/status`: the labels name every function and model, which one function's token must not read.
 """
@@ -17,12 +24,14 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
 from faas_gpu import tracing
 from faas_gpu.contract import headers as h
+from faas_gpu.contract import lease as leases
 from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, ContractError, WireError, error_headers
 from faas_gpu.contract.slo import RequestClass, parse_budget_ms, parse_class
@@ -31,6 +40,7 @@ from faas_gpu.contract.wire import decode
 from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.fn_credentials import CredentialResolver
 from faas_gpu.policies import PlacementError
+from faas_gpu.serving import bearer_token
 
 from . import credentials
 from .core import Scheduler
@@ -128,6 +138,50 @@ def create_app(
         if refused is not None:
             return refused
         return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
+
+    @app.post("/v1/leases/<digest>")
+    def lease(digest: str):
+        if not election.is_leader.is_set():
+            resp = _text("not the scheduler leader; retry", 503)
+            resp.headers["Retry-After"] = "1"
+            return resp
+        refused = credentials.check_owner(resolver, digest)
+        if refused is not None:
+            return refused
+        who = credentials.caller()
+        body = request.get_json(silent=True) if request.content_length else None
+        try:
+            if isinstance(body, dict) and body.get("ran"):  # the batches it ran on its last lease
+                model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
+                scheduler.leased_ran(digest, model, None if who.cluster else who.label, body["ran"])
+            klass = parse_class(request.headers.get(h.CLASS))
+            unit = scheduler.lease(digest, best_effort=klass is RequestClass.BEST_EFFORT)
+        except PlacementError as exc:
+            return _text(str(exc), 507)
+        except (WireError, ValueError) as exc:
+            return _text(str(exc), 400)
+        except LookupError as exc:
+            resp = _text(str(exc), 404)
+            if isinstance(exc, ContractError):
+                resp.headers.update(error_headers(exc))
+            return resp
+        if unit is None:
+            return Response(status=204)
+        granted = leases.Lease(
+            digest,
+            unit.unit,
+            "" if who.cluster else who.label,
+            leases.token_sha256(bearer_token(request.headers.get("Authorization")) or ""),
+            time.time() + leases.LEASE_S,  # Unix time: the manager that checks it has its own clock
+        )
+        return jsonify(
+            {
+                "url": unit.url,
+                "unit": unit.unit,
+                "lease": leases.sign(scheduler.token, granted),
+                "expires_in_s": leases.LEASE_S,
+            }
+        )
 
     @app.post("/v1/jobs/<digest>")
     def job(digest: str):

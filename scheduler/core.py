@@ -38,6 +38,7 @@ from .admission import BE_MAX_WAIT_S, BE_SHARE, Admission
 from .catalog import ModelCatalog, Placement
 from .distribution import job_distribution
 from .jobs import Job
+from .leases import lease_unit
 from .loop import PlacementLoop
 from .managers import ManagerClient
 from .metrics import SchedulerMetrics
@@ -142,6 +143,22 @@ class Scheduler:
         counts jobs by it), None for the cluster. `rows` (the batch's size) and `app` (its
         HarmonyBatch application) are for the metrics; `trace`: the caller's span (`faas_gpu.tracing`)."""
         return self.admission.submit(digest, payload, deadline_s, best_effort, model, function, rows, app, trace)
+
+    def lease(self, digest: str, best_effort: bool = False) -> UnitRef | None:
+        """The unit whose GPU Manager may take `digest`'s batches directly for a while (a placement
+        lease, `scheduler.leases`), or None: send them here."""
+        with self._wake:
+            self.catalog.get(digest, self.view.policy)  # LookupError for a model never uploaded
+            return lease_unit(self.view, self.admission, digest, best_effort, self.distributor is not None)
+
+    def leased_ran(self, digest: str, model: str | None, function: str | None, ran: list) -> None:
+        """A function's batches run on a leased unit: counted in the metrics, and their execution
+        times learnt as a placed job's are."""
+        times = self.metrics.leased(digest, model, function, ran)
+        if times:
+            with self._wake:
+                if digest in self.catalog.models:
+                    self.catalog.observe(digest, self.view.policy, True, 0.0, sum(times) / len(times))
 
     def abandon(self, job: Job) -> None:
         """The caller of `job` has gone: a waiting job is dropped, never started; a running one is counted."""

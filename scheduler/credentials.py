@@ -2,11 +2,13 @@
 
 - the cluster token (daemons, operators' tools): every route;
 - a function's own token (its replicas' GPU client): `PUT /v1/models` (the upload is recorded
-  as the function's) and `POST /v1/jobs/<digest>` for digests it uploaded itself (403 otherwise);
+  as the function's), and `POST /v1/jobs/<digest>` and `POST /v1/leases/<digest>` for digests it
+  uploaded itself (403 otherwise);
   status and any other route are cluster-only (403);
 - anything else: 401.
 The function's identity travels to the GPU Manager (`faas_gpu.contract.headers.FUNCTION`) for accounting only:
-managers accept nothing but the cluster token, so a function's token never reaches them.
+managers accept the cluster token, and a function's token only with a lease the scheduler signed
+for that token, model and unit (`faas_gpu.contract.lease`): it runs that model on that unit, briefly.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from faas_gpu.datastore import DatastoreError
 from faas_gpu.fn_credentials import CLUSTER, Caller, CredentialResolver
 from faas_gpu.serving import bearer_token, unauthorized
 
-FUNCTION_ROUTES = ("upload", "job", "healthz")  # endpoints a function's token may use
+FUNCTION_ROUTES = ("upload", "job", "lease", "healthz")  # endpoints a function's token may use
 
 
 def _text(message: str, status: int) -> Response:

@@ -99,6 +99,37 @@ class SchedulerMetrics:
         function = job.function or m.CLUSTER_FUNCTION
         self._slo.labels(function, self._app(function, job.app), "within" if within else "over").inc()
 
+    def leased(
+        self, digest: str, model: str | None, function: str | None, ran: list, *, most: int = 4096
+    ) -> list[float]:
+        """Batches a function ran on a leased unit (`POST /v1/leases` reports them: [[rows, status,
+        execute s, had an SLO, app], ...]), counted as the jobs that come through here are; no
+        queueing (a leased batch waits for nothing here). The execution times of those answered."""
+        job = Job(0, digest, b"", 0.0, None, model=model, function=function)
+        model_labels = self._model(job)
+        fn = function or m.CLUSTER_FUNCTION
+        times = []
+        for entry in ran[:most] if isinstance(ran, list) else []:
+            try:
+                rows, status, exec_s, slo, app = entry
+                rows, status, exec_s = int(rows), int(status), max(0.0, float(exec_s))
+            except (TypeError, ValueError):
+                continue
+            if rows < 1 or rows > 1_000_000:
+                continue
+            self._batch.labels(fn).observe(rows)
+            if status != 200:
+                self._failure.labels(*model_labels).inc()
+                continue
+            times.append(exec_s)
+            self._success.labels(*model_labels).inc()
+            self._count.labels(*model_labels).inc(rows)
+            self._exec.labels(*model_labels).inc()
+            self._compute_us.labels(*model_labels).inc(exec_s * 1e6)
+            if slo is True:
+                self._slo.labels(fn, self._app(fn, app_label(app if isinstance(app, str) else "")), "within").inc()
+        return times
+
     # -- readings ------------------------------------------------------------------------------
     def read_queues(self, jobs: Callable[[], list[Job]], wake: threading.Condition) -> None:
         """Queue depth per class, read at scrape time from the jobs still waiting (under the lock)."""

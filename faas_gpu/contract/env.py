@@ -134,6 +134,9 @@ GPU_SHARE: Var[int] = Var("FAAS_GPU_GPU_SHARE", 0, int, "INFless: the instance's
 GPU_MEMORY_GB: Var[float | None] = Var("FAAS_GPU_GPU_MEMORY_GB", None, float, "HarmonyBatch: the group's GPU memory")
 CPU_THREADS: Var[int | None] = Var("FAAS_GPU_CPU_THREADS", None, int, "torch threads the autoscaler gave the instance")
 MAX_INFLIGHT: Var[int] = Var("FAAS_GPU_MAX_INFLIGHT", 32, int, "batches one instance sends the scheduler at once")
+LEASES: Var[bool] = Var(
+    "FAAS_GPU_LEASES", True, on_off, "on: ask the scheduler for placement leases and send batches to the GPU Manager"
+)
 MODEL: Var[str | None] = Var("FAAS_GPU_MODEL", None, _text, "the model's name (com.faas-gpu.model)")
 PROTEAN_MODEL: Var[str | None] = Var(
     "FAAS_GPU_PROTEAN_MODEL", None, _text, "the model's name in PROTEAN's assumptions, when it differs"

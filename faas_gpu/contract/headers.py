@@ -34,6 +34,9 @@ SHARE = "X-Faas-Gpu-Share"
 """The instance's GPU SM share (INFless), as a whole percentage."""
 FUNCTION = "X-Faas-Gpu-Function"
 """name.namespace of the function a job came from: the GPU Manager counts jobs by it (accounting)."""
+LEASE = "X-Faas-Gpu-Lease"
+"""A placement lease (`lease`): with the function's own token, lets its instance send a batch
+straight to the leased unit's GPU Manager."""
 MODEL_DIGEST = "X-Model-Digest"
 """On an upload: the SHA-256 the client computed; the store refuses bytes that hash otherwise."""
 
