@@ -2,7 +2,7 @@
 
 A deployed function whose handler calls a profiled model is copied twice with the model client's
 batching pinned (`FAAS_GPU_MAX_BATCH` 1 and b, plain replicas, no INFless sizing); each copy is
-driven at saturation (closed loop, 2b clients) through the gateway, so every part of the path —
+driven at saturation (closed loop, max(16, 2b) clients) through the gateway, so every part of the path —
 gateway, watchdog, handler and client, scheduler, GPU Manager, worker — is on the clock. At each
 batch size the path's seconds per batch are what the batch took beyond the model's own time:
 
@@ -119,8 +119,9 @@ def measure(
                 raise RuntimeError(f"deploying {name}: {r.status_code} {r.text.strip()[:200]}")
             _wait_ready(s, gateway, name, body, ready_timeout_s)
             url = f"{gateway}/function/{name}"
-            drive(url, body, 2 * b, 1.0)  # warm: the model loaded, the connections open
-            rps, seen = drive(url, body, 2 * b, seconds)
+            clients = max(16, 2 * b)  # enough in flight to saturate every hop, and to fill batches
+            drive(url, body, clients, 1.0)  # warm: the model loaded, the connections open
+            rps, seen = drive(url, body, clients, seconds)
             mean = sum(seen) / len(seen) if seen else 1.0
             point = PathPoint(b, mean, rps, model_ms(max(1, round(mean))) / 1000.0)
             points.append(point)

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
 MAX_CORRECTION = 50.0  # the most the observed capacity may slow the model down by
+SETTLE_WINDOWS = 3  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 
 
 class InflessScaling:
@@ -217,11 +218,12 @@ class InflessScaling:
     def _observe(self, state: InflessState, ctx: ScalingContext, now: float) -> None:
         """Throughput at saturation against the plan's prediction: a shortfall corrects the model
         (`correction`) and asks for a re-plan. Measured only once the plan has served a whole
-        rate window, so the instances' cold starts do not count against it."""
+        rate window, so the instances' cold starts do not count against it; a capacity above the
+        prediction takes an earlier correction back."""
         state.done_rps = state.done_window.observe(now, ctx.load.ok)
         state.concurrency = max(1, ctx.load.peak_in_flight)
         state.replan = False
-        if not state.instances or now - state.planned_at < 2 * self.window_s:
+        if not state.instances or now - state.planned_at < SETTLE_WINDOWS * self.window_s:
             return
         slots = sum(i.candidate.batch for i in state.instances)
         seen = observed_capacity(state.done_rps, ctx.load.peak_in_flight, slots)
@@ -230,8 +232,9 @@ class InflessScaling:
         state.observed = seen
         predicted = sum(i.r_up for i in state.instances)
         factor = correction(predicted, seen)
-        if factor is not None and state.correction < MAX_CORRECTION:
-            state.correction = min(MAX_CORRECTION, state.correction * factor)
+        corrected = min(MAX_CORRECTION, max(1.0, state.correction * (factor or 1.0)))
+        if abs(corrected - state.correction) > 1e-9:
+            state.correction = corrected
             state.replan = True
             log.info(
                 "%s: observed %.0f rps at saturation, predicted %.0f: model corrected by x%.2f, re-planned",

@@ -59,7 +59,10 @@ def test_observed_capacity_counts_only_when_requests_queue():
 
 
 def test_a_shortfall_corrects_the_model_and_a_met_prediction_does_not():
-    assert correction(1043.0, 230.0) == pytest.approx(1043 / 230)
+    assert correction(500.0, 230.0) == pytest.approx(500 / 230)
+    assert correction(1043.0, 230.0) == 4.0  # one step moves at most 4x: one bad window cannot throw it far
+    assert correction(100.0, 300.0) == pytest.approx(1 / 3)  # faster than predicted: taken back
+    assert correction(100.0, 1000.0) == 0.25
     assert correction(240.0, 230.0) is None
     assert correction(240.0, None) is None
     slowed = with_path(Candidate(1, 1, 0, 0.001), None, correction(1000.0, 250.0))

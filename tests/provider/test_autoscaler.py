@@ -357,17 +357,17 @@ def test_an_observed_capacity_below_the_prediction_corrects_the_model_and_re_pla
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
     a.prepare(r)
     predicted = a.describe(r.key)["capacity"]["predictedRps"]
-    saturated(a, r.key, 230, 9)  # within 2 windows of the plan: cold starts are not held against it
+    saturated(a, r.key, 230, 14)  # within 3 windows of the plan: cold starts are not held against it
     assert a.describe(r.key)["capacity"]["observedRps"] is None
-    saturated(a, r.key, 230, 3)
+    saturated(a, r.key, 230, 2)
     d = a.describe(r.key)
     cap = d["capacity"]
     assert cap["observedRps"] == pytest.approx(230, rel=0.1)
-    assert cap["correction"] == pytest.approx(predicted / cap["observedRps"], rel=0.05)
+    assert predicted / cap["observedRps"] > 4 and cap["correction"] == 4.0  # at most 4x a step
     assert max(i["batch"] for i in d["instances"]) > 1, d["instances"]
     assert cap["predictedRps"] >= 230
     corrected = cap["correction"]
-    saturated(a, r.key, 230, 3)  # the new plan has not served a whole window yet: no second correction
+    saturated(a, r.key, 230, 10)  # the new plan has not settled yet: no second correction
     assert a.describe(r.key)["capacity"]["correction"] == corrected
     for c in a.closers:
         c.close()

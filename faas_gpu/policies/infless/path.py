@@ -15,7 +15,8 @@ fixed part dominates and r_up falls to what the path really serves; large batche
 What the model still misses (processes sharing cores, another function's load) shows as an
 observed capacity below the prediction: the throughput the function's instances reach while
 requests queue in front of them (`observed_capacity`). `correction` turns the shortfall into a
-factor on t_path, so the next plan is made with the node's real speed (`corrected`).
+factor on t_path, so the next plan is made with the node's real speed (`with_path(..., factor)`);
+a capacity observed above the prediction takes an earlier correction back (never below 1).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from .capacity import Candidate
 
 SHORTFALL = 0.85  # observed below this fraction of the prediction: the model is corrected and the function re-planned
+MAX_STEP = 4.0  # the most one observation moves the correction, either way
 QUEUED_PER_SLOT = 2.0  # requests in flight per batch slot above which the instances count as saturated
 
 
@@ -86,11 +88,17 @@ def observed_capacity(done_rps: float, in_flight: float, batch_slots: int) -> fl
     return done_rps if in_flight > QUEUED_PER_SLOT * batch_slots else None
 
 
-def correction(predicted_rps: float, observed_rps: float | None, *, shortfall: float = SHORTFALL) -> float | None:
+def correction(
+    predicted_rps: float, observed_rps: float | None, *, shortfall: float = SHORTFALL, max_step: float = MAX_STEP
+) -> float | None:
     """The factor on t_path that brings the prediction to what was observed, or None when the
-    observation holds the prediction (or there is none)."""
+    observation is within `shortfall` of the prediction either way (or there is none).
+
+    Above 1: the path is slower than predicted; below 1: faster (a correction made earlier, in a
+    worse moment, is taken back). One step moves by at most `max_step` either way, so a single
+    bad window (a cold start, a neighbour's burst) cannot throw the model far."""
     if observed_rps is None or predicted_rps <= 0 or observed_rps <= 0:
         return None
-    if observed_rps >= shortfall * predicted_rps:
+    if shortfall * predicted_rps <= observed_rps <= predicted_rps / shortfall:
         return None
-    return predicted_rps / observed_rps
+    return min(max_step, max(1.0 / max_step, predicted_rps / observed_rps))
