@@ -28,6 +28,7 @@ from faas_gpu.policies.infless import (
     PathCost,
     Server,
     correction,
+    demand,
     dispatch,
     observed_capacity,
     rate_window,
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
-MAX_CORRECTION = 50.0  # the most the observed capacity may slow the model down by
+MAX_CORRECTION = 16.0  # the most the observed capacity may slow the model down by
 SETTLE_WINDOWS = 3  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 
 
@@ -194,6 +195,7 @@ class InflessScaling:
         self._observe(state, ctx, now)
         keep = 0 if p.scale_zero else p.min_instances
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
+        rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated)
         decision = dispatch(loads, rps, keep=keep)
         state.case = decision.case
         if state.replan and rps > 0:
@@ -222,20 +224,21 @@ class InflessScaling:
         prediction takes an earlier correction back."""
         state.done_rps = state.done_window.observe(now, ctx.load.ok)
         state.concurrency = max(1, ctx.load.peak_in_flight)
-        state.replan = False
+        state.replan = state.saturated = False
         if not state.instances or now - state.planned_at < SETTLE_WINDOWS * self.window_s:
             return
         slots = sum(i.candidate.batch for i in state.instances)
         seen = observed_capacity(state.done_rps, ctx.load.peak_in_flight, slots)
         if seen is None:
             return
-        state.observed = seen
+        state.observed, state.saturated = seen, True
         predicted = sum(i.r_up for i in state.instances)
         factor = correction(predicted, seen)
         corrected = min(MAX_CORRECTION, max(1.0, state.correction * (factor or 1.0)))
         if abs(corrected - state.correction) > 1e-9:
             state.correction = corrected
             state.replan = True
+            state.planned_at = now  # the corrected model is judged again once its plan has settled
             log.info(
                 "%s: observed %.0f rps at saturation, predicted %.0f: model corrected by x%.2f, re-planned",
                 state.record.name,

@@ -186,6 +186,8 @@ class InflessState:
     """The throughput last seen at saturation (requests queueing in front of the instances)."""
     correction: float = 1.0
     """The factor on the predicted path time that the observed capacity asked for (1: none)."""
+    saturated: bool = False
+    """Requests queued in front of the instances at the last decision (after the plan settled)."""
     replan: bool = False
     planned_at: float = 0.0
     case: str = "steady"

@@ -2,7 +2,16 @@
 
 import pytest
 
-from faas_gpu.policies.infless import Candidate, PathCost, bounds, correction, observed_capacity, schedule, with_path
+from faas_gpu.policies.infless import (
+    Candidate,
+    PathCost,
+    bounds,
+    correction,
+    demand,
+    observed_capacity,
+    schedule,
+    with_path,
+)
 from faas_gpu.policies.infless.schedule import Server
 
 # the classify model on this machine: ~1.1 ms at batch 1, ~0.4 ms an image at large batches
@@ -68,3 +77,10 @@ def test_a_shortfall_corrects_the_model_and_a_met_prediction_does_not():
     slowed = with_path(Candidate(1, 1, 0, 0.001), None, correction(1000.0, 250.0))
     assert slowed.t_exec_s == pytest.approx(0.004)
     assert bounds(slowed.t_exec_s, 0.25, 1).r_up == 250
+
+
+def test_queueing_asks_for_more_than_the_plan_serves():
+    """A closed loop arrives only as fast as it is served: the queue, not the rate, says it wants more."""
+    assert demand(230.0, r_max=240.0, saturated=False) == 230.0
+    assert demand(230.0, r_max=240.0, saturated=True) == 300.0
+    assert demand(500.0, r_max=240.0, saturated=True) == 500.0

@@ -371,3 +371,18 @@ def test_an_observed_capacity_below_the_prediction_corrects_the_model_and_re_pla
     assert a.describe(r.key)["capacity"]["correction"] == corrected
     for c in a.closers:
         c.close()
+
+
+def test_a_closed_loop_queueing_at_batch_1_gets_batches_no_larger_than_its_callers(tmp_path):
+    """8 callers that wait for their answers arrive as fast as batch 1 serves them: the queue in
+    front of the instance, not the rate, asks for more, and the batch stays within the 8 in flight."""
+    a = fast_scaler(tmp_path, (2.2, 2.1))
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    saturated(a, r.key, 150, 14, in_flight=8)
+    assert [i["batch"] for i in a.describe(r.key)["instances"]] == [1]  # the plan settles first
+    saturated(a, r.key, 150, 2, in_flight=0)  # the same 8 callers
+    batches = [i["batch"] for i in a.describe(r.key)["instances"]]
+    assert 1 < max(batches) <= 8, batches
+    for c in a.closers:
+        c.close()

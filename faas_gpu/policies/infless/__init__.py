@@ -15,7 +15,7 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
 from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
 from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
-from .path import PathCost, correction, observed_capacity, with_path
+from .path import PathCost, correction, demand, observed_capacity, with_path
 from .rate import RateWindow, rate_window
 from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
 
@@ -40,6 +40,7 @@ __all__ = [
     "beta_from_flops",
     "bounds",
     "correction",
+    "demand",
     "dispatch",
     "efficiency",
     "feasible",

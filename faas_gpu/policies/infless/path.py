@@ -16,7 +16,9 @@ What the model still misses (processes sharing cores, another function's load) s
 observed capacity below the prediction: the throughput the function's instances reach while
 requests queue in front of them (`observed_capacity`). `correction` turns the shortfall into a
 factor on t_path, so the next plan is made with the node's real speed (`with_path(..., factor)`);
-a capacity observed above the prediction takes an earlier correction back (never below 1).
+a capacity observed above the prediction takes an earlier correction back (never below 1). The
+queueing itself asks for more than the plan serves (`demand`): callers that wait for their answers
+arrive only as fast as they are served.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .capacity import Candidate
 
 SHORTFALL = 0.85  # observed below this fraction of the prediction: the model is corrected and the function re-planned
 MAX_STEP = 4.0  # the most one observation moves the correction, either way
+HEADROOM = 1.25  # a saturated function asks for this much more than its plan serves
 QUEUED_PER_SLOT = 2.0  # requests in flight per batch slot above which the instances count as saturated
 
 
@@ -102,3 +105,10 @@ def correction(
     if shortfall * predicted_rps <= observed_rps <= predicted_rps / shortfall:
         return None
     return min(max_step, max(1.0 / max_step, predicted_rps / observed_rps))
+
+
+def demand(rps: float, r_max: float, saturated: bool, *, headroom: float = HEADROOM) -> float:
+    """The load to plan for. Requests queueing in front of the instances mean more is offered than
+    they serve, whatever the arrival rate says: callers that wait for their answers (a closed
+    loop) arrive only as fast as they are served, so the rate alone never exceeds the plan."""
+    return max(rps, headroom * r_max) if saturated else rps
