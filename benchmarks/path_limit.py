@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def closed_loop(url: str, clients: int, seconds: float) -> dict:
         "p50_ms": pct(lat, 50) * 1000,
         "p99_ms": pct(lat, 99) * 1000,
         "mean_batch": statistics.fmean(batches) if batches else 0.0,
-        "errors": len(bad),
+        "errors": dict(Counter(bad)),
     }
 
 

@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
-MAX_CORRECTION = 16.0  # the most the observed capacity may slow the model down by
-SETTLE_WINDOWS = 3  # rate windows a plan serves before its capacity is judged (its cold starts are over)
+MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model down by
+SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 
 
 class InflessScaling:

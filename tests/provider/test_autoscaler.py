@@ -357,7 +357,7 @@ def test_an_observed_capacity_below_the_prediction_corrects_the_model_and_re_pla
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
     a.prepare(r)
     predicted = a.describe(r.key)["capacity"]["predictedRps"]
-    saturated(a, r.key, 230, 14)  # within 3 windows of the plan: cold starts are not held against it
+    saturated(a, r.key, 230, 19)  # within 4 windows of the plan: cold starts are not held against it
     assert a.describe(r.key)["capacity"]["observedRps"] is None
     saturated(a, r.key, 230, 2)
     d = a.describe(r.key)
@@ -379,7 +379,7 @@ def test_a_closed_loop_queueing_at_batch_1_gets_batches_no_larger_than_its_calle
     a = fast_scaler(tmp_path, (2.2, 2.1))
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
     a.prepare(r)
-    saturated(a, r.key, 150, 14, in_flight=8)
+    saturated(a, r.key, 150, 19, in_flight=8)
     assert [i["batch"] for i in a.describe(r.key)["instances"]] == [1]  # the plan settles first
     saturated(a, r.key, 150, 2, in_flight=0)  # the same 8 callers
     batches = [i["batch"] for i in a.describe(r.key)["instances"]]
