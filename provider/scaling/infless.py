@@ -165,6 +165,7 @@ class InflessScaling:
             return None
         urls = dict(ready)
         with state.lock:
+            state.ready_ids = urls.keys()  # which planned instances serve: a plan is judged once all do
             chosen = state.splitter.pick(list(urls))
         return urls.get(chosen)
 
@@ -219,12 +220,15 @@ class InflessScaling:
 
     def _observe(self, state: InflessState, ctx: ScalingContext, now: float) -> None:
         """Throughput at saturation against the plan's prediction: a shortfall corrects the model
-        (`correction`) and asks for a re-plan. Measured only once the plan has served a whole
-        rate window, so the instances' cold starts do not count against it; a capacity above the
-        prediction takes an earlier correction back."""
+        (`correction`) and asks for a re-plan; a capacity above the prediction takes an earlier
+        correction back. A plan is judged only after it has served `SETTLE_WINDOWS` rate windows
+        with every planned instance ready (as the gateway's picks see them): a cold start, which
+        also takes CPU from the instances serving meanwhile, is not held against it."""
         state.done_rps = state.done_window.observe(now, ctx.load.ok)
         state.concurrency = max(1, ctx.load.peak_in_flight)
         state.replan = state.saturated = False
+        if any(i.id not in state.ready_ids for i in state.instances):
+            state.planned_at = now  # a planned instance is still starting: its plan is not judged yet
         if not state.instances or now - state.planned_at < SETTLE_WINDOWS * self.window_s:
             return
         slots = sum(i.candidate.batch for i in state.instances)

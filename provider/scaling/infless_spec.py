@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -186,6 +187,8 @@ class InflessState:
     """The throughput last seen at saturation (requests queueing in front of the instances)."""
     correction: float = 1.0
     """The factor on the predicted path time that the observed capacity asked for (1: none)."""
+    ready_ids: Collection[str] = ()
+    """The instances the gateway last found ready (`pick`)."""
     saturated: bool = False
     """Requests queued in front of the instances at the last decision (after the plan settled)."""
     replan: bool = False

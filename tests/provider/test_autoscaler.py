@@ -326,6 +326,7 @@ def saturated(a, key, rps, seconds, in_flight=32):
         for _ in range(int(rps)):
             a.departed(key, 200)
             a.arrived(key)
+        a.pick(key, [(i["id"], f"http://{i['id']}") for i in a.describe(key)["instances"]])  # all ready
         a.fake_clock.t += 1
         a.fake_wall.t += 1
         a.tick()
@@ -384,5 +385,22 @@ def test_a_closed_loop_queueing_at_batch_1_gets_batches_no_larger_than_its_calle
     saturated(a, r.key, 150, 2, in_flight=0)  # the same 8 callers
     batches = [i["batch"] for i in a.describe(r.key)["instances"]]
     assert 1 < max(batches) <= 8, batches
+    for c in a.closers:
+        c.close()
+
+
+def test_a_plan_is_not_judged_while_an_instance_of_it_is_starting(tmp_path):
+    a = fast_scaler(tmp_path)
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    for _ in range(32):
+        a.arrived(r.key)
+    for _ in range(30):  # saturated and far below the prediction, but no instance has served yet
+        for _ in range(230):
+            a.departed(r.key, 200)
+            a.arrived(r.key)
+        a.fake_clock.t += 1
+        a.tick()
+    assert a.describe(r.key)["capacity"]["correction"] == 1.0
     for c in a.closers:
         c.close()
