@@ -127,15 +127,18 @@ def open_loop(url: str, rps: float, seconds: float) -> dict:
     session = requests.Session()
     session.mount("http://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512))
 
+    codes: Counter = Counter()
+
     def one(n: int) -> None:
         t0 = time.perf_counter()
         try:
-            ok = session.post(url, json={"seed": n % 1000}, timeout=30).status_code == 200
-        except requests.RequestException:
-            ok = False
+            code = session.post(url, json={"seed": n % 1000}, timeout=30).status_code
+        except requests.RequestException as exc:
+            code = type(exc).__name__
         dt = time.perf_counter() - t0
         with lock:
-            lat.append(dt if ok else float("inf"))
+            codes[code] += 1
+            lat.append(dt if code == 200 else float("inf"))
 
     n = 0
     with ThreadPoolExecutor(max_workers=512) as pool:
@@ -153,6 +156,7 @@ def open_loop(url: str, rps: float, seconds: float) -> dict:
         "slo_pct": 100.0 * within / max(1, n),
         "p50_ms": pct(lat, 50) * 1000,
         "p99_ms": pct(lat, 99) * 1000,
+        "answers": dict(codes),
     }
 
 
