@@ -91,6 +91,7 @@ def _print_instances(d: dict) -> None:
     print(f"{'Model:':<20} {d.get('model')} (SLO {d.get('sloMs'):g} ms{effort})")
     span = f"[{d.get('rMin', 0):g}, {d.get('rMax', 0):g}]"
     print(f"{'Load:':<20} {d.get('rps', 0):.1f} rps; instances take {span} ({d.get('case')})")
+    _print_capacity(d.get("capacity"))
     if ka.get("scaleZero"):
         windows = f"pre-warm {ka.get('prewarmS', 0):g} s, keep-alive {ka.get('keepAliveS', 0):g} s, scale to zero"
     else:
@@ -103,6 +104,23 @@ def _print_instances(d: dict) -> None:
             f"{i['id']:<28} {i['batch']:>3} {i['cpu']:>4g} {i['gpuShare']:>5g} {i['tExecMs']:>8.2f} "
             f"{i['rLow']:>6g} {i['rUp']:>6g} {i['rate']:>7.1f}  {'yes' if i.get('ready') else 'no'}"
         )
+
+
+def _print_capacity(cap: dict | None) -> None:
+    """Predicted against observed capacity, and the path cost the prediction counts."""
+    if not cap:
+        return
+    observed = cap.get("observedRps")
+    seen = "not yet saturated" if observed is None else f"{observed:g} rps observed at saturation"
+    fix = cap.get("correction", 1.0)
+    fixed = f"; model corrected x{fix:g} from what was observed" if fix and fix != 1.0 else ""
+    print(f"{'Capacity:':<20} {cap.get('predictedRps', 0):g} rps predicted, {seen}{fixed}")
+    path = cap.get("pathCostMs")
+    if path is None:
+        what = "not measured: run `faas-gpu profile --path` (model time alone is predicted)"
+    else:
+        what = f"{path['fixed']:g} ms a batch + {path['perRequest']:g} ms a request (faas-gpu profile --path)"
+    print(f"{'Path cost:':<20} {what}")
 
 
 def _print_groups(d: dict) -> None:

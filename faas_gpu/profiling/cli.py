@@ -2,6 +2,13 @@
 
     faas-gpu profile --model MODULE:FACTORY --input-shape 3,32,32 --name resnet-mini
     faas-gpu profile -f stack.yml [FUNCTION ...]
+    faas-gpu profile --path FUNCTION [--gateway URL]
+
+`--path FUNCTION` measures the serving path itself on a running stack (faas_gpu.profiling.path):
+a copy of the deployed FUNCTION (its handler calls a profiled model) is driven at saturation with
+the client's batching pinned at 1 and at --path-batch; what each batch took beyond the model's
+own time is fitted as a fixed cost per batch + a cost per request and stored for this node, where
+INFless's autoscaler adds it to the model's time.
 
 Each configuration is timed --repeat times; one whose repeats spread more than --max-spread
 (interquartile range over the median) is timed again (--retries). When the machine stays too
@@ -95,6 +102,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--retries", type=int, default=2, help="times a noisy configuration is timed again (default 2)")
     p.add_argument("--store", type=Path, help=f"profile database (default {profiles_db()})")
+    p.add_argument("--path", metavar="FUNCTION", help="measure the serving path's cost with this deployed function")
+    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="with --path (default %(default)s)")
+    p.add_argument("--path-batch", type=int, default=8, help="with --path: the batched point (default 8)")
+    p.add_argument("--path-seconds", type=float, default=5.0, help="with --path: seconds a point (default 5)")
+    p.add_argument("--path-body", default='{"seed": 1}', help="with --path: the request body (JSON)")
     p.set_defaults(func=run)
     return p
 
@@ -106,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "path", None):
+        return run_path(args)
     try:
         batches = _ints(args.batches, "--batches")
         threads = _ints(args.threads, "--threads") if args.threads else default_threads()
@@ -336,3 +350,72 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+def run_path(args: argparse.Namespace) -> int:
+    """`--path FUNCTION`: the path's fixed + per-request cost on this node, into the store."""
+    import socket
+
+    import requests
+
+    from faas_gpu import paths
+
+    from . import path as path_profile
+    from .predictor import LatencyPredictor
+
+    if args.path_batch < 2:
+        print(f"faas-gpu profile: --path-batch: must be >= 2, got {args.path_batch}", file=sys.stderr)
+        return 2
+    gateway = args.gateway.rstrip("/")
+    secrets = paths.secrets_dir(paths.home())
+    try:
+        auth = (
+            (secrets / "basic-auth-user").read_text().strip(),
+            (secrets / "basic-auth-password").read_text().strip(),
+        )
+    except OSError:
+        auth = None
+    store = ProfileStore(args.store or profiles_db())
+    try:
+        r = requests.get(f"{gateway}/system/function/{args.path}", auth=auth, timeout=10)
+        model = args.name or ((r.json().get("annotations") or {}).get(MODEL_ANNOTATION) if r.ok else None)
+        if not model:
+            print(
+                f"faas-gpu profile: --path: function {args.path!r} names no model ({MODEL_ANNOTATION})", file=sys.stderr
+            )
+            return 2
+        model_ms = _model_ms(LatencyPredictor(store), model)
+        print(f"path cost of {args.path} ({model}) through {gateway}:")
+        cost, points = path_profile.measure(
+            gateway,
+            auth,
+            args.path,
+            model_ms,
+            batches=(1, args.path_batch),
+            body=args.path_body.encode(),
+            seconds=args.path_seconds,
+        )
+    except (OSError, LookupError, RuntimeError, requests.RequestException) as exc:
+        print(f"faas-gpu profile: --path: {exc}", file=sys.stderr)
+        return 1
+    node = socket.gethostname()
+    store.put_path_cost(node, cost.fixed_s * 1000, cost.per_item_s * 1000, path_profile.points_json(points))
+    print(f"stored for node {node}: {cost.fixed_s * 1000:.2f} ms a batch + {cost.per_item_s * 1000:.2f} ms a request")
+    return 0
+
+
+def _model_ms(predictor: Any, model: str) -> Callable[[int], float]:
+    """The model's predicted ms at any batch size (1 CPU thread), interpolated between profiled ones."""
+    known = sorted((b, ms) for b, c, g, ms in predictor.configs(model) if c == 1 and g == 0)
+    if not known:
+        raise LookupError(f"model {model!r} has no 1-thread CPU profile: run `faas-gpu profile` for it first")
+
+    def at(batch: int) -> float:
+        lower = [p for p in known if p[0] <= batch] or known[:1]
+        upper = [p for p in known if p[0] >= batch] or known[-1:]
+        (b0, m0), (b1, m1) = lower[-1], upper[0]
+        if b1 == b0:
+            return m0 * batch / b0
+        return m0 + (m1 - m0) * (batch - b0) / (b1 - b0)
+
+    return at

@@ -119,5 +119,10 @@ class LatencyPredictor:
             raise MissingProfile(model)
         return rows
 
+    def path_cost(self, node: str = "local") -> tuple[float, float] | None:
+        """The serving path's own cost on `node`: (fixed ms per batch, ms per request), or None
+        when `faas-gpu profile --path` has not measured it."""
+        return self.store.path_cost(node)
+
     def has(self, model: str) -> bool:
         return bool(self.estimates(model, gpu=True))

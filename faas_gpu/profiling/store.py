@@ -7,6 +7,8 @@ Three tables:
 - graphs: model id -> the model's operator graph (JSON, see graph.OpGraph).
 - model_profiles: model id, batch, threads, device, share -> measured end-to-end ms (the
   fallback when operators are missing, and the reference for the error report).
+- path_costs: node -> the serving path's own cost per batch, fixed ms + per-item ms (measured
+  by `faas-gpu profile --path` on a running stack; INFless's capacity model adds it to t_exec).
 - noisy_profiles: model id -> why its profile was taken on a machine too busy to trust (kept
   because there was no other; `faas-gpu up` profiles such a model again).
 
@@ -35,6 +37,8 @@ CREATE TABLE IF NOT EXISTS graphs (model TEXT PRIMARY KEY, graph TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS model_profiles (
     model TEXT NOT NULL, batch INTEGER NOT NULL, threads INTEGER NOT NULL, device TEXT NOT NULL,
     share INTEGER NOT NULL, ms REAL NOT NULL, PRIMARY KEY (model, batch, threads, device, share));
+CREATE TABLE IF NOT EXISTS path_costs (
+    node TEXT PRIMARY KEY, fixed_ms REAL NOT NULL, per_item_ms REAL NOT NULL, points TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS noisy_profiles (model TEXT PRIMARY KEY, note TEXT NOT NULL);
 """
 
@@ -175,6 +179,18 @@ class ProfileStore:
     def noisy(self, model: str) -> str | None:
         rows = self._rows("SELECT note FROM noisy_profiles WHERE model=?", (model,))
         return rows[0][0] if rows else None
+
+    # -- the serving path -----------------------------------------------------------------------
+    def put_path_cost(self, node: str, fixed_ms: float, per_item_ms: float, points: str = "") -> None:
+        """The path's cost on `node` (fixed ms per batch, ms per request) and the points it was fitted to."""
+        if not (fixed_ms >= 0 and per_item_ms >= 0):
+            raise ValueError(f"path cost must be >= 0 ms, got {fixed_ms}, {per_item_ms}")
+        self._write("INSERT OR REPLACE INTO path_costs VALUES (?, ?, ?, ?)", [(node, fixed_ms, per_item_ms, points)])
+
+    def path_cost(self, node: str) -> tuple[float, float] | None:
+        """(fixed ms, per-item ms) measured on `node`, or None."""
+        rows = self._rows("SELECT fixed_ms, per_item_ms FROM path_costs WHERE node=?", (node,))
+        return (rows[0][0], rows[0][1]) if rows else None
 
     def models(self) -> list[str]:
         """Every model with a graph or a whole-model profile."""

@@ -22,7 +22,20 @@ from collections.abc import Callable
 from faas_gpu.contract.keys import INSTANCES
 from faas_gpu.datastore import Datastore
 from faas_gpu.history import InvocationHistory
-from faas_gpu.policies.infless import Candidate, InstanceLoad, Server, dispatch, rate_window, schedule, warm
+from faas_gpu.policies.infless import (
+    Candidate,
+    InstanceLoad,
+    PathCost,
+    Server,
+    correction,
+    demand,
+    dispatch,
+    observed_capacity,
+    rate_window,
+    schedule,
+    warm,
+    with_path,
+)
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 
 from ..types import FunctionRecord, ValidationError
@@ -41,6 +54,8 @@ log = logging.getLogger(__name__)
 
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
+MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model down by
+SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 
 
 class InflessScaling:
@@ -71,12 +86,25 @@ class InflessScaling:
         """Every function this policy sizes: placement shares this node's CPUs and GPUs among them."""
 
     # -- deploy-time ------------------------------------------------------------------------
-    def candidates(self, policy: FunctionPolicy) -> list[Candidate]:
+    def path_cost(self) -> PathCost | None:
+        """The serving path's cost on this node, as `faas-gpu profile --path` measured it (None: not yet)."""
+        ask = getattr(self.predictor, "path_cost", None)
+        measured = ask(self.node) if ask is not None else None
+        return PathCost(measured[0] / 1000.0, measured[1] / 1000.0) if measured else None
+
+    def candidates(self, policy: FunctionPolicy, factor: float = 1.0, max_batch: int | None = None) -> list[Candidate]:
+        """The profiled configurations as the whole path serves them: model time + the path's cost
+        (`with_path`), times the function's observed `factor`; batches up to `max_batch`."""
         try:
             rows = self.predictor.configs(policy.model, gpu=self.gpus > 0)
         except LookupError as exc:
             raise ValidationError(f"annotations: {MODEL}: {exc.args[0] if exc.args else exc}") from None
-        return [Candidate(b, c, g, ms / 1000.0) for b, c, g, ms in rows if c <= self.cpus and (g == 0 or self.gpus)]
+        path = self.path_cost()
+        return [
+            with_path(Candidate(b, c, g, ms / 1000.0), path, factor)
+            for b, c, g, ms in rows
+            if c <= self.cpus and (g == 0 or self.gpus) and (max_batch is None or b <= max_batch)
+        ]
 
     def policy_of(self, record: FunctionRecord) -> FunctionPolicy:
         """Refuse a model without a profile, or an SLO below the model's best predicted latency."""
@@ -109,9 +137,11 @@ class InflessScaling:
         policy = self.policy_of(record)
         key = record.key
         state = InflessState(record, policy, rate_window=rate_window(self.window_s))
+        state.planned_at = now
         if previous is not None and previous.policy == policy:
             state.instances, state.splitter = previous.instances, previous.splitter
             state.rate_window = previous.rate_window
+            state.correction, state.planned_at = previous.correction, previous.planned_at
         else:
             saved = self._load(key, now) if previous is None else []
             state.instances = saved or self._fresh(state, max(policy.min_instances, record.replicas), now)
@@ -135,6 +165,7 @@ class InflessScaling:
             return None
         urls = dict(ready)
         with state.lock:
+            state.ready_ids = urls.keys()  # which planned instances serve: a plan is judged once all do
             chosen = state.splitter.pick(list(urls))
         return urls.get(chosen)
 
@@ -154,6 +185,7 @@ class InflessScaling:
         state: InflessState = ctx.state
         if not state.instances:
             state.instances = self._fresh(state, 1, ctx.now)
+            state.planned_at = ctx.now
         return self._decision(state)
 
     def decide(self, ctx: ScalingContext) -> ScalingDecision:
@@ -161,12 +193,17 @@ class InflessScaling:
         now = ctx.now
         p = state.policy
         rps = state.rps = self._measure(state, ctx.load.arrivals, now)
+        self._observe(state, ctx, now)
         keep = 0 if p.scale_zero else p.min_instances
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
+        rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated)
         decision = dispatch(loads, rps, keep=keep)
         state.case = decision.case
-        if decision.case == "scale-up" and len(state.instances) < p.max_instances:
-            state.instances += self._place(state, decision.scale_up_rps, p.max_instances - len(state.instances), now)
+        if state.replan and rps > 0:
+            state.case = "re-plan"
+            self._replan(state, rps, now, force=True)
+        elif decision.case == "scale-up":
+            self._replan(state, rps, now, residual=decision.scale_up_rps)
         elif decision.case == "release":
             old_enough = {i.id for i in state.instances if now - i.created >= MIN_AGE_S}
             gone = {r for r in decision.release if r in old_enough}
@@ -180,6 +217,67 @@ class InflessScaling:
         with state.lock:
             state.splitter.set_weights(weights)
         return self._decision(state)
+
+    def _observe(self, state: InflessState, ctx: ScalingContext, now: float) -> None:
+        """Throughput at saturation against the plan's prediction: a shortfall corrects the model
+        (`correction`) and asks for a re-plan; a capacity above the prediction takes an earlier
+        correction back. A plan is judged only after it has served `SETTLE_WINDOWS` rate windows
+        with every planned instance ready (as the gateway's picks see them): a cold start, which
+        also takes CPU from the instances serving meanwhile, is not held against it."""
+        state.done_rps = state.done_window.observe(now, ctx.load.ok)
+        state.concurrency = max(1, ctx.load.peak_in_flight)
+        state.replan = state.saturated = False
+        if any(i.id not in state.ready_ids for i in state.instances):
+            state.planned_at = now  # a planned instance is still starting: its plan is not judged yet
+        if not state.instances or now - state.planned_at < SETTLE_WINDOWS * self.window_s:
+            return
+        slots = sum(i.candidate.batch for i in state.instances)
+        seen = observed_capacity(state.done_rps, ctx.load.peak_in_flight, slots)
+        if seen is None:
+            return
+        state.observed, state.saturated = seen, True
+        predicted = sum(i.r_up for i in state.instances)
+        factor = correction(predicted, seen)
+        corrected = min(MAX_CORRECTION, max(1.0, state.correction * (factor or 1.0)))
+        if abs(corrected - state.correction) > 1e-9:
+            state.correction = corrected
+            state.replan = True
+            state.planned_at = now  # the corrected model is judged again once its plan has settled
+            log.info(
+                "%s: observed %.0f rps at saturation, predicted %.0f: model corrected by x%.2f, re-planned",
+                state.record.name,
+                seen,
+                predicted,
+                state.correction,
+            )
+
+    def _replan(
+        self, state: InflessState, rps: float, now: float, *, residual: float = 0.0, force: bool = False
+    ) -> None:
+        """More capacity for `rps`: Algorithm 1 for the residual beside the instances kept, or for
+        the whole load from scratch when that plan is leaner (fewer instances, or as many with more
+        capacity: batching that the residual plan cannot reach) or `force` (a corrected model)."""
+        p = state.policy
+        limit = p.max_instances
+        others = list(state.instances)
+        fresh = self._place(state, rps, limit, now, without_own=True)
+        covered = sum(i.r_up for i in fresh) >= rps - 1e-9
+        added: list[Instance] = []
+        if not force and len(others) < limit:
+            added = self._place(state, residual, limit - len(others), now)
+        incremental = others + added
+        if fresh and _configs(fresh) == _configs(state.instances):
+            return  # the plan from scratch is the one running: no instance is restarted for it
+        if fresh and (
+            force
+            or (covered and len(fresh) < len(incremental))
+            or (covered and len(fresh) == len(incremental) and _r_max(fresh) > _r_max(incremental))
+        ):
+            state.instances = fresh
+            state.planned_at = now
+        elif added:
+            state.instances = incremental
+            state.planned_at = now
 
     def _decision(self, state: InflessState) -> ScalingDecision:
         specs = tuple(i.spec(state.policy.slo_s) for i in state.instances)
@@ -208,21 +306,25 @@ class InflessScaling:
             state.instances = self._fresh(state, 1, now)  # pre-warm before the predicted arrival
 
     # -- placement -------------------------------------------------------------------------
-    def _servers(self, state: InflessState) -> list[Server]:
-        """This node's free resources: what every managed instance (those of `state` too) leaves."""
+    def _servers(self, state: InflessState, without_own: bool = False) -> list[Server]:
+        """This node's free resources: what every managed instance (those of `state` too, unless
+        `without_own`: a plan from scratch) leaves."""
         used_cpu, used_gpu = 0.0, [0.0] * self.gpus
         others = [s for s in self._states.values() if s is not state]
-        for s in [*others, state]:
+        for s in [*others, *([] if without_own else [state])]:
             for i in s.instances:
                 used_cpu += i.candidate.cpu
                 if i.gpu_index is not None and i.gpu_index < self.gpus:
                     used_gpu[i.gpu_index] += i.candidate.gpu
         return [Server(self.node, self.cpus - used_cpu, [100.0 - u for u in used_gpu])]
 
-    def _place(self, state: InflessState, rps: float, limit: int, now: float) -> list[Instance]:
-        result = schedule(
-            rps, self.candidates(state.policy), self._servers(state), state.policy.slo_s, max_instances=limit
-        )
+    def _place(
+        self, state: InflessState, rps: float, limit: int, now: float, *, without_own: bool = False
+    ) -> list[Instance]:
+        """Algorithm 1 over the corrected candidates, batches no larger than the requests seen in
+        flight at once (a bigger batch would only ever fill by its timeout)."""
+        cands = self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+        result = schedule(rps, cands, self._servers(state, without_own), state.policy.slo_s, max_instances=limit)
         return [self._instance(state, p.candidate, p.server, p.gpu_index, now) for p in result.placements]
 
     def _fresh(self, state: InflessState, n: int, now: float) -> list[Instance]:
@@ -232,7 +334,10 @@ class InflessScaling:
         for _ in range(n):
             placed = self._place(state, 1e-6, 1, now)
             if not placed:
-                cands = sorted((c for c in self.candidates(state.policy) if c.batch == 1), key=lambda c: c.t_exec_s)
+                cands = sorted(
+                    (c for c in self.candidates(state.policy, state.correction) if c.batch == 1),
+                    key=lambda c: c.t_exec_s,
+                )
                 if not cands:
                     break
                 placed = [self._instance(state, cands[0], self.node, None, now)]
@@ -271,6 +376,7 @@ class InflessScaling:
         state: InflessState = ctx.state
         key = state.record.key
         p = state.policy
+        path = self.path_cost()
         return {
             "name": key[1],
             "namespace": key[0],
@@ -282,6 +388,15 @@ class InflessScaling:
             "case": state.case,
             "rMin": sum(i.r_low for i in state.instances),
             "rMax": sum(i.r_up for i in state.instances),
+            "capacity": {
+                "predictedRps": sum(i.r_up for i in state.instances),
+                "observedRps": None if state.observed is None else round(state.observed, 1),
+                "completedRps": round(state.done_rps, 1),
+                "correction": round(state.correction, 3),
+                "pathCostMs": None
+                if path is None
+                else {"fixed": path.fixed_s * 1000, "perRequest": path.per_item_s * 1000},
+            },
             "keepAlive": {
                 "policy": p.keepalive.name,
                 "scaleZero": p.scale_zero,
@@ -290,3 +405,11 @@ class InflessScaling:
             },
             "instances": [i.to_json() for i in state.instances],
         }
+
+
+def _r_max(instances: list[Instance]) -> float:
+    return sum(i.r_up for i in instances)
+
+
+def _configs(instances: list[Instance]) -> list[tuple[int, float, float]]:
+    return sorted((i.candidate.batch, i.candidate.cpu, i.candidate.gpu) for i in instances)

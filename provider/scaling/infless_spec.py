@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +39,9 @@ SCALE_ZERO = annotation_keys.SCALE_ZERO  # CE refuses com.openfaas.scale.zero; t
 class Predictor(Protocol):
     def configs(self, model: str, gpu: bool = False) -> list[tuple[int, int, int, float]]:
         """Every profiled (batch, cpu threads, gpu share %, predicted ms); LookupError when none."""
+
+    def path_cost(self, node: str = "local") -> tuple[float, float] | None:
+        """The serving path's own cost on the node: (fixed ms per batch, ms per request), or None."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,21 @@ class InflessState:
     splitter: WeightedSplitter = field(default_factory=WeightedSplitter)
     rate_window: RateWindow = field(default_factory=rate_window)
     rps: float = 0.0
+    done_window: RateWindow = field(default_factory=RateWindow)
+    """Requests answered 200, as a rate: what the instances complete."""
+    done_rps: float = 0.0
+    concurrency: int = 1
+    """The most requests in flight at once in the last period: no batch larger is planned."""
+    observed: float | None = None
+    """The throughput last seen at saturation (requests queueing in front of the instances)."""
+    correction: float = 1.0
+    """The factor on the predicted path time that the observed capacity asked for (1: none)."""
+    ready_ids: Collection[str] = ()
+    """The instances the gateway last found ready (`pick`)."""
+    saturated: bool = False
+    """Requests queued in front of the instances at the last decision (after the plan settled)."""
+    replan: bool = False
+    planned_at: float = 0.0
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
     lock: threading.Lock = field(default_factory=threading.Lock)

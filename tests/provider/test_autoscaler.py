@@ -291,3 +291,116 @@ def test_without_the_rule_plain_functions_keep_their_replicas(tmp_path):
     r = record({})
     adopt(a, r)
     assert set(served(a, r.key, 50, 30)) == {1}
+
+
+FAST = {1: 1.1, 2: 1.6, 4: 2.4, 8: 3.3, 16: 6.5, 32: 13.0}  # the classify model's own times here (ms)
+
+
+class PathPredictor(TablePredictor):
+    """The table, plus the serving path's cost as `faas-gpu profile --path` stores it."""
+
+    def __init__(self, models, path_ms):
+        super().__init__(models)
+        self.path_ms = path_ms
+
+    def path_cost(self, node="local"):
+        return self.path_ms
+
+
+def fast_scaler(tmp_path, path_ms=None):
+    ds = EmbeddedDatastore(tmp_path / "state.db")
+    history = EmbeddedHistory(tmp_path / "history.db")
+    clock, wall = Clock(), Clock(1_700_000_000.0)
+    predictor = PathPredictor({"cnn": FAST}, path_ms)
+    infless = InflessScaling(ds, history, predictor, cpus=2, wall=wall, window_s=5.0)
+    a = ScalingRouter(PlanRecorder(), [infless], set_replicas=lambda *_: None, clock=clock)
+    a.fake_clock, a.fake_wall, a.closers = clock, wall, (history, ds)
+    return a
+
+
+def saturated(a, key, rps, seconds, in_flight=32):
+    """A closed loop at saturation: `in_flight` requests always queued, `rps` answered 200 a second."""
+    for _ in range(in_flight):
+        a.arrived(key)
+    for _ in range(int(seconds)):
+        for _ in range(int(rps)):
+            a.departed(key, 200)
+            a.arrived(key)
+        a.pick(key, [(i["id"], f"http://{i['id']}") for i in a.describe(key)["instances"]])  # all ready
+        a.fake_clock.t += 1
+        a.fake_wall.t += 1
+        a.tick()
+
+
+@pytest.mark.parametrize("path_ms", [None, (2.2, 2.1)])
+def test_batching_engages_under_load_once_the_path_is_counted(tmp_path, path_ms):
+    a = fast_scaler(tmp_path, path_ms)
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    d = a.describe(r.key)
+    assert [i["batch"] for i in d["instances"]] == [1]
+    if path_ms is None:
+        assert d["rMax"] > 1000 and d["capacity"]["pathCostMs"] is None  # the issue's blind 1,043 rps
+    else:
+        assert d["rMax"] < 250 and d["capacity"]["pathCostMs"] == {"fixed": 2.2, "perRequest": 2.1}
+    load(a, r.key, 240, 3)
+    batches = [i["batch"] for i in a.describe(r.key)["instances"]]
+    if path_ms is None:
+        assert batches == [1]  # model time alone: one instance at batch 1 "takes" 240 rps
+    else:
+        assert max(batches) > 1, batches
+    for c in a.closers:
+        c.close()
+
+
+def test_an_observed_capacity_below_the_prediction_corrects_the_model_and_re_plans(tmp_path):
+    a = fast_scaler(tmp_path)  # no path cost: the model alone predicts ~1,500 rps at batch 1
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    predicted = a.describe(r.key)["capacity"]["predictedRps"]
+    saturated(a, r.key, 230, 19)  # within 4 windows of the plan: cold starts are not held against it
+    assert a.describe(r.key)["capacity"]["observedRps"] is None
+    saturated(a, r.key, 230, 2)
+    d = a.describe(r.key)
+    cap = d["capacity"]
+    assert cap["observedRps"] == pytest.approx(230, rel=0.1)
+    assert predicted / cap["observedRps"] > 4 and cap["correction"] == 4.0  # at most 4x a step
+    assert max(i["batch"] for i in d["instances"]) > 1, d["instances"]
+    assert cap["predictedRps"] >= 230
+    corrected = cap["correction"]
+    saturated(a, r.key, 230, 10)  # the new plan has not settled yet: no second correction
+    assert a.describe(r.key)["capacity"]["correction"] == corrected
+    for c in a.closers:
+        c.close()
+
+
+def test_a_closed_loop_queueing_at_batch_1_gets_batches_no_larger_than_its_callers(tmp_path):
+    """8 callers that wait for their answers arrive as fast as batch 1 serves them: the queue in
+    front of the instance, not the rate, asks for more, and the batch stays within the 8 in flight."""
+    a = fast_scaler(tmp_path, (2.2, 2.1))
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    saturated(a, r.key, 150, 19, in_flight=8)
+    assert [i["batch"] for i in a.describe(r.key)["instances"]] == [1]  # the plan settles first
+    saturated(a, r.key, 150, 2, in_flight=0)  # the same 8 callers
+    batches = [i["batch"] for i in a.describe(r.key)["instances"]]
+    assert 1 < max(batches) <= 8, batches
+    for c in a.closers:
+        c.close()
+
+
+def test_a_plan_is_not_judged_while_an_instance_of_it_is_starting(tmp_path):
+    a = fast_scaler(tmp_path)
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    for _ in range(32):
+        a.arrived(r.key)
+    for _ in range(30):  # saturated and far below the prediction, but no instance has served yet
+        for _ in range(230):
+            a.departed(r.key, 200)
+            a.arrived(r.key)
+        a.fake_clock.t += 1
+        a.tick()
+    assert a.describe(r.key)["capacity"]["correction"] == 1.0
+    for c in a.closers:
+        c.close()

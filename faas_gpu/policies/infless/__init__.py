@@ -7,12 +7,15 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 - `schedule`: Algorithm 1, greedy non-uniform scaling by resource efficiency (Eq. 10);
 - `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP), a fixed keep-alive, and the
   `warm` rule that applies their windows;
+- `path`: the serving path's cost (fixed + per-item, measured by `faas-gpu profile --path`) added
+  to t_exec, and the correction by the capacity observed at saturation;
 - `rate`: the arrival rate the provider scales on (`RateWindow`, built by `rate_window`).
 """
 
 from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
 from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
 from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
+from .path import PathCost, correction, demand, observed_capacity, with_path
 from .rate import RateWindow, rate_window
 from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
 
@@ -29,16 +32,21 @@ __all__ = [
     "Placement",
     "RateWindow",
     "ScheduleResult",
+    "PathCost",
     "Server",
     "WeightedSplitter",
     "Windows",
     "batch_timeout_s",
     "beta_from_flops",
     "bounds",
+    "correction",
+    "demand",
     "dispatch",
     "efficiency",
     "feasible",
+    "observed_capacity",
     "rate_window",
     "schedule",
     "warm",
+    "with_path",
 ]

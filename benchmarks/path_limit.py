@@ -1,0 +1,418 @@
+"""The serving path against the physical limit: classify's ResNetMini in-process vs through faas-gpu.
+
+Measured in one run on this machine, same model and weights (functions/classify, ResNetMini, one
+torch thread), same JSON requests (`{"seed": n}`):
+- in-process: the model called at batch 1 and at its best batch (the physical limit here);
+- the whole faas-gpu path (gateway, watchdog, handler + client, scheduler, GPU Manager on the
+  cpu back end, worker) for the classify function sized by INFless (SLO 250 ms), twice:
+  * before: INFless predicting from the model's time alone (no path cost in the store): 32 clients
+    closed loop, then an open loop at that maximum (today's: the path at batch 1);
+  * after: `faas-gpu profile --path classify` measures the path's fixed + per-request cost, the
+    function is deployed again, and the planner counts it (and corrects itself by what it
+    observes): 1 / 8 / 32 clients closed loop (each after a warm-up that lets the autoscaler
+    re-plan), an open loop at 50 / 80 / 100% of the after maximum, and one at the before maximum;
+- CPU per request across every process of the stack (provider + replicas, scheduler, GPU
+  Manager + workers: utime + stime from /proc) at 8 clients;
+- Ray Serve serving the same model with `@serve.batch` (max batch 32, `max_ongoing_requests` 64)
+  at 32 clients, only when `ray[serve]` is importable (never a dependency): `path_vs_ray_serve`.
+
+Prints the figures and ratios; the last line is one JSON object. The machine is shared: treat the
+absolute figures as this run's, the ratios as the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "functions" / "classify"))
+
+from make_weights import generate  # noqa: E402
+from model import ResNetMini  # noqa: E402
+
+from tests.daemon_process import Daemon  # noqa: E402
+from tests.stack_process import StackProcess  # noqa: E402
+
+SLO_S = 0.25
+IMAGE = (3, 32, 32)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+# -- in-process ---------------------------------------------------------------------------------
+def in_process(seconds: float) -> dict[int, float]:
+    """Images per second at each batch size, one torch thread, the classify weights."""
+    torch.set_num_threads(1)
+    net = ResNetMini()
+    net.load_state_dict(generate())
+    net.eval()
+    out = {}
+    with torch.inference_mode():
+        for b in (1, 2, 4, 8, 16, 32):
+            x = torch.randn(b, *IMAGE)
+            net(x)
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                net(x)
+                n += 1
+            out[b] = n * b / (time.perf_counter() - t0)
+    return out
+
+
+# -- load ----------------------------------------------------------------------------------------
+def closed_loop(url: str, clients: int, seconds: float) -> dict:
+    lat: list[float] = []
+    batches: list[int] = []
+    bad: list[int] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def one(i: int) -> None:
+        s = requests.Session()
+        n = i * 1_000_000
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            r = s.post(url, json={"seed": n % 1000}, timeout=60)
+            dt = time.perf_counter() - t0
+            n += 1
+            with lock:
+                if r.status_code == 200:
+                    lat.append(dt)
+                    batches.append(int(r.headers.get("X-Faas-Gpu-Batch", "1") or 1))
+                else:
+                    bad.append(r.status_code)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    return {
+        "rps": len(lat) / elapsed,
+        "p50_ms": pct(lat, 50) * 1000,
+        "p99_ms": pct(lat, 99) * 1000,
+        "mean_batch": statistics.fmean(batches) if batches else 0.0,
+        "errors": dict(Counter(bad)),
+    }
+
+
+def open_loop(url: str, rps: float, seconds: float) -> dict:
+    """Requests start at `rps` whatever the answers take; within-SLO share of all sent."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    session = requests.Session()
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512))
+
+    codes: Counter = Counter()
+
+    def one(n: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            code = session.post(url, json={"seed": n % 1000}, timeout=30).status_code
+        except requests.RequestException as exc:
+            code = type(exc).__name__
+        dt = time.perf_counter() - t0
+        with lock:
+            codes[code] += 1
+            lat.append(dt if code == 200 else float("inf"))
+
+    n = 0
+    with ThreadPoolExecutor(max_workers=512) as pool:
+        start = time.monotonic()
+        while (now := time.monotonic()) - start < seconds:
+            due = start + n / rps
+            if due > now:
+                time.sleep(due - now)
+            pool.submit(one, n)
+            n += 1
+    within = sum(1 for x in lat if x <= SLO_S)
+    return {
+        "offered_rps": rps,
+        "sent": n,
+        "slo_pct": 100.0 * within / max(1, n),
+        "p50_ms": pct(lat, 50) * 1000,
+        "p99_ms": pct(lat, 99) * 1000,
+        "answers": dict(codes),
+    }
+
+
+# -- CPU across the stack -----------------------------------------------------------------------
+def _tree(roots: list[int]) -> list[int]:
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                parent[int(d)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], list(roots)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return out
+
+
+def cpu_ticks(roots: list[int]) -> dict[int, int]:
+    """utime + stime (ticks) of every process under `roots`, by pid."""
+    out = {}
+    for p in _tree(roots):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            out[p] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def cpu_seconds_between(start: dict[int, int], end: dict[int, int]) -> float:
+    """CPU seconds spent between two `cpu_ticks` readings (a process that ended in between is missed)."""
+    return sum(t - start.get(p, 0) for p, t in end.items() if t >= start.get(p, 0)) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the stack -----------------------------------------------------------------------------------
+def cli(root: Path, home: Path, *args: str, check: bool = True) -> str:
+    env = {**os.environ, "FAAS_GPU_HOME": str(home)}
+    p = subprocess.run([sys.executable, "-m", "faas_gpu.cli", *args], cwd=root, env=env, capture_output=True)
+    out = p.stdout.decode() + p.stderr.decode()
+    if check and p.returncode != 0:
+        raise RuntimeError(f"faas-gpu {' '.join(args)}: {out[-3000:]}")
+    return out
+
+
+def project(root: Path) -> None:
+    shutil.copytree(REPO / "functions" / "classify", root / "classify", ignore=shutil.ignore_patterns("*.pt"))
+    fn = {
+        "lang": "python3-gpu",
+        "handler": "./classify",
+        "image": "bench/classify:latest",
+        "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "2"},
+        "annotations": {
+            "com.faas-gpu.model": "resnet-mini",
+            "com.faas-gpu.model-source": "model.py:ResNetMini",
+            "com.faas-gpu.input-shape": "3,32,32",
+            "com.faas-gpu.slo-ms": str(int(SLO_S * 1000)),
+        },
+    }
+    # today's plan under load, as the issue saw it: batch 1, timeout 0, one instance
+    today = {
+        "lang": "python3-gpu",
+        "handler": "./classify",
+        "image": "bench/classify:latest",
+        "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"},
+        "annotations": {"com.faas-gpu.max-batch": "1", "com.faas-gpu.slo-ms": str(int(SLO_S * 1000))},
+    }
+    functions = {"classify": fn, "classify-b1": today}
+    stack = {"version": 1.0, "provider": {"name": "openfaas"}, "functions": functions}
+    (root / "stack.yml").write_text(yaml.safe_dump(stack))
+
+
+def capacity(stack: StackProcess) -> dict:
+    r = requests.get(f"{stack.provider_url}/system/function/classify/instances", auth=stack.auth, timeout=5)
+    d = r.json()
+    return {
+        "capacity": d.get("capacity"),
+        "instances": [(i["batch"], i["rUp"], round(i["batchTimeoutMs"], 1)) for i in d.get("instances", [])],
+    }
+
+
+def redeploy(root: Path, stack: StackProcess) -> None:
+    requests.delete(f"{stack.url}/system/functions", json={"functionName": "classify"}, auth=stack.auth, timeout=30)
+    time.sleep(1.0)
+    cli(root, stack.home, "deploy", "-f", "stack.yml", "--gateway", stack.url)
+    stack.wait_ready("classify", timeout_s=120)
+
+
+def faas_gpu_runs(args: argparse.Namespace) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="faas-gpu-path-limit-"))
+    home = tmp / ".faas-gpu"
+    home.mkdir()
+    project(tmp)
+    manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--node", "local")
+    scheduler = Daemon("scheduler", home)
+    stack = StackProcess(
+        home,
+        "--scheduler",
+        scheduler.url,
+        "--cpus",
+        "2",
+        "--autoscale-period",
+        "0.5",
+        "--threads",
+        "600",
+        "--max-inflight-per-function",
+        "600",
+    ).start()
+    roots = [stack.proc.pid, scheduler.proc.pid, manager.proc.pid]
+    url = f"{stack.url}/function/classify"
+    out: dict = {}
+    try:
+        cli(tmp, home, "build", "-f", "stack.yml")
+        cli(tmp, home, "profile", "-f", "stack.yml", "classify", "--threads", "1", "--repeat", "5")
+        cli(tmp, home, "deploy", "-f", "stack.yml", "--gateway", stack.url, "--filter", "classify-b1")
+        stack.wait_ready("classify-b1", timeout_s=120)
+        today_url = f"{stack.url}/function/classify-b1"
+        closed_loop(today_url, 4, 3)  # warm: model on the unit, connections open
+
+        # before: today's plan under load (batch 1, timeout 0, one instance: what INFless chose
+        # when it predicted from the model's time alone)
+        w = args.warmup
+        closed_loop(today_url, 32, 3)
+        before = closed_loop(today_url, 32, args.seconds)
+        print(f"before (batch 1), 32 clients: {before}")
+        today_max = before["rps"]
+        before["open_at_max"] = open_loop(today_url, today_max, args.seconds)
+        print(f"before, open loop at {today_max:.0f} rps: {before['open_at_max']}")
+        out["before"] = before
+        requests.delete(f"{stack.url}/system/functions", json={"functionName": "classify-b1"}, auth=stack.auth)
+        cli(tmp, home, "deploy", "-f", "stack.yml", "--gateway", stack.url, "--filter", "classify")
+        stack.wait_ready("classify", timeout_s=120)
+        blind = capacity(stack)
+        print(f"INFless without the path's cost plans: {blind}")
+        out["blind_plan"] = blind
+
+        # the path's cost, measured by faas-gpu profile --path, then a fresh plan that counts it
+        print(cli(tmp, home, "profile", "--path", "classify", "--gateway", stack.url, "--path-seconds", "4"))
+        redeploy(tmp, stack)
+        closed_loop(url, 4, 3)
+        after: dict = {}
+        for clients in (1, 8, 32):
+            closed_loop(url, clients, w)  # the autoscaler re-plans for this load
+            c0 = cpu_ticks(roots)
+            r = closed_loop(url, clients, args.seconds)
+            cpu = cpu_seconds_between(c0, cpu_ticks(roots))
+            r["cpu_ms_per_request"] = 1000 * cpu / max(1, r["rps"] * args.seconds)
+            r["plan"] = capacity(stack)
+            after[clients] = r
+            print(f"after, {clients} clients: {r}")
+        peak = max(after[c]["rps"] for c in after)
+        after["open"] = {}
+        for frac in (0.5, 0.8, 1.0):
+            o = open_loop(url, frac * peak, args.seconds)
+            after["open"][frac] = o
+            print(f"after, open loop at {frac:.0%} of {peak:.0f} rps: {o}")
+        o = open_loop(url, today_max, args.seconds)
+        after["open_at_today_max"] = o
+        print(f"after, open loop at today's max {today_max:.0f} rps: {o}")
+        after["plan_end"] = capacity(stack)
+        print("describe:\n" + cli(tmp, home, "describe", "classify", "--gateway", stack.url, check=False))
+        out["after"] = after
+    finally:
+        stack.stop()
+        scheduler.kill()
+        manager.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def ray_serve(clients: int, seconds: float, batch: int) -> float | None:
+    """Ray Serve, same model, `@serve.batch`, 1 replica: rps at `clients`; None when not installed."""
+    try:
+        from ray import serve  # noqa: PLC0415
+    except ImportError:
+        return None
+    import ray  # noqa: PLC0415
+
+    @serve.deployment(num_replicas=1, max_ongoing_requests=64)
+    class Classify:
+        def __init__(self) -> None:
+            torch.set_num_threads(1)
+            self.net = ResNetMini()
+            self.net.load_state_dict(generate())
+            self.net.eval()
+
+        @serve.batch(max_batch_size=batch, batch_wait_timeout_s=0.01)
+        async def run(self, seeds: list[int]) -> list[dict]:
+            x = torch.cat([torch.randn(1, *IMAGE, generator=torch.Generator().manual_seed(s)) for s in seeds])
+            with torch.inference_mode():
+                probs = torch.softmax(self.net(x), dim=1)
+            scores, classes = probs.max(dim=1)
+            return [{"class": int(c), "score": float(s)} for c, s in zip(classes, scores, strict=True)]
+
+        async def __call__(self, request) -> dict:
+            body = await request.json()
+            return await self.run(int(body.get("seed", 0)))
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.run(Classify.bind(), route_prefix="/classify")
+        url = "http://127.0.0.1:8000/classify"
+        closed_loop(url, 4, 3)
+        closed_loop(url, clients, 3)
+        return closed_loop(url, clients, seconds)["rps"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds a point (default 8)")
+    p.add_argument("--warmup", type=float, default=12.0, help="seconds of load before each point (default 12)")
+    args = p.parse_args()
+
+    offline = in_process(2.0)
+    best_b = max(offline, key=offline.get)
+    print(f"in-process images/s by batch: { {b: round(v) for b, v in offline.items()} } (best batch {best_b})")
+    runs = faas_gpu_runs(args)
+    before, after = runs["before"], runs["after"]
+    ray_rps = ray_serve(32, args.seconds, 32)
+    at32 = after[32]["rps"]
+    result = {
+        "inprocess_batch1_rps": round(offline[1], 1),
+        "inprocess_best_batch": best_b,
+        "inprocess_best_rps": round(offline[best_b], 1),
+        "path_rps_1_8_32": [round(after[c]["rps"], 1) for c in (1, 8, 32)],
+        "path_p50_p99_ms_32": [round(after[32]["p50_ms"], 1), round(after[32]["p99_ms"], 1)],
+        "before_rps_32": round(before["rps"], 1),
+        "blind_predicted_rps": runs["blind_plan"]["capacity"]["predictedRps"],
+        "before_overload_slo_pct": round(before["open_at_max"]["slo_pct"], 1),
+        "speedup_32_vs_before": round(at32 / before["rps"], 3) if before["rps"] else None,
+        "path_vs_inprocess_best_batch": round(at32 / offline[best_b], 3),
+        "path_vs_inprocess_batch8": round(at32 / offline[8], 3),
+        "path_vs_ray_serve": None if ray_rps is None else round(at32 / ray_rps, 3),
+        "ray_serve_rps_32": None if ray_rps is None else round(ray_rps, 1),
+        "cpu_ms_per_request_batch8": round(after[8]["cpu_ms_per_request"], 2),
+        "batch_at_8_clients": round(after[8]["mean_batch"], 2),
+        "open_loop_slo_pct_50_80_100": [round(after["open"][f]["slo_pct"], 1) for f in (0.5, 0.8, 1.0)],
+        "overload_slo_pct": round(after["open_at_today_max"]["slo_pct"], 1),
+        "today_max_rps": round(before["rps"], 1),
+        "batch_size_at_32_clients": round(after[32]["mean_batch"], 2),
+        "predicted_vs_observed": after["plan_end"]["capacity"],
+    }
+    print(
+        f"path at 32 clients / in-process best batch: {result['path_vs_inprocess_best_batch']}; "
+        f"after / before at 32 clients: {result['speedup_32_vs_before']}; "
+        f"within {SLO_S * 1000:.0f} ms at today's max: {result['before_overload_slo_pct']}% before, "
+        f"{result['overload_slo_pct']}% after"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
