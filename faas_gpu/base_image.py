@@ -250,7 +250,7 @@ def save_image(client: Any, ref: str, target: Path) -> None:
     """`docker save ref > target`, atomically (a half-written tar is never left under the name)."""
     part = Path(str(target) + f".part{os.getpid()}")
     with open(part, "wb") as f:
-        for chunk in client.images.get(ref).save(chunk_size=4 << 20, named=True):
+        for chunk in client.api.get_image(ref, chunk_size=4 << 20):  # named as `ref` (images.save: its first tag)
             f.write(chunk)
     os.replace(part, target)
 
