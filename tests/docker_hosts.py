@@ -383,20 +383,42 @@ class Swarm:
                 raise RuntimeError(f"push {repository}:{tag}: {chunk['error']}")
         return f"{repository}:{tag}"
 
+    def pull(self, hosts: list[DockerHost], name: str, local: str | None = None) -> list[float]:
+        """Pull `name` (10.77.0.1:5000/...) on `hosts` at once, tagging it `local` there too; the
+        seconds each took."""
+
+        def one(host: DockerHost) -> float:
+            start = time.monotonic()
+            repository, tag = name.rsplit(":", 1)
+            image = host.client.images.pull(repository, tag=tag)
+            if local:
+                image.tag(*local.rsplit(":", 1))
+            return round(time.monotonic() - start, 1)
+
+        return _parallel([lambda h=h: one(h) for h in hosts])
+
     def stop(self) -> None:
-        for host in self.hosts:
+        def one(host: DockerHost) -> None:
             with contextlib.suppress(Exception):
                 host.stop()
+
+        _parallel([lambda h=h: one(h) for h in self.hosts])
         if self.registry is not None and self.registry.poll() is None:
             self.registry.kill()
             self.registry.wait(timeout=10)
         self.switch.stop()
 
 
-def start_registry(host: DockerHost, address: str, port: int = REGISTRY_PORT) -> subprocess.Popen:
-    """Debian's `docker-registry` (distribution 2.x) on address:port in `host`, storage under its folder."""
+def start_registry(
+    host: DockerHost, address: str, port: int = REGISTRY_PORT, seed: Path | None = None
+) -> subprocess.Popen:
+    """Debian's `docker-registry` (distribution 2.x) on address:port in `host`, storage under its
+    folder: a copy of `seed` (a registry storage folder kept from an earlier run) when given."""
     folder = host.root / "registry"
-    (folder / "storage").mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    if seed is not None and seed.is_dir():
+        shutil.copytree(seed, folder / "storage")  # a copy: the registry rewrites tag links in place
+    (folder / "storage").mkdir(exist_ok=True)
     config = folder / "config.yml"
     config.write_text(
         "version: 0.1\n"
@@ -417,6 +439,7 @@ def make_swarm(
     image_tar: Path | None = None,
     worker_labels: dict[str, str] | None = None,
     heartbeat_s: float = 1.0,
+    registry_seed: Path | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> Swarm:
     """A switch, a manager (10.77.0.1, registry on :5000) and `workers` workers (10.77.0.2...),
@@ -452,7 +475,7 @@ def make_swarm(
             )  # fmt: skip
         for worker in swarm.workers:
             swarm.label(worker, **(worker_labels or {"gpu": "true"}))
-        swarm.registry = start_registry(manager, manager.address or f"{SUBNET}.1")
+        swarm.registry = start_registry(manager, manager.address or f"{SUBNET}.1", seed=registry_seed)
         timings["setup_s"] = round(time.monotonic() - start, 1)
         return swarm
     except BaseException:
@@ -494,6 +517,53 @@ def docker_host(name: str = "host", **kwargs: Any) -> Iterator[DockerHost]:
         yield host
     finally:
         host.stop()
+
+
+def provision_base(swarm: Swarm, log: Callable[[str], None] = lambda _: None) -> str:
+    """Put faas-gpu/base:latest (this checkout) on every host of `swarm` through its registry, the
+    way images reach nodes in production; `10.77.0.1:5000/faas-gpu/base:latest`.
+
+    Pushing means gzipping ~1.3 GB, so the registry's storage holding python-deps is kept in
+    ~/.cache/faas-gpu/registry-<deps hash> after the first run, and `make_swarm(registry_seed=...)`
+    starts from a copy of it: every host pulls python-deps (and so knows its layers' digests), the
+    manager builds the base on it and pushes only the checkout's layer, the workers pull that layer.
+    A function image built FROM the base then pushes and pulls only its own layers."""
+    from faas_gpu import base_image
+
+    deps = base_image.deps_ref()
+    remote_deps = f"{REGISTRY}/{deps}"
+    seed = registry_seed()
+    timings = swarm.timings
+    start = time.monotonic()
+    if (seed / ".complete").is_file():
+        loads = swarm.pull(swarm.hosts, remote_deps, local=deps)
+        log(f"[swarm] pulled {deps} from the seeded registry: {loads} s")
+    else:
+        base_image.ensure_deps(swarm.manager.client, base_image.Steps(log))
+        swarm.push(deps)
+        timings["deps_push_s"] = round(time.monotonic() - start, 1)
+        with base_image.locked(seed.name):
+            if not (seed / ".complete").is_file():
+                shutil.rmtree(seed, ignore_errors=True)
+                part = seed.with_name(f"{seed.name}.part{os.getpid()}")
+                shutil.copytree(swarm.manager.root / "registry" / "storage", part)
+                (part / ".complete").write_text(deps + "\n")
+                os.replace(part, seed)
+        swarm.pull(swarm.workers, remote_deps, local=deps)
+    timings["deps_s"] = round(time.monotonic() - start, 1)
+    start = time.monotonic()
+    base_image.build(swarm.manager.client, log=log)
+    name = swarm.push(base_image.BASE_IMAGE)
+    swarm.pull(swarm.workers, name, local=base_image.BASE_IMAGE)
+    timings["base_s"] = round(time.monotonic() - start, 1)
+    return name
+
+
+def registry_seed() -> Path:
+    """Where a registry storage holding this checkout's python-deps image is kept between runs."""
+    from faas_gpu import base_image
+
+    return base_image.cache_dir() / f"registry-{base_image.deps_ref().rsplit(':', 1)[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
