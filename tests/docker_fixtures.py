@@ -28,7 +28,7 @@ import pytest
 from faas_gpu import base_image
 from tests.docker_hosts import REGISTRY, DockerHost, Swarm, make_swarm, missing_tools, provision_base, registry_seed
 
-BASE_TAR_KEEP_S = 6 * 3600
+BASE_TAR_KEEP_S = 3600
 """Saved base images older than this are removed when a new one is saved (one per checkout digest)."""
 
 

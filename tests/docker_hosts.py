@@ -207,7 +207,11 @@ class DockerHost(Namespace):
         self._client: docker.DockerClient | None = None
         self.keep: set[int] = set()  # processes of this namespace that outlive its dockerd (a registry)
         if start:
-            self.start()
+            try:
+                self.start()
+            except BaseException:
+                self.stop()
+                raise
 
     def start(self, timeout: float = 60.0) -> None:
         (self.root / "daemon.json").write_text("{}")  # never the machine's /etc/docker/daemon.json
