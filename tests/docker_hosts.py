@@ -546,13 +546,7 @@ def provision_base(swarm: Swarm, log: Callable[[str], None] = lambda _: None) ->
         base_image.ensure_deps(swarm.manager.client, base_image.Steps(log))
         swarm.push(deps)
         timings["deps_push_s"] = round(time.monotonic() - start, 1)
-        with base_image.locked(seed.name):
-            if not (seed / ".complete").is_file():
-                shutil.rmtree(seed, ignore_errors=True)
-                part = seed.with_name(f"{seed.name}.part{os.getpid()}")
-                shutil.copytree(swarm.manager.root / "registry" / "storage", part)
-                (part / ".complete").write_text(deps + "\n")
-                os.replace(part, seed)
+        _keep_seed(swarm.manager.root / "registry" / "storage", seed, deps)
         swarm.pull(swarm.workers, remote_deps, local=deps)
     timings["deps_s"] = round(time.monotonic() - start, 1)
     start = time.monotonic()
@@ -561,6 +555,44 @@ def provision_base(swarm: Swarm, log: Callable[[str], None] = lambda _: None) ->
     swarm.pull(swarm.workers, name, local=base_image.BASE_IMAGE)
     timings["base_s"] = round(time.monotonic() - start, 1)
     return name
+
+
+def _keep_seed(storage: Path, seed: Path, deps: str) -> None:
+    """Copy a registry's storage (python-deps pushed into it) to the cache as the seed."""
+    from faas_gpu import base_image
+
+    with base_image.locked(seed.name):
+        if not (seed / ".complete").is_file():
+            shutil.rmtree(seed, ignore_errors=True)
+            part = seed.with_name(f"{seed.name}.part{os.getpid()}")
+            shutil.copytree(storage, part)
+            (part / ".complete").write_text(deps + "\n")
+            os.replace(part, seed)
+
+
+def seed_registry(host: DockerHost, log: Callable[[str], None] = lambda _: None) -> None:
+    """Make the registry seed `provision_base` starts from, with one host: a registry on the host's
+    127.0.0.1 (a registry's storage does not depend on its address), python-deps pushed into it.
+    For `make base-image`, so that CI's first swarm test does not push 1.3 GB."""
+    from faas_gpu import base_image
+
+    seed = registry_seed()
+    if (seed / ".complete").is_file() or shutil.which("docker-registry") is None:
+        return
+    deps = base_image.deps_ref()
+    start = time.monotonic()
+    registry = start_registry(host, "127.0.0.1", REGISTRY_PORT)
+    try:
+        repository, tag = f"127.0.0.1:{REGISTRY_PORT}/{deps}".rsplit(":", 1)
+        host.client.images.get(deps).tag(repository, tag)
+        for chunk in host.client.images.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in chunk:
+                raise RuntimeError(f"push {repository}:{tag}: {chunk['error']}")
+    finally:
+        registry.kill()
+        registry.wait(timeout=10)
+    _keep_seed(host.root / "registry" / "storage", seed, deps)
+    log(f"[base-image] registry seed {seed}: {time.monotonic() - start:.1f} s")
 
 
 def registry_seed() -> Path:
@@ -572,8 +604,8 @@ def registry_seed() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tests.docker_hosts base-image`: build faas-gpu/base in a throwaway test host, so
-    python-deps lands in ~/.cache/faas-gpu before the tests need it (`make base-image` on a machine
-    with no engine running, as CI)."""
+    python-deps (and the registry seed) land in ~/.cache/faas-gpu before the tests need them
+    (`make base-image` on a machine with no engine running, as CI)."""
     import sys
 
     from faas_gpu import base_image
@@ -588,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with docker_host("base-image") as host:
         result = base_image.build(host.client)
+        seed_registry(host, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(" ".join(f"{k}={v}s" for k, v in result.timings.items()))
     return 0
 
