@@ -88,6 +88,7 @@ DEADLINE_HEADER = h.BUDGET_MS  # the budget left, in ms (the scheduler turns it 
 DEADLINE_MISSED_HEADER = h.DEADLINE_MISSED
 LEASE_RETRY_S = 0.5  # with no lease granted, the scheduler is asked again after this long
 LEASE_ASK_TIMEOUT_S = 5.0
+DIRECT_TIMEOUT_S = 300.0  # a leased batch with no SLO: as long as the scheduler's path would wait
 MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
 
 
@@ -277,9 +278,9 @@ class RemoteModel(torch.nn.Module):
         try:
             if tracing.enabled():
                 with tracing.span("gpu_manager.request", kind="client", attributes={"faas_gpu.unit": lease.unit}):
-                    r = self._post_direct(lease, digest, body, tracing.inject(send))
+                    r = self._post_direct(lease, digest, body, tracing.inject(send), budget)
             else:
-                r = self._post_direct(lease, digest, body, send)
+                r = self._post_direct(lease, digest, body, send, budget)
         except requests.RequestException as exc:  # the manager died or is unreachable: the scheduler places it
             log.info("faas-gpu: leased unit %s at %s failed (%s); through the scheduler", lease.unit, lease.url, exc)
             self._drop_lease(lease)
@@ -306,9 +307,16 @@ class RemoteModel(torch.nn.Module):
             if len(self._unreported) < MAX_REPORTED:
                 self._unreported.append([rows, status, round(seconds, 6), slo, app])
 
-    def _post_direct(self, lease: HeldLease, digest: str, body: bytes, headers: dict[str, str]) -> requests.Response:
+    def _post_direct(
+        self, lease: HeldLease, digest: str, body: bytes, headers: dict[str, str], budget: Budget | None
+    ) -> requests.Response:
+        """No longer than the call's budget (and a second): a manager whose host vanished without
+        closing the connection must not hold the batch past its SLO; the scheduler answers then."""
+        timeout = DIRECT_TIMEOUT_S
+        if budget is not None:
+            timeout = min(timeout, max(0.0, budget.remaining_ms(time.monotonic())) / 1000 + 1.0)
         return self._direct.post(
-            f"{lease.url}/v1/jobs/{digest}", params={"unit": lease.unit}, data=body, headers=headers, timeout=300
+            f"{lease.url}/v1/jobs/{digest}", params={"unit": lease.unit}, data=body, headers=headers, timeout=timeout
         )
 
     def _current_lease(self, digest: str, headers: dict[str, str]) -> HeldLease | None:
