@@ -156,7 +156,12 @@ class DockerRuntime(SupervisedRuntime):
         if found is not None:
             return found
         oom = self._ooms.get((namespace, name))
-        return {"state": OOM_KILLED, "message": oom} if oom else None
+        if not oom:
+            return None
+        serving = len(self.endpoints(namespace, name))
+        if serving:  # a replica started in its place serves: say so, the OOM stays visible
+            oom += f" (restarted: {serving} replica{'s' if serving > 1 else ''} serving)"
+        return {"state": OOM_KILLED, "message": oom}
 
     def usage(self, namespace: str, name: str) -> dict | None:
         """The replicas' memory as the engine counts it (cgroup usage less page cache)."""
@@ -187,7 +192,8 @@ class DockerRuntime(SupervisedRuntime):
         rid = f"{record.name}-{inst.id + '-' if inst else ''}{uuid.uuid4().hex[:8]}"[:120]
         run_dir = self.run_root / record.namespace / rid
         secrets_dir = run_dir / "secrets"
-        secrets_dir.mkdir(parents=True, mode=0o755)
+        secrets_dir.mkdir(parents=True)
+        os.chmod(secrets_dir, 0o755)  # whatever the provider's umask: the mount's root, read by the image's user
         try:
             for secret in plan.secrets:
                 dest = secrets_dir / secret
