@@ -220,3 +220,46 @@ def test_logs_come_from_the_engine(stack):
 def test_unknown_image_is_refused_at_deploy(stack):
     r = stack.request("POST", "/system/functions", json={"service": "nothere", "image": "faas-gpu/nothere:latest"})
     assert r.status_code == 400 and "not in the Docker engine" in r.text, r.text
+
+
+def test_an_infless_plan_runs_one_container_per_instance_with_its_own_env(stack, host, tmp_path):
+    """The runtime itself (built in the host's namespace: its supervisor probes replicas there)."""
+    from provider.logs import LogStore
+    from provider.runtime.base import InstanceSpec
+    from provider.runtime.docker import DockerRuntime
+    from provider.store import SecretStore
+    from provider.types import FunctionDeployment, FunctionRecord
+
+    rt = host.call(
+        DockerRuntime, tmp_path / "home", SecretStore(tmp_path / "sec"), LogStore(tmp_path / "logs"),
+        docker_host=host.base_url,
+    )  # fmt: skip
+    try:
+        rec = FunctionRecord(FunctionDeployment.from_json({"service": "planned", "image": "faas-gpu/echo:latest"}),
+                             "openfaas-fn", 1)  # fmt: skip
+        plan = [InstanceSpec("a", {"FAAS_GPU_MAX_BATCH": "2"}), InstanceSpec("b", {"FAAS_GPU_MAX_BATCH": "4"})]
+        rt.set_plan("openfaas-fn", "planned", plan)
+        rt.apply(rec)
+
+        def slots() -> dict[str, dict]:
+            out = {}
+            for c in containers(host, "planned"):
+                out[c.labels["com.faas-gpu.slot"]] = {"id": c.id, "env": c.attrs["Config"]["Env"]}
+            return out
+
+        stack.wait_until("two ready instances", lambda: len(rt.ready_instances("openfaas-fn", "planned")) == 2, 60)
+        first = slots()
+        assert "FAAS_GPU_MAX_BATCH=2" in first["a"]["env"] and "FAAS_GPU_MAX_BATCH=4" in first["b"]["env"]
+        assert {i for i, _ in rt.ready_instances("openfaas-fn", "planned")} == {"a", "b"}
+        # a re-plan that changes b alone replaces b's container and keeps a's
+        rt.set_plan("openfaas-fn", "planned", [plan[0], InstanceSpec("b", {"FAAS_GPU_MAX_BATCH": "8"})])
+
+        def replanned():
+            now = slots()
+            return set(now) == {"a", "b"} and "FAAS_GPU_MAX_BATCH=8" in now["b"]["env"] and now
+
+        now = stack.wait_until("b re-planned", replanned, 60)
+        assert now["a"]["id"] == first["a"]["id"]
+    finally:
+        rt.close()
+    assert not containers(host, "planned", running=False)
