@@ -25,7 +25,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     use_docker = args.docker or env_vars.RUNTIME.read() == "docker"
     if args.push and not use_docker:
         raise CliError("--push: needs a docker build (--docker, or FAAS_GPU_RUNTIME=docker)")
-    build_args = _build_args(args.build_arg or [])
+    build_args = build_args_of(args.build_arg or [])
     if not args.shrinkwrap and not use_docker and any(not spec.skip_build for spec in specs):
         located = located_for(stack)
         if located.images is None:  # an image no stack reads would only be lost
@@ -79,7 +79,7 @@ class BuildProgress:
         self._bar.close()
 
 
-def _build_args(pairs: list[str]) -> dict[str, str]:
+def build_args_of(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
