@@ -64,6 +64,12 @@ log = logging.getLogger(__name__)
 OOM_KILLED = "OOMKilled"
 
 
+def owner_of(home: Path) -> str:
+    """The `com.faas-gpu.owner` label of the containers a provider with this state folder runs:
+    several stacks may share one engine, and each reaps only its own leftovers."""
+    return hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:12]
+
+
 @dataclass
 class ContainerReplica:
     id: str
@@ -117,7 +123,7 @@ class DockerRuntime(SupervisedRuntime):
             raise RuntimeError(f"--runtime docker: cannot reach the Docker engine ({exc})") from None
         self.api = self.client.api
         self.run_root = self.home / "containers"
-        self.owner = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:12]
+        self.owner = owner_of(self.home)
         self._ooms: dict[tuple[str, str], str] = {}
         self._reap_stale()
         self._start_supervisor()

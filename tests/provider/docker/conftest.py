@@ -180,7 +180,7 @@ def build_project(host, root: Path, functions: dict[str, dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def docker_engine() -> Iterator:
+def docker_host() -> Iterator:
     """A test host with faas-gpu/base:latest loaded (until the shared fixture lands)."""
     from tests.docker_hosts import DockerHost, missing_tools
 

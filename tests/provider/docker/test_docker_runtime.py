@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from provider.runtime.docker import owner_of
+
 from .conftest import NsStack, build_project, containers
 
 pytestmark = [pytest.mark.docker]
@@ -23,8 +25,8 @@ FUNCTIONS = {
 
 
 @pytest.fixture(scope="module")
-def host(docker_engine):
-    return docker_engine
+def host(docker_host):
+    return docker_host
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def stack(host, tmp_path_factory):
         yield s
     finally:
         s.stop()
-        left = host.client.containers.list(all=True, filters={"label": "com.openfaas.function"})
+        left = host.client.containers.list(all=True, filters={"label": f"com.faas-gpu.owner={owner_of(s.home)}"})
         assert not left, f"the provider left containers behind: {[c.name for c in left]}"
 
 
