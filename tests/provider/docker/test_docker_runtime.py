@@ -13,6 +13,7 @@ import time
 import pytest
 
 from provider.runtime.docker import owner_of
+from tests.stack_process import free_port
 
 from .conftest import NsStack, build_project, containers
 
@@ -265,3 +266,40 @@ def test_an_infless_plan_runs_one_container_per_instance_with_its_own_env(stack,
     finally:
         rt.close()
     assert not containers(host, "planned", running=False)
+
+
+def test_faas_gpu_build_docker_push_reaches_a_registry(stack, host, tmp_path):
+    """`faas-gpu build --docker --push`: the template built with the engine, pushed to the
+    registry the image's name says (a docker-registry in the host's namespace)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import requests
+
+    if shutil.which("docker-registry") is None:
+        pytest.skip("needs docker-registry (Debian: make servers)")
+    port = free_port()
+    (tmp_path / "registry.yml").write_text(
+        f"version: 0.1\nstorage: {{filesystem: {{rootdirectory: {tmp_path / 'data'}}}}}\n"
+        f"http: {{addr: 127.0.0.1:{port}}}\n"
+    )
+    registry = host.popen(["docker-registry", "serve", str(tmp_path / "registry.yml")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        host.wait_port("127.0.0.1", port)
+        project = tmp_path / "project"
+        image = f"127.0.0.1:{port}/faas-gpu/echo:latest"  # 127.0.0.0/8: a registry the engine trusts
+        build_project(host, project, {"echo": {"lang": "python3-gpu", "handler": "./echo", "image": image}})
+        done = host.run(
+            [sys.executable, "-m", "faas_gpu.cli", "build", "--docker", "--push", "--docker-host", host.base_url,
+             "-f", "stack.yml", "--build-arg", "BASE_IMAGE=faas-gpu/base:latest"],
+            check=False, cwd=project,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"Pushed: {image}" in done.stdout
+        catalog = host.call(requests.get, f"http://127.0.0.1:{port}/v2/_catalog", timeout=10).json()
+        assert "faas-gpu/echo" in catalog["repositories"]
+    finally:
+        registry.kill()
+        registry.wait()
