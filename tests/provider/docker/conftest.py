@@ -97,11 +97,11 @@ class NsStack:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
         try:

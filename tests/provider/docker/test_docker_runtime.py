@@ -303,3 +303,23 @@ def test_faas_gpu_build_docker_push_reaches_a_registry(stack, host, tmp_path):
     finally:
         registry.kill()
         registry.wait()
+
+
+def test_a_restarted_provider_removes_what_a_killed_one_left_and_starts_the_functions_again(stack, host, tmp_path):
+    import signal
+
+    other = NsStack(host, tmp_path / "home").start()
+    try:
+        other.deploy({"service": "survivor", "image": "faas-gpu/echo:latest"})
+        other.wait_ready("survivor")
+        [orphan] = containers(host, "survivor")
+        other.stop(signal.SIGKILL)  # no close(): its container is left running
+        assert [c.id for c in containers(host, "survivor")] == [orphan.id]
+        other.start()
+        other.wait_ready("survivor")
+        [fresh] = containers(host, "survivor", running=False)
+        assert fresh.id != orphan.id
+        assert other.invoke("survivor", b"back").text == "back"
+    finally:
+        other.stop()
+    assert not containers(host, "survivor", running=False)
