@@ -192,7 +192,9 @@ def docker_host() -> Iterator:
         pytest.skip(f"no base image tar at {tar}")
     host = DockerHost("h2-docker")
     try:
-        host.load_image(tar)
+        with open(tar, "rb") as f:
+            [image] = host.client.images.load(f)
+        image.tag(*BASE_IMAGE.rsplit(":", 1))
         yield host
     finally:
         host.stop()
