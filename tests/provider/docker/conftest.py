@@ -21,6 +21,7 @@ from pathlib import Path
 
 import requests
 import yaml
+from docker.errors import NotFound
 
 from faas_gpu.build import docker_build
 from faas_gpu.paths import REPO_ROOT
@@ -161,8 +162,14 @@ class NsStack:
 
 
 def containers(host, name: str, *, running: bool = True) -> list:
-    """The function's containers on the host's engine."""
-    return host.client.containers.list(all=not running, filters={"label": f"com.openfaas.function={name}"})
+    """The function's containers on the host's engine (listed again when one goes between the
+    list and its inspect, as the SDK inspects each: a replica being replaced)."""
+    for _ in range(20):
+        try:
+            return host.client.containers.list(all=not running, filters={"label": f"com.openfaas.function={name}"})
+        except NotFound:
+            time.sleep(0.1)
+    raise AssertionError(f"{name}: its containers kept changing while listed")
 
 
 def build_project(host, root: Path, functions: dict[str, dict]) -> None:
