@@ -29,6 +29,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import logging
@@ -84,6 +85,8 @@ class ContainerReplica:
     stopping: bool = False
     ended: str | None = None
     """How the container ended (set by its log thread once the engine says it exited)."""
+    oom_noted: bool = False
+    """An OOM kill in it was reported already (the engine's oom event, before or without an exit)."""
 
     @property
     def url(self) -> str:
@@ -125,8 +128,10 @@ class DockerRuntime(SupervisedRuntime):
         self.run_root = self.home / "containers"
         self.owner = owner_of(self.home)
         self._ooms: dict[tuple[str, str], str] = {}
+        self._events = None
         self._reap_stale()
         self._start_supervisor()
+        threading.Thread(target=self._watch_ooms, name="docker-oom-events", daemon=True).start()
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, record: FunctionRecord) -> ContainerPlan:
@@ -165,8 +170,8 @@ class DockerRuntime(SupervisedRuntime):
         if not oom:
             return None
         serving = len(self.endpoints(namespace, name))
-        if serving:  # a replica started in its place serves: say so, the OOM stays visible
-            oom += f" (restarted: {serving} replica{'s' if serving > 1 else ''} serving)"
+        if serving:  # it serves again (restarted, or a fork died and the watchdog lives): the OOM stays visible
+            oom += f" ({serving} replica{'s' if serving > 1 else ''} serving)"
         return {"state": OOM_KILLED, "message": oom}
 
     def usage(self, namespace: str, name: str) -> dict | None:
@@ -189,6 +194,45 @@ class DockerRuntime(SupervisedRuntime):
     def _closing(self) -> None:
         if self.schedulers is not None:
             self.schedulers.close()
+        events = self._events
+        if events is not None:
+            with contextlib.suppress(Exception):
+                events.close()
+
+    def _watch_ooms(self) -> None:
+        """The engine's `oom` events for this provider's containers: a process killed for going
+        over the limit where the container lives on (a classic-mode fork: the watchdog answers
+        500 and serves on) is reported as one that exits is."""
+        while not self._closed.is_set():
+            try:
+                self._events = self.api.events(
+                    decode=True, filters={"event": "oom", "label": f"{LABEL_OWNER}={self.owner}"}
+                )
+                for event in self._events:
+                    self._oom_event(str(event.get("id") or (event.get("Actor") or {}).get("ID") or ""))
+            except Exception as exc:  # noqa: BLE001 — the engine went away: watch again when it is back
+                if not self._closed.is_set():
+                    log.warning("docker oom events: %s", exc)
+            self._closed.wait(1.0)
+
+    def _oom_event(self, container_id: str) -> None:
+        with self._lock:
+            found = [(fn, r) for fn in self._fns.values() for r in fn.replicas if r.container_id == container_id]
+        for fn, r in found:
+            self._report_oom(fn.record, r)
+
+    def _report_oom(self, record: FunctionRecord, r: ContainerReplica) -> None:
+        if r.oom_noted or r.stopping:
+            return
+        r.oom_noted = True
+        limit = (record.deployment.limits or {}).get("memory")
+        message = (
+            f"replica {r.id} was OOM-killed: it went over its memory limit"
+            f"{f' (limits.memory {limit})' if limit else ''}; raise limits.memory or use less"
+        )
+        self._ooms[record.key] = message
+        note(self.logs, record, r.id, message)
+        log.warning("%s.%s: %s", record.name, record.namespace, message)
 
     def _spawn(
         self, fn: FunctionReplicas, inst: InstanceSpec | None = None, digest: str | None = None
@@ -231,11 +275,10 @@ class DockerRuntime(SupervisedRuntime):
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        limit = (record.deployment.limits or {}).get("memory")
-        threading.Thread(target=self._follow, args=(record, replica, limit), daemon=True).start()
+        threading.Thread(target=self._follow, args=(record, replica), daemon=True).start()
         return replica
 
-    def _follow(self, record: FunctionRecord, r: ContainerReplica, limit: str | None) -> None:
+    def _follow(self, record: FunctionRecord, r: ContainerReplica) -> None:
         """Copy the container's output into the function's log until it exits, then say how it ended."""
         partial = b""
         try:
@@ -257,14 +300,7 @@ class DockerRuntime(SupervisedRuntime):
             r.ended = f"was lost: {exc}"
             return
         if state.get("OOMKilled"):
-            message = (
-                f"replica {r.id} was OOM-killed: it went over its memory limit"
-                f"{f' (limits.memory {limit})' if limit else ''}; raise limits.memory or use less"
-            )
-            if not r.stopping:
-                self._ooms[record.key] = message
-                note(self.logs, record, r.id, message)
-                log.warning("%s.%s: %s", record.name, record.namespace, message)
+            self._report_oom(record, r)
             r.ended = f"was OOM-killed (exit code {state.get('ExitCode')})"
         else:
             r.ended = f"exited with code {state.get('ExitCode')}"

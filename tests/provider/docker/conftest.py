@@ -130,7 +130,10 @@ class NsStack:
         return self.request("POST", f"/function/{name}", auth=None, data=body, **kwargs)
 
     def deploy(self, body: dict, method: str = "POST") -> None:
+        """POST, or PUT then POST on 404 (faas-cli deploy's update)."""
         r = self.request(method, "/system/functions", json=body)
+        if method == "PUT" and r.status_code == 404:
+            r = self.request("POST", "/system/functions", json=body)
         assert r.status_code == 202, (r.status_code, r.text)
 
     def status(self, name: str) -> dict:

@@ -139,6 +139,33 @@ def test_over_its_memory_limit_a_function_is_oom_killed_and_reported_the_stack_s
     stack.wait_until("the new spec serves", lambda: stack.status("hog").get("faasGpuStatus") is None, 60)
 
 
+def test_a_fork_over_the_limit_is_reported_while_its_container_serves_on(stack, host):
+    """Classic mode: the fork is OOM-killed, the watchdog answers 500 and lives on; the engine's
+    oom event still reaches describe and the logs."""
+    stack.deploy(
+        {
+            "service": "cfork",
+            "image": "faas-gpu/echo:latest",
+            "envProcess": "python -c 'bytearray(1024 * 1024 * 1024)'",
+            "envVars": {"mode": "classic"},
+            "limits": {"memory": "128Mi"},
+        }
+    )
+    stack.wait_ready("cfork")
+    [before] = containers(host, "cfork")
+    assert stack.invoke("cfork").status_code == 500
+
+    def oom_state():
+        s = stack.status("cfork").get("faasGpuStatus") or {}
+        return s if s.get("state") == "OOMKilled" else None
+
+    state = stack.wait_until("describe says OOMKilled", oom_state, 30)
+    assert "limits.memory 128Mi" in state["message"] and "1 replica serving" in state["message"]
+    assert [c.id for c in containers(host, "cfork")] == [before.id]  # not restarted: it serves on
+    texts = [m["text"] for m in stack.logs("cfork")]
+    assert sum("OOM-killed" in t for t in texts) == 1, texts[-10:]
+
+
 def test_scale_up_and_down(stack, host):
     stack.deploy({"service": "scaled", "image": "faas-gpu/echo:latest"})
     stack.wait_ready("scaled")
