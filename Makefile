@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # checkout the virtual environment was installed from).
 LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-.PHONY: up down test test-fast lint bench servers clean
+.PHONY: up down test test-fast lint bench servers base-image clean
 
 up: $(STAMP)
 	$(PY) functions/classify/make_weights.py
@@ -43,8 +43,24 @@ servers:
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; \
 	fi
+	@# the Docker and Swarm tests' real engine (each test host runs its own dockerd in a network
+	@# namespace), Debian's image registry, and mmdebstrap for the base image: no registry is pulled from
+	@if ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v docker-registry >/dev/null; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q docker.io mmdebstrap docker-registry; \
+	fi
 
-test: $(STAMP) servers
+# faas-gpu/base (Debian + torch + this checkout) with no registry: python-deps is built once into
+# ~/.cache/faas-gpu and loaded from there. Into the running engine when there is one, else into a
+# throwaway test dockerd (CI), which leaves the cache for the tests.
+base-image: $(STAMP) servers
+	@if [ -n "$$DOCKER_HOST" ] || [ -S /var/run/docker.sock ]; then \
+		$(VENV)/bin/faas-gpu base-image; \
+	else \
+		$(PY) -m tests.docker_hosts base-image; \
+	fi
+
+test: $(STAMP) servers base-image
 	$(VENV)/bin/ruff check .
 	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest

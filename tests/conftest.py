@@ -13,7 +13,7 @@ from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from tests.daemon_process import Daemon
 
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.docker_fixtures"]
 
 
 def pytest_configure(config):

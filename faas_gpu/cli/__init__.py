@@ -1,7 +1,7 @@
 """`faas-gpu`: the CLI. Reads the same stack file as faas-cli 0.18 and makes the same REST calls.
 
 One module per command (`build`, `deploy`, `listing` for list, `describe`, `invoke`, `logs`,
-`remove`, `secret`, `new`, `template`, `export`, `version`, `up`, `down`), each with its `add_parser` and
+`remove`, `secret`, `new`, `template`, `export`, `version`, `base-image`, `up`, `down`), each with its `add_parser` and
 its `cmd_*`; what they share (gateway, credentials, the HTTP client, stack loading) is in
 `common`. This module only assembles the parser and runs a command. Commands whose parsing lives
 elsewhere (`up`, `down`, `sim`, `serve`) get the rest of argv as it is.
@@ -27,7 +27,7 @@ from faas_gpu import __version__, paths
 from faas_gpu.imagestore import BuildError
 from faas_gpu.stack import StackError
 
-from . import build, deploy, describe, export, invoke, listing, logs, new, remove, secret, template, version
+from . import base_image, build, deploy, describe, export, invoke, listing, logs, new, remove, secret, template, version
 from .common import Client, CliError, credentials, gateway_url
 from .deploy import deploy_specs
 from .logs import parse_go_duration
@@ -56,7 +56,9 @@ DELEGATED = {
 }
 """Commands that parse their own arguments: module, function, help."""
 
-COMMANDS = (build, deploy, listing, describe, invoke, logs, remove, secret, new, template, export, version)
+COMMANDS = (
+    build, deploy, listing, describe, invoke, logs, remove, secret, new, template, export, version, base_image,
+)
 """The command modules, in the order `faas-gpu --help` lists them."""
 
 
