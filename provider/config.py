@@ -71,6 +71,10 @@ class ProviderConfig:
     """PROTEAN's delayed termination: how long containers must stay surplus before they stop."""
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
+    runtime: str | None = None
+    """What runs replicas: "local" (processes) or "docker" (containers); None: $FAAS_GPU_RUNTIME, else local."""
+    docker_host: str | None = None
+    """The docker runtime's engine; None: $FAAS_GPU_DOCKER_HOST, else DOCKER_HOST or the default socket."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ProviderConfig:
@@ -92,6 +96,12 @@ class ProviderConfig:
             cfg.metrics = env_vars.METRICS.read(env)
         if cfg.metrics_port is None:
             cfg.metrics_port = env_vars.METRICS_PORT.read(env)
+        if cfg.runtime is None:
+            cfg.runtime = env_vars.RUNTIME.read(env)
+        else:
+            cfg.runtime = env_vars.runtime_name(cfg.runtime)
+        if cfg.docker_host is None:
+            cfg.docker_host = env_vars.DOCKER_HOST.read(env)
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
         return cfg

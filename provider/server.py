@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--redis", help="Redis URL for the async queue (default: embedded queue)")
     p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
+    p.add_argument(
+        "--runtime",
+        choices=("local", "docker"),
+        help="what runs replicas: local processes or docker containers (default $FAAS_GPU_RUNTIME, else local)",
+    )
+    p.add_argument("--docker-host", help="the docker runtime's engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
     p.add_argument(
         "--threads",
@@ -122,6 +128,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "etcd_url": a.etcd,
         "redis_url": a.redis,
         "scheduler_url": a.scheduler,
+        "runtime": a.runtime,
+        "docker_host": a.docker_host,
         "threads": a.threads,
         "max_inflight_per_function": a.max_inflight_per_function,
         "gpus": a.gpus,

@@ -11,7 +11,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from faas_gpu.build import build as build_image
-from faas_gpu.build import shrinkwrap
+from faas_gpu.build import docker_build, shrinkwrap
+from faas_gpu.contract import env as env_vars
 from faas_gpu.imagestore import ImageStore
 
 from .common import CliError, add_common_flags, located_for, stack_of
@@ -21,7 +22,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     stack = stack_of(args)
     specs = stack.select(args.filter)
     store = None
-    if not args.shrinkwrap and any(not spec.skip_build for spec in specs):
+    use_docker = args.docker or env_vars.RUNTIME.read() == "docker"
+    if args.push and not use_docker:
+        raise CliError("--push: needs a docker build (--docker, or FAAS_GPU_RUNTIME=docker)")
+    build_args = build_args_of(args.build_arg or [])
+    if not args.shrinkwrap and not use_docker and any(not spec.skip_build for spec in specs):
         located = located_for(stack)
         if located.images is None:  # an image no stack reads would only be lost
             raise CliError(located.not_found("build"))
@@ -34,6 +39,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         if args.shrinkwrap:
             out = shrinkwrap(spec, stack.stack_dir)
             print(f"{spec.name} shrink-wrapped to {_rel(out)}")
+        elif use_docker:
+            print(f"Building: {spec.image} with {spec.lang} template (docker build). Please wait..", flush=True)
+            image_id = docker_build(
+                spec, stack_dir=stack.stack_dir, build_args=build_args, docker_host=args.docker_host, push=args.push
+            )
+            print(f"Image: {spec.image} built ({image_id[:19]}).")
         else:
             print(f"Building: {spec.image} with {spec.lang} template. Please wait..", flush=True)
             with BuildProgress(spec.name) as progress:
@@ -68,6 +79,16 @@ class BuildProgress:
         self._bar.close()
 
 
+def build_args_of(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--build-arg: expected KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
 def _rel(path: Path) -> str:
     try:
         return "./" + str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -80,4 +101,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
     p.add_argument("--filter", help="only this function")
     p.add_argument("--shrinkwrap", action="store_true", help="only write build/<fn>/, as faas-cli does")
+    p.add_argument(
+        "--docker",
+        action="store_true",
+        help="docker build the template's Dockerfile and tag the function's image, as faas-cli build does "
+        "(the default when FAAS_GPU_RUNTIME=docker)",
+    )
+    p.add_argument("--build-arg", action="append", help="KEY=VALUE for the docker build (e.g. BASE_IMAGE=...)")
+    p.add_argument("--push", action="store_true", help="docker push each image to its registry after the build")
+    p.add_argument("--docker-host", help="the engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
     p.set_defaults(func=cmd_build)

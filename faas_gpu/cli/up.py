@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from faas_gpu import paths, running
 from faas_gpu.build import build as build_image
+from faas_gpu.build import docker_build
 from faas_gpu.contract import env as env_vars
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
-from .build import BuildProgress
+from .build import BuildProgress, build_args_of
 from .common import Client, CliError, credentials, json_of
 from .deploy import deploy_specs
 from .down import main as down_main
@@ -44,6 +46,10 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args.append("--no-metrics")
     if args.redis:
         stack_args += ["--redis", args.redis]
+    if args.runtime:
+        stack_args += ["--runtime", args.runtime]
+    if args.docker_host:
+        stack_args += ["--docker-host", args.docker_host]
     if not args.no_gpu:
         out.append(
             Daemon(
@@ -111,6 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gpu", action="store_true", help="no GPU Manager or scheduler: models run in the instances")
     p.add_argument("--etcd", help="etcd URL (default: embedded datastore)")
     p.add_argument("--redis", help="Redis URL for async invocations (default: embedded queue)")
+    p.add_argument(
+        "--runtime",
+        choices=env_vars.RUNTIMES,
+        help="what runs the functions: local processes, or docker containers of their images (built with "
+        "docker build of the template, as faas-cli build does); default $FAAS_GPU_RUNTIME, else local",
+    )
+    p.add_argument("--docker-host", help="the docker runtime's engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
+    p.add_argument(
+        "--build-arg", action="append", help="KEY=VALUE for the docker builds (e.g. BASE_IMAGE=faas-gpu/base:latest)"
+    )
     p.add_argument("--no-deploy", action="store_true", help="only start the stack")
     p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
     return p
@@ -128,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     record = running.record_stack(home, gateway_url, f"http://{host}:{args.provider_port}")
     deployed: list[str] = []
     if not args.no_deploy:
-        deployed = up_deploy(args.yaml, gateway_url)
+        runtime = args.runtime or env_vars.RUNTIME.read()
+        docker = None
+        if runtime == "docker":
+            docker = DockerBuild(args.docker_host, build_args_of(args.build_arg or []))
+        deployed = up_deploy(args.yaml, gateway_url, docker=docker)
     secrets = paths.secrets_dir()
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
     print(f"  gateway:      {gateway_url}")
@@ -176,8 +196,19 @@ def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: floa
     return False
 
 
-def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180) -> list[str]:
-    """Build and deploy every function of the stack file, then wait until each serves (for `up`)."""
+@dataclass(frozen=True)
+class DockerBuild:
+    """How `up` builds images for the docker runtime: on which engine, with which build args."""
+
+    docker_host: str | None = None
+    build_args: dict[str, str] = field(default_factory=dict)
+
+
+def up_deploy(
+    yaml_path: str | None, gateway: str, ready_timeout_s: float = 180, docker: DockerBuild | None = None
+) -> list[str]:
+    """Build and deploy every function of the stack file, then wait until each serves (for `up`);
+    `docker`: build each image with the engine (the docker runtime runs images), not into the store."""
     path = find_stack_file(yaml_path)
     if path is None:
         return []
@@ -186,6 +217,11 @@ def up_deploy(yaml_path: str | None, gateway: str, ready_timeout_s: float = 180)
     for spec in stack.functions.values():
         if not spec.skip_build:
             print(f"Building {spec.name} ({spec.image})", flush=True)
+            if docker is not None:
+                docker_build(
+                    spec, stack_dir=stack.stack_dir, build_args=docker.build_args, docker_host=docker.docker_host
+                )
+                continue
             with BuildProgress(spec.name) as progress:
                 build_image(spec, stack_dir=stack.stack_dir, on_step=progress)
     _profile_missing(path, stack)

@@ -95,6 +95,31 @@ METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
 )
 
+RUNTIMES = ("local", "docker")
+
+
+def runtime_name(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in RUNTIMES:
+        raise ValueError(f"expected one of {', '.join(RUNTIMES)}, got {raw!r}")
+    return value
+
+
+RUNTIME: Var[str] = Var(
+    "FAAS_GPU_RUNTIME",
+    "local",
+    runtime_name,
+    "what runs the provider's replicas: local (watchdog processes beside the stack) or docker "
+    "(containers of the functions' images on a Docker Engine, host network)",
+)
+DOCKER_HOST: Var[str | None] = Var(
+    "FAAS_GPU_DOCKER_HOST",
+    None,
+    _text,
+    "the Docker Engine of the docker runtime and of `faas-gpu build --docker` (unix:///..., tcp://...); "
+    "default: DOCKER_HOST, else the engine's default socket",
+)
+
 METRICS: Var[bool] = Var(
     "FAAS_GPU_METRICS",
     True,

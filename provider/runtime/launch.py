@@ -52,12 +52,7 @@ def plan_launch(
 ) -> LaunchSpec:
     """The launch of `record`'s replicas; LaunchError names what keeps it from running here."""
     dep = record.deployment
-    if dep.envProcess and len(dep.envProcess.encode()) >= MAX_ARG_STRLEN - len("fprocess="):
-        # checked before shlex, which is quadratic in the length (minutes for 3 MB)
-        raise LaunchError(
-            f"envProcess: {len(dep.envProcess.encode())} bytes is over Linux's limit of "
-            f"{MAX_ARG_STRLEN} bytes for one argument or environment string"
-        )
+    check_env_process(record)
     env_vars = dict(dep.envVars or {})
     base_env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     # the stack's tracing reaches its instances (`faas_gpu.tracing`), under their own service name;
@@ -102,6 +97,42 @@ def plan_launch(
             f"image: {dep.image!r} is not in the image store {images.root}; {BUILD_HINT} "
             "(or give an envProcess that runs on this host)"
         )
+    stop_timeout = check_record(record, secrets)
+    env = {
+        **base_env,
+        "PYTHONUNBUFFERED": "1",
+        "fprocess": fprocess,
+        "mode": mode,
+        "metrics_port": "0",
+        "bind_address": "127.0.0.1",
+        "healthcheck_interval": "100ms",
+        **gpu_env,
+        **gpu_settings(dep.annotations or {}),
+        **env_vars,
+    }
+    identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
+    digest = hashlib.sha256(identity).hexdigest()[:16]
+    return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+
+
+def check_env_process(record: FunctionRecord) -> None:
+    """An envProcess longer than one environment string may be (checked before shlex, which is
+    quadratic in the length: minutes for 3 MB)."""
+    dep = record.deployment
+    if dep.envProcess and len(dep.envProcess.encode()) >= MAX_ARG_STRLEN - len("fprocess="):
+        raise LaunchError(
+            f"envProcess: {len(dep.envProcess.encode())} bytes is over Linux's limit of "
+            f"{MAX_ARG_STRLEN} bytes for one argument or environment string"
+        )
+
+
+def check_record(record: FunctionRecord, secrets: SecretStore) -> float:
+    """What keeps a record from running whatever runs it (process or container): its watchdog
+    timeouts, its request class, its secrets. Returns the replica's stop timeout (write_timeout
+    and 5 s to exit)."""
+    check_env_process(record)
+    dep = record.deployment
+    env_vars = dep.envVars or {}
     for timeout_key in ("read_timeout", "write_timeout", "exec_timeout"):
         if timeout_key in env_vars:
             try:
@@ -114,22 +145,12 @@ def plan_launch(
     for secret in dep.secrets or ():
         if not secrets.exists(record.namespace, secret):
             raise LaunchError(f"secrets: secret {secret!r} not found in namespace {record.namespace}")
-    stop_timeout = parse_duration(env_vars.get("write_timeout", "30s")) + 5.0
-    env = {
-        **base_env,
-        "PYTHONUNBUFFERED": "1",
-        "fprocess": fprocess,
-        "mode": mode,
-        "metrics_port": "0",
-        "bind_address": "127.0.0.1",
-        "healthcheck_interval": "100ms",
-        **gpu_env,
-        **_gpu_settings(dep.annotations or {}),
-        **env_vars,
-    }
-    identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
-    digest = hashlib.sha256(identity).hexdigest()[:16]
-    return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+    return parse_duration(env_vars.get("write_timeout", "30s")) + 5.0
+
+
+def gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
+    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
+    return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
 
 
 def _missing_script(words: list[str], cwd: Path) -> str | None:
@@ -147,8 +168,3 @@ def _missing_script(words: list[str], cwd: Path) -> str | None:
             return None
         return None if (cwd / path).exists() else arg
     return None
-
-
-def _gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
-    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
-    return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
