@@ -27,6 +27,7 @@ from .gateway import AsyncWorker, InvocationApp
 from .invoke import Invoker
 from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
+from .runtime.base import Runtime
 from .runtime.local import LocalRuntime
 from .scaling import HarmonyPools, InflessScaling, InvocationRateRule, ProteanFunctions, ScalingRouter
 from .store import FunctionStore, SecretStore
@@ -52,7 +53,15 @@ def build_provider(config: ProviderConfig) -> Provider:
         gpu_env = {contract_env.SCHEDULER_URL.name: config.scheduler_url}
         fn_credentials = FunctionCredentials(datastore, config.secrets_dir / "function-tokens")
     schedulers = Directory(datastore).start() if config.scheduler_url else None  # + those announced
-    runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)
+    runtime: Runtime
+    if config.runtime == "swarm":
+        import docker
+
+        from .runtime.swarm import SwarmRuntime
+
+        runtime = SwarmRuntime(docker.from_env(), secrets, logs, gpu_env, schedulers, fn_credentials)
+    else:
+        runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)
     invoker = Invoker(
         store,
         runtime,

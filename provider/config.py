@@ -69,6 +69,9 @@ class ProviderConfig:
     harmony_plan_period_s: float = 10.0
     protean_surplus_window_s: float = 600.0
     """PROTEAN's delayed termination: how long containers must stay surplus before they stop."""
+    runtime: str = "local"
+    """Where replicas run: `local` processes beside the stack, or `swarm` services (the docker SDK
+    on $DOCKER_HOST, a Swarm manager; `provider.runtime.swarm`)."""
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
 
@@ -86,6 +89,8 @@ class ProviderConfig:
             cfg.harmony_coefficients = Path(env["FAAS_GPU_HARMONY_COEFFICIENTS"])
         if "FAAS_GPU_INFLESS_PROFILES" in env and cfg.infless_profiles is None:
             cfg.infless_profiles = Path(env["FAAS_GPU_INFLESS_PROFILES"])
+        if "FAAS_GPU_RUNTIME" in env and "runtime" not in overrides:
+            cfg.runtime = env["FAAS_GPU_RUNTIME"]
         if "FAAS_GPU_MAX_BODY_BYTES" in env:
             cfg.max_body_bytes = int(env["FAAS_GPU_MAX_BODY_BYTES"])
         if "metrics" not in overrides:

@@ -102,6 +102,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         default="10m",
         help="com.faas-gpu.scaling: protean stops containers only after they stayed surplus this long (default 10m)",
     )
+    p.add_argument(
+        "--runtime",
+        choices=["local", "swarm"],
+        default="local",
+        help="where replicas run: local processes, or Docker Swarm services through $DOCKER_HOST (a manager)",
+    )
     a = p.parse_args(argv)
     if a.threads < 1:
         p.error(f"--threads: must be at least 1, got {a.threads}")
@@ -128,6 +134,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "autoscale_period_s": a.autoscale_period,
         "harmony_plan_period_s": a.harmony_plan_period,
         "protean_surplus_window_s": surplus_s,
+        "runtime": a.runtime,
     }
     if a.no_metrics:
         overrides["metrics"] = False
