@@ -82,18 +82,23 @@ class Host:
             d / "dockerd.log",
         )
         for _ in range(300):
-            if subprocess.run(
-                ["docker", "-H", self.sock, "version"],
-                capture_output=True,
-                env={**os.environ, "DOCKER_API_VERSION": "1.41"},
-            ).returncode == 0:
+            if (
+                subprocess.run(
+                    ["docker", "-H", self.sock, "version"],
+                    capture_output=True,
+                    env={**os.environ, "DOCKER_API_VERSION": "1.41"},
+                ).returncode
+                == 0
+            ):
                 return
             time.sleep(0.1)
         raise RuntimeError((d / "dockerd.log").read_text()[-2000:])
 
     def docker(self, *args: str, timeout: float = 600) -> str:
         env = {**os.environ, "DOCKER_API_VERSION": "1.41"}
-        done = subprocess.run(["docker", "-H", self.sock, *args], capture_output=True, text=True, env=env, timeout=timeout)
+        done = subprocess.run(
+            ["docker", "-H", self.sock, *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
         if done.returncode != 0:
             raise RuntimeError(f"docker {' '.join(args)} on {self.name}: {done.stderr.strip()[-800:]}")
         return done.stdout
@@ -218,7 +223,9 @@ class Cluster:
         self.manager.popen(["docker-registry", "serve", str(conf)], self.root / "registry.log")
         for _ in range(100):
             try:
-                self.manager.sh("python3", "-c", f"import urllib.request; urllib.request.urlopen('http://{REGISTRY}/v2/')")
+                self.manager.sh(
+                    "python3", "-c", f"import urllib.request; urllib.request.urlopen('http://{REGISTRY}/v2/')"
+                )
                 return
             except RuntimeError:
                 time.sleep(0.1)
@@ -234,3 +241,221 @@ class Cluster:
             os.killpg(self.switch.pid, signal.SIGKILL)
             self.switch.wait(10)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- the faas-gpu stack across the cluster's hosts -------------------------------------------------
+PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+REPO = str(Path(__file__).resolve().parents[2])
+GATEWAY = f"http://{SUBNET}.1:8080"
+SCHEDULER = f"http://{SUBNET}.1:8091"
+ETCD = f"http://{SUBNET}.1:2379"
+
+
+def _wait_http(host: Host, url: str, log: Path, timeout_s: float = 60) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if host.call(lambda: requests.get(url, timeout=1)).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer:\n{log.read_text()[-3000:] if log.exists() else ''}")
+
+
+class ClusterStack:
+    """etcd, the scheduler and the gateway (`--runtime swarm`) on the manager at 10.77.0.1; a GPU
+    Manager on each worker as a process in that worker's namespace (not a Swarm global service:
+    the stack's image is not needed for it that way; same daemons, same flags), all on one
+    cluster token."""
+
+    def __init__(self, cluster: Cluster, backend: str = "cpu", units: int = 2, manager_args: tuple[str, ...] = ()):
+        self.cluster = cluster
+        self.root = cluster.root / "stack"
+        self.home = self.root / "provider"
+        (self.home / "secrets").mkdir(parents=True)
+        token = secrets_token()
+        self.homes: dict[str, Path] = {}
+        for name in ("provider", "scheduler", *[w.name for w in cluster.workers]):
+            home = self.root / name
+            (home / "secrets").mkdir(parents=True, exist_ok=True)
+            (home / "secrets" / "gpu-manager-token").write_text(token)
+            os.chmod(home / "secrets" / "gpu-manager-token", 0o600)
+            self.homes[name] = home
+        self.token = token
+        m = cluster.manager
+        env = {**os.environ, "PYTHONPATH": REPO}
+        m.popen(
+            [
+                "etcd",
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--listen-client-urls",
+                ETCD,
+                "--advertise-client-urls",
+                ETCD,
+                "--listen-peer-urls",
+                f"http://{SUBNET}.1:2380",
+            ],
+            self.root / "etcd.log",
+        )
+        _wait_http(m, f"{ETCD}/health", self.root / "etcd.log")
+        self.scheduler_log = self.root / "scheduler.log"
+        m.popen(
+            [
+                PYTHON,
+                "-m",
+                "scheduler",
+                "--home",
+                str(self.homes["scheduler"]),
+                "--bind",
+                f"{SUBNET}.1",
+                "--port",
+                "8091",
+                "--etcd",
+                ETCD,
+                "--leader-ttl",
+                "2",
+            ],
+            self.scheduler_log,
+            env=env,
+            cwd=REPO,
+        )
+        self.managers: dict[str, subprocess.Popen] = {}
+        for w in cluster.workers:
+            self.start_manager(w, backend, units, manager_args)
+        _wait_http(m, f"{SCHEDULER}/healthz", self.scheduler_log)
+        self.provider_log = self.root / "provider.log"
+        m.popen(
+            [
+                PYTHON,
+                "-m",
+                "provider.server",
+                "--home",
+                str(self.home),
+                "--bind",
+                "0.0.0.0",
+                "--gateway-port",
+                "8080",
+                "--provider-port",
+                "8081",
+                "--metrics-port",
+                "0",
+                "--runtime",
+                "swarm",
+                "--scheduler",
+                SCHEDULER,
+                "--etcd",
+                ETCD,
+                "--max-inflight-per-function",
+                "64",
+            ],
+            self.provider_log,
+            env={**env, "DOCKER_HOST": m.sock, "FAAS_GPU_HOME": str(self.home)},
+            cwd=REPO,
+        )
+        _wait_http(m, f"{GATEWAY}/healthz", self.provider_log)
+
+    def start_manager(self, w: Host, backend: str, units: int, args: tuple[str, ...] = ()) -> None:
+        log = self.root / f"gpu-manager-{w.name}.log"
+        self.managers[w.name] = w.popen(
+            [
+                PYTHON,
+                "-m",
+                "gpu_manager",
+                "--home",
+                str(self.homes[w.name]),
+                "--bind",
+                w.addr,
+                "--port",
+                "8090",
+                "--node",
+                w.name,
+                "--etcd",
+                ETCD,
+                "--backend",
+                backend,
+                "--units",
+                str(units),
+                "--unit-memory-mb",
+                "256",
+                *args,
+            ],
+            log,
+            env={**os.environ, "PYTHONPATH": REPO},
+            cwd=REPO,
+        )
+        _wait_http(w, f"http://{w.addr}:8090/healthz", log)
+
+    def kill_manager(self, w: Host) -> None:
+        p = self.managers.pop(w.name)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        s = self.home / "secrets"
+        return (s / "basic-auth-user").read_text().strip(), (s / "basic-auth-password").read_text().strip()
+
+    def cli(self, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`faas-gpu <args>` run on the manager (as a user there does), against its gateway."""
+        m = self.cluster.manager
+        return subprocess.run(
+            ["nsenter", f"--net={m.netns}", PYTHON, "-m", "faas_gpu.cli", *args],
+            cwd=cwd,
+            env={**os.environ, "FAAS_GPU_HOME": str(self.home), "PYTHONPATH": REPO},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def scheduler_units(self) -> list[str]:
+        import requests
+
+        auth = {"Authorization": f"Bearer {self.token}"}
+        st = self.cluster.manager.call(lambda: requests.get(f"{SCHEDULER}/v1/status", headers=auth, timeout=5))
+        return st.json()["units"]
+
+    def manager_jobs(self, w: Host) -> dict[str, int]:
+        import requests
+
+        auth = {"Authorization": f"Bearer {self.token}"}
+        return w.call(lambda: requests.get(f"http://{w.addr}:8090/v1/functions", headers=auth, timeout=5)).json()
+
+
+def secrets_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def watchdog_image(host: Host, tag: str, fprocess: str = "cat", mode: str = "streaming") -> None:
+    """A function image with only Python and the template's watchdog (no faas-gpu, no torch):
+    Debian's root file system and the classic watchdog, for what needs a real container replica
+    but no model."""
+    ctx = Path(tempfile.mkdtemp(prefix="fgc-img-"))
+    try:
+        tpl = Path(REPO) / "templates" / "python3-gpu"
+        shutil.copy(tpl / "fwatchdog.py", ctx)
+        shutil.copytree(
+            tpl / "faas_gpu_watchdog", ctx / "faas_gpu_watchdog", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        (ctx / "Dockerfile").write_text(
+            "FROM faas-gpu-test/bookworm:latest\nWORKDIR /home/app\nCOPY fwatchdog.py ./\n"
+            "COPY faas_gpu_watchdog/ faas_gpu_watchdog/\n"
+            f'ENV fprocess="{fprocess}" mode="{mode}" PYTHONUNBUFFERED=1\nCMD ["python3", "fwatchdog.py"]\n'
+        )
+        if "faas-gpu-test/bookworm" not in host.docker("images", "--format", "{{.Repository}}"):
+            host.docker("import", "/tmp/base-bookworm.tar", "faas-gpu-test/bookworm:latest")
+        env = {**os.environ, "DOCKER_API_VERSION": "1.41", "DOCKER_BUILDKIT": "0"}
+        subprocess.run(
+            ["docker", "-H", host.sock, "build", "-q", "-t", tag, str(ctx)],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
