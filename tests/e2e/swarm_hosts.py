@@ -271,7 +271,14 @@ class ClusterStack:
     the stack's image is not needed for it that way; same daemons, same flags), all on one
     cluster token."""
 
-    def __init__(self, cluster: Cluster, backend: str = "cpu", units: int = 2, manager_args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cluster: Cluster,
+        backend: str = "cpu",
+        units: int = 2,
+        manager_args: tuple[str, ...] = (),
+        workers: list[Host] | None = None,
+    ):
         self.cluster = cluster
         self.root = cluster.root / "stack"
         self.home = self.root / "provider"
@@ -324,7 +331,7 @@ class ClusterStack:
             cwd=REPO,
         )
         self.managers: dict[str, subprocess.Popen] = {}
-        for w in cluster.workers:
+        for w in cluster.workers if workers is None else workers:
             self.start_manager(w, backend, units, manager_args)
         _wait_http(m, f"{SCHEDULER}/healthz", self.scheduler_log)
         self.provider_log = self.root / "provider.log"
