@@ -159,6 +159,11 @@ class Host:
         if self.holder.poll() is None:
             os.killpg(self.holder.pid, signal.SIGKILL)
             self.holder.wait(10)
+        # a dockerd that stopped (or was killed) leaves its network namespaces' bind mounts
+        with open("/proc/mounts") as fh:
+            mounts = [line.split()[1] for line in fh if line.split()[1].startswith(f"{self.dir}/")]
+        for path in sorted(mounts, reverse=True):
+            subprocess.run(["umount", "-l", path], capture_output=True)
 
 
 class Cluster:
