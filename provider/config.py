@@ -72,7 +72,8 @@ class ProviderConfig:
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
     runtime: str | None = None
-    """What runs replicas: "local" (processes) or "docker" (containers); None: $FAAS_GPU_RUNTIME, else local."""
+    """What runs replicas: "local" (processes), "docker" (containers on one engine) or "swarm" (Swarm
+    services through a manager's engine); None: $FAAS_GPU_RUNTIME, else local."""
     docker_host: str | None = None
     """The docker runtime's engine; None: $FAAS_GPU_DOCKER_HOST, else DOCKER_HOST or the default socket."""
 

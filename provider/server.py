@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from faas_gpu import paths, tracing
+from faas_gpu.contract.env import RUNTIMES
 from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig, parse_duration
@@ -76,8 +77,9 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument(
         "--runtime",
-        choices=("local", "docker"),
-        help="what runs replicas: local processes or docker containers (default $FAAS_GPU_RUNTIME, else local)",
+        choices=RUNTIMES,
+        help="what runs replicas: local processes, docker containers, or swarm services through a manager's "
+        "engine (default $FAAS_GPU_RUNTIME, else local)",
     )
     p.add_argument("--docker-host", help="the docker runtime's engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
