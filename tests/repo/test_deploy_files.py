@@ -144,20 +144,6 @@ def _flag(args: list[str], flag: str) -> str | None:
     return None
 
 
-def _without(args: list[str], flags: set[str]) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in flags:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
 # -- schemas ---------------------------------------------------------------------------------------
 
 
