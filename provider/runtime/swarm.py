@@ -32,36 +32,33 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.contract import env as contract_env
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.schedulers import Directory
 from faas_gpu.schedulers import merge as merge_schedulers
 
-from ..config import parse_duration
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from ..validation import ValidationError, parse_quantity
+from . import containers
 from .base import InstanceSpec, LaunchError, Runtime
+from .containers import LABEL_DIGEST, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_OWNER, LABEL_PORT, SECRETS_PATH
+from .launch import check_record
 
 log = logging.getLogger(__name__)
 
-LABEL_STACK = "com.faas-gpu.stack"
-LABEL_FUNCTION = "com.openfaas.function"  # what faasd / faas-swarm label a function's service with
-LABEL_NAMESPACE = "com.faas-gpu.namespace"
-LABEL_INSTANCE = "com.faas-gpu.instance"
-LABEL_PORT = "com.faas-gpu.port"
-LABEL_DIGEST = "com.faas-gpu.digest"
-SECRETS_DIR = "/var/openfaas/secrets"
+LABEL_INSTANCE = "com.faas-gpu.instance"  # the service's instance id (r0.., or an INFless plan's)
 PORT_RANGE = (20000, 29998)  # even ports: P is the watchdog's, P+1 the http-mode function's
 SUPERVISE_EVERY_S = 0.5
 FAILED_STATES = ("failed", "rejected")
 ADOPT_GRACE_S = 30.0  # after a start, services of functions not yet restored are kept
 CRASH_LOOP_FAILURES = 3  # failed tasks in the service's history (Swarm keeps 5) with none running
+HEALTH_INTERVAL_S = 0.25
+"""The task's health check interval (the image's own check, e.g. the template's lock file): Swarm
+reports a task with a health check running only once it is healthy, and the template's 3 s would
+add up to 3 s to every cold start."""
 
 
 @dataclass
@@ -72,44 +69,22 @@ class _Function:
     ready: dict[str, str] = field(default_factory=dict)  # instance id -> URL of a ready replica
 
 
-def _quantity(where: str, raw: str) -> Decimal:
-    try:
-        return parse_quantity(where, raw)
-    except ValidationError as exc:
-        raise LaunchError(str(exc)) from None
-
-
-def resources(record: FunctionRecord) -> dict[str, int]:
-    """OpenFaaS `limits`/`requests` as Swarm's: memory in bytes, CPU in nano-CPUs."""
+def swarm_resources(record: FunctionRecord) -> dict[str, int]:
+    """OpenFaaS `limits`/`requests` (parsed once, by containers.py) as a Swarm task's resources:
+    memory in bytes, CPU in nano-CPUs (Swarm has no CPU shares: `requests.cpu` is a reservation,
+    which also keeps the scheduler from placing more than a node has)."""
+    dep = record.deployment
+    r = containers.resources(dep.limits, dep.requests)
     out: dict[str, int] = {}
-    dep = record.deployment
-    for kind, values in (("limit", dep.limits or {}), ("reservation", dep.requests or {})):
-        if "memory" in values:
-            out[f"mem_{kind}"] = int(_quantity(f"{kind}s.memory", values["memory"]))
-        if "cpu" in values:
-            out[f"cpu_{kind}"] = int(_quantity(f"{kind}s.cpu", values["cpu"]) * 10**9)
+    if r.mem_limit is not None:
+        out["mem_limit"] = r.mem_limit
+    if r.mem_reservation is not None:
+        out["mem_reservation"] = r.mem_reservation
+    if r.nano_cpus is not None:
+        out["cpu_limit"] = r.nano_cpus
+    if (dep.requests or {}).get("cpu"):
+        out["cpu_reservation"] = int(containers.cpus("requests.cpu", dep.requests["cpu"]) * containers.NANO)
     return out
-
-
-def service_env(record: FunctionRecord, gpu_env: dict[str, str]) -> dict[str, str]:
-    """The env every instance of `record` gets (before its port and its own plan's env): the
-    watchdog's settings, the GPU client's (scheduler URL, the function's annotations as its
-    batch settings), then the function's own envVars, which win."""
-    dep = record.deployment
-    env: dict[str, str] = {
-        "PYTHONUNBUFFERED": "1",
-        "metrics_port": "0",  # the template's 8081 would collide on a shared host network
-        "healthcheck_interval": "100ms",
-        "secret_mount_path": SECRETS_DIR,
-        **gpu_env,
-        **{v: (dep.annotations or {})[k] for k, v in annotation_keys.TO_ENV.items() if k in (dep.annotations or {})},
-        **(dep.envVars or {}),
-    }
-    if dep.envProcess:
-        env["fprocess"] = dep.envProcess
-    env[contract_env.FUNCTION.name] = record.name
-    env[contract_env.NAMESPACE.name] = record.namespace
-    return env
 
 
 def _digest(*parts: Any) -> str:
@@ -172,6 +147,7 @@ class SwarmRuntime(Runtime):
         self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
         self._secret_ids: dict[str, str] = {}
+        self._following: set[str] = set()  # services whose logs a thread copies into the log store
         self._started_at = time.monotonic()
         self._supervisor = threading.Thread(target=self._supervise, name="swarm-supervisor", daemon=True)
         self._supervisor.start()
@@ -181,10 +157,9 @@ class SwarmRuntime(Runtime):
         dep = record.deployment
         if not dep.image:
             raise LaunchError("image: is required for the swarm runtime")
-        resources(record)
-        for secret in dep.secrets or ():
-            if not self.secrets.exists(record.namespace, secret):
-                raise LaunchError(f"secrets: secret {secret!r} not found in namespace {record.namespace}")
+        check_record(record, self.secrets)
+        swarm_resources(record)
+        containers.labels(record, self.stack)  # a label clashing with an annotation's is refused
         for c in dep.constraints or ():
             if not re.match(r"^\s*[\w.\-]+\s*(==|!=)\s*\S.*$", c):
                 raise LaunchError(f"constraints: {c!r} is not a Swarm constraint such as node.labels.gpu==true")
@@ -249,6 +224,67 @@ class SwarmRuntime(Runtime):
                     out[svc["Spec"]["Labels"][LABEL_INSTANCE]] = nodes.get(t.get("NodeID"), "?")
         return out
 
+    def usage(self, namespace: str, name: str) -> dict | None:
+        """Memory of the function's running tasks as their engine counts it (cgroup usage less
+        page cache). The Engine API gives a container's stats only on its own node, and this
+        provider holds the manager's engine: tasks on other nodes are not counted (None when no
+        task runs here). A per-node agent (cAdvisor, as faas-swarm's users run) is what sees them."""
+        if (namespace, name) not in self._fns:
+            return None
+        try:
+            here = self.api.info()["Swarm"]["NodeID"]
+        except Exception:  # noqa: BLE001 — no engine, no figure
+            return None
+        total, counted = 0, 0
+        for svc in self._services(namespace, name):
+            for t in self.api.tasks(filters={"service": svc["ID"], "desired-state": "running", "node": here}):
+                cid = ((t.get("Status") or {}).get("ContainerStatus") or {}).get("ContainerID")
+                if not cid or t["Status"]["State"] != "running":
+                    continue
+                try:
+                    stats = self.api.stats(cid, stream=False, one_shot=True)
+                except Exception:  # noqa: BLE001 — the task went meanwhile
+                    continue
+                mem = stats.get("memory_stats") or {}
+                cache = (mem.get("stats") or {}).get("inactive_file", 0)
+                total += max(0, int(mem.get("usage", 0)) - int(cache))
+                counted += 1
+        return {"cpu": 0.0, "totalMemoryBytes": float(total)} if counted else None
+
+    # -- logs: the engine's service logs into the provider's log store ---------------------
+    def _follow_logs(self, record: FunctionRecord, instance: str, service: str, since: float | None) -> None:
+        """Copy `service`'s logs (every task's, wherever it runs: Swarm streams them from the
+        workers to the manager) into the function's log, once per service."""
+        with self._lock:
+            if service in self._following or self._closed.is_set():
+                return
+            self._following.add(service)
+        threading.Thread(
+            target=self._copy_logs,
+            args=(record.namespace, record.name, instance, service, since),
+            name=f"logs-{service}",
+            daemon=True,
+        ).start()
+
+    def _copy_logs(self, namespace: str, name: str, instance: str, service: str, since: float | None) -> None:
+        partial = b""
+        try:
+            kwargs: dict[str, Any] = {"follow": True, "stdout": True, "stderr": True}
+            if since is not None:
+                kwargs["since"] = int(since)
+            for chunk in self.api.service_logs(service, **kwargs):
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                for line in lines:
+                    self.logs.append(namespace, name, instance, line.decode("utf-8", "replace"))
+            if partial:
+                self.logs.append(namespace, name, instance, partial.decode("utf-8", "replace"))
+        except Exception as exc:  # noqa: BLE001 — a removed service or a lost engine ends the stream
+            log.debug("%s: log stream ended: %s", service, exc)
+        finally:
+            with self._lock:
+                self._following.discard(service)
+
     def close(self) -> None:
         """Stop supervising; the services keep running (Swarm runs them without this provider,
         and a restarted provider adopts them by their labels)."""
@@ -261,7 +297,7 @@ class SwarmRuntime(Runtime):
 
     # -- Swarm objects -------------------------------------------------------------------
     def _services(self, namespace: str | None = None, name: str | None = None) -> list[dict]:
-        labels = [f"{LABEL_STACK}={self.stack}"]
+        labels = [f"{LABEL_OWNER}={self.stack}"]
         if namespace is not None:
             labels.append(f"{LABEL_NAMESPACE}={namespace}")
         if name is not None:
@@ -288,10 +324,10 @@ class SwarmRuntime(Runtime):
             found = self.api.secrets(filters={"name": sname})
             found = [s for s in found if s["Spec"]["Name"] == sname]
             sid = (
-                found[0]["ID"] if found else self.api.create_secret(sname, data, labels={LABEL_STACK: self.stack})["ID"]
+                found[0]["ID"] if found else self.api.create_secret(sname, data, labels={LABEL_OWNER: self.stack})["ID"]
             )
             self._secret_ids[sname] = sid
-        return SecretReference(sid, sname, filename=f"{SECRETS_DIR}/{name}", uid="0", gid="0", mode=0o444)
+        return SecretReference(sid, sname, filename=f"{SECRETS_PATH}/{name}", uid="0", gid="0", mode=0o444)
 
     def _instance_specs(self, fn: _Function) -> list[tuple[str, dict[str, str]]]:
         if fn.plan is not None:
@@ -307,10 +343,30 @@ class SwarmRuntime(Runtime):
                 secrets[s] = None
         return _digest(record.deployment.to_json(), inst_env, self.gpu_env, secrets)
 
+    def _plan(self, record: FunctionRecord) -> containers.ContainerPlan:
+        """The shared container spec (containers.py: labels, env, token, limits), with every
+        scheduler the directory knows in the replicas' scheduler URL."""
+        gpu_env = dict(self.gpu_env)
+        url = contract_env.SCHEDULER_URL.name
+        if gpu_env.get(url) and self.schedulers is not None:
+            gpu_env[url] = merge_schedulers(gpu_env[url], self.schedulers.urls())
+        token = None
+        if gpu_env and self.credentials is not None:
+            token = self.credentials.token(record.namespace, record.name)
+        return containers.plan_container(
+            record,
+            image_id=record.deployment.image,  # the registry's tag: the manager's engine may not hold it
+            owner=self.stack,
+            stop_timeout_s=check_record(record, self.secrets),
+            gpu_env=gpu_env,
+            token=token,
+        )
+
     def _create(self, record: FunctionRecord, instance: str, inst_env: dict[str, str], digest: str, port: int) -> None:
         from docker.types import (
             ContainerSpec,
             EndpointSpec,
+            Healthcheck,
             Placement,
             Resources,
             RestartPolicy,
@@ -318,49 +374,44 @@ class SwarmRuntime(Runtime):
             TaskTemplate,
         )
 
-        dep = record.deployment
-        env = service_env(record, self.gpu_env)
-        env.update(inst_env)
-        url = contract_env.SCHEDULER_URL.name
-        if env.get(url) and self.schedulers is not None:
-            env[url] = merge_schedulers(env[url], self.schedulers.urls())
-        if self.gpu_env and self.credentials is not None:
-            env[contract_env.TOKEN.name] = self.credentials.token(record.namespace, record.name)
-        env["port"] = str(port)
-        env.setdefault("upstream_url", f"http://127.0.0.1:{port + 1}")
-        labels = {
-            **(dep.labels or {}),
-            LABEL_STACK: self.stack,
-            LABEL_FUNCTION: record.name,
-            LABEL_NAMESPACE: record.namespace,
-            LABEL_INSTANCE: instance,
-            LABEL_PORT: str(port),
-            LABEL_DIGEST: digest,
-        }
+        plan = self._plan(record)
+        name = _service_name(record, instance, digest)
+        spec = containers.replica_container(
+            plan,
+            replica_id=name,
+            port=port,
+            upstream_port=port + 1,
+            digest=digest,
+            instance=InstanceSpec(instance, inst_env) if inst_env else None,
+            bind_address="0.0.0.0",  # the gateway reaches replicas at their node's address
+        )
+        service_labels = {**spec.labels, LABEL_INSTANCE: instance}
         container = ContainerSpec(
-            dep.image,
-            env=env,
-            labels={**(dep.labels or {}), LABEL_FUNCTION: record.name, LABEL_NAMESPACE: record.namespace},
-            secrets=[self._secret(record.namespace, s) for s in dep.secrets or ()],
-            read_only=bool(dep.readOnlyRootFilesystem),
+            spec.image,
+            env=spec.env,
+            labels=spec.labels,
+            secrets=[self._secret(record.namespace, s) for s in plan.secrets],
+            read_only=spec.read_only_rootfs,
             hostname=f"{record.name}-{instance}"[:63],
             # the watchdog drains its in-flight calls on SIGTERM for up to write_timeout
-            stop_grace_period=int((parse_duration(env.get("write_timeout", "30s")) + 5) * 1e9),
+            stop_grace_period=int(spec.stop_timeout_s * 1e9),
+            healthcheck=Healthcheck(interval=int(HEALTH_INTERVAL_S * 1e9)),  # the image's test, checked often
         )
         template = TaskTemplate(
             container,
-            resources=Resources(**resources(record)),
+            resources=Resources(**swarm_resources(record)),
             restart_policy=RestartPolicy(condition="any", delay=int(1e9), max_attempts=0),
-            placement=Placement(constraints=list(dep.constraints or [])),
+            placement=Placement(constraints=list(record.deployment.constraints or [])),
             networks=["host"],
         )
         self.api.create_service(
             template,
-            name=_service_name(record, instance, digest),
-            labels=labels,
+            name=name,
+            labels=service_labels,
             mode=ServiceMode("replicated", replicas=1),
             endpoint_spec=EndpointSpec(mode="dnsrr"),
         )
+        self._follow_logs(record, instance, name, since=None)
 
     # -- the supervisor ------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -416,6 +467,9 @@ class SwarmRuntime(Runtime):
         problem: dict[str, str] | None = None
         stale: list[tuple[str, dict]] = []
         for inst, ss in have.items():
+            for s in ss:  # adopted after a restart, or a stream that ended: new lines from now on
+                if s["Spec"]["Name"] not in self._following and inst in want:
+                    self._follow_logs(record, inst, s["Spec"]["Name"], since=time.time())
             if inst not in want:
                 for s in ss:
                     self._remove_service(s["ID"])
