@@ -247,10 +247,12 @@ def _docker_build(client: Any, context: Path, tag: str, log: Callable[[str], Non
 
 
 def save_image(client: Any, ref: str, target: Path) -> None:
-    """`docker save ref > target`, atomically (a half-written tar is never left under the name)."""
+    """`docker save ref > target`, atomically (a half-written tar is never left under the name).
+    The tar names the image `ref` (docker-py's `named=True` would take the image's first tag,
+    which may be another of its names, and `docker load` would then give no `ref`)."""
     part = Path(str(target) + f".part{os.getpid()}")
     with open(part, "wb") as f:
-        for chunk in client.images.get(ref).save(chunk_size=4 << 20, named=True):
+        for chunk in client.images.get(ref).save(chunk_size=4 << 20, named=ref):
             f.write(chunk)
     os.replace(part, target)
 
