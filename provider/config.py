@@ -76,6 +76,10 @@ class ProviderConfig:
     services through a manager's engine); None: $FAAS_GPU_RUNTIME, else local."""
     docker_host: str | None = None
     """The docker runtime's engine; None: $FAAS_GPU_DOCKER_HOST, else DOCKER_HOST or the default socket."""
+    swarm_network: str | None = None
+    """The swarm runtime's network for functions' services: None, the node's host network (replicas at
+    <node address>:<their own port>); else an attachable overlay the gateway is on too (replicas at
+    their task's address on it), as deploy/swarm-stack.yml runs it."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ProviderConfig:

@@ -13,6 +13,12 @@ Swarm still does what an engine is for: it places each service by the function's
 pulls the image from the registry on the node, restarts a crashed task, and reschedules the
 tasks of a node that is lost.
 
+Networks: by default the services run on their node's host network (what the tests run: no
+overlay, replicas at <node address>:<port>, the scheduler and the GPU Managers reached at the node
+addresses they announce). `network=` (`--swarm-network`) attaches them to an attachable overlay
+instead, the gateway on it too (deploy/swarm-stack.yml: `faas-gpu`): a replica is then reached at
+its task's address on that network, and the daemons announce their overlay addresses.
+
 A supervisor thread reconciles services with the desired state (create what is missing, remove
 what is extra, replace a stale instance one at a time while the others serve: a rolling update),
 reads the running tasks (node address + the instance's port) and probes each watchdog's
@@ -130,6 +136,7 @@ class SwarmRuntime(Runtime):
         credentials: FunctionCredentials | None = None,
         *,
         stack: str = "faas-gpu",
+        network: str | None = None,
         supervise_every_s: float = SUPERVISE_EVERY_S,
     ):
         """`client`: a docker SDK DockerClient on a Swarm manager. `gpu_env`: how replicas reach
@@ -141,6 +148,7 @@ class SwarmRuntime(Runtime):
         self.gpu_env = dict(gpu_env or {})
         self.schedulers, self.credentials = schedulers, credentials
         self.stack = stack
+        self.network = network  # None: the nodes' host network; else an overlay (see _task_url)
         self.every_s = supervise_every_s
         self._fns: dict[tuple[str, str], _Function] = {}
         self._lock = threading.RLock()
@@ -402,7 +410,7 @@ class SwarmRuntime(Runtime):
             resources=Resources(**swarm_resources(record)),
             restart_policy=RestartPolicy(condition="any", delay=int(1e9), max_attempts=0),
             placement=Placement(constraints=list(record.deployment.constraints or [])),
-            networks=["host"],
+            networks=[self.network or "host"],
         )
         self.api.create_service(
             template,
@@ -521,7 +529,7 @@ class SwarmRuntime(Runtime):
                 and node is not None
                 and node["Status"]["State"] == "ready"
             ):
-                addr = node_address(node)
+                addr = self._task_address(t, node)
                 if addr:
                     running = f"http://{addr}:{port}"
         if running is not None:
@@ -541,6 +549,16 @@ class SwarmRuntime(Runtime):
         if len(failed) >= CRASH_LOOP_FAILURES:
             return None, {"state": "crash-loop", "message": message}
         return None, None
+
+    def _task_address(self, task: dict, node: dict) -> str | None:
+        """Where a running task is reached: its node's address on the host network, or its own
+        address on the overlay (NetworksAttachments, "10.0.1.7/24")."""
+        if self.network is None:
+            return node_address(node)
+        for att in task.get("NetworksAttachments") or ():
+            if (att.get("Network") or {}).get("Spec", {}).get("Name") == self.network and att.get("Addresses"):
+                return att["Addresses"][0].split("/", 1)[0]
+        return None
 
     def _port(self, used: set[int]) -> int:
         for _ in range(10000):

@@ -251,3 +251,23 @@ def test_check_refuses_what_swarm_cannot_run(rt):
         rt.check(record(secrets=["missing"]))
     with pytest.raises(LaunchError, match="clashes"):
         rt.check(record(labels={"com.openfaas.annotations.x": "1"}, annotations={"x": "2"}))
+
+
+def test_on_an_overlay_a_replica_is_reached_at_its_tasks_address_there(tmp_path, monkeypatch):
+    monkeypatch.setattr(swarm_mod, "probe", lambda url, timeout_s=0.5: True)
+    client = FakeClient()
+    rt = SwarmRuntime(client, SecretStore(tmp_path / "s"), LogStore(tmp_path / "l"), network="faas-gpu",
+                      supervise_every_s=0.02)  # fmt: skip
+    try:
+        rt.apply(record())
+        [svc] = wait_for(lambda: client.api.services())
+        assert svc["Spec"]["TaskTemplate"]["Networks"] == [{"Target": "faas-gpu"}]
+        with client.api.lock:
+            client.api.tasks_[0]["NetworksAttachments"] = [
+                {"Network": {"Spec": {"Name": "ingress"}}, "Addresses": ["10.0.0.5/24"]},
+                {"Network": {"Spec": {"Name": "faas-gpu"}}, "Addresses": ["10.0.1.7/24"]},
+            ]
+        port = svc["Spec"]["Labels"]["com.faas-gpu.port"]
+        assert wait_for(lambda: rt.endpoints("openfaas-fn", "classify")) == [f"http://10.0.1.7:{port}"]
+    finally:
+        rt.close()
