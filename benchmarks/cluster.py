@@ -130,21 +130,32 @@ def _p50(m, url: str, n: int) -> float:
     return m.call(run)
 
 
-def _local_gateway(swarm, root: Path) -> tuple[Path, tuple[str, str], subprocess.Popen]:
-    from tests.e2e.cluster_stack import PYTHON, wait_http
+def _local_gateway(swarm, root: Path) -> tuple[Path, tuple[str, str], list[subprocess.Popen]]:
+    """A second gateway on the manager with `--runtime local`, set up as the swarm one is (its own
+    etcd, the same scheduler and in-flight limit), so the two hops differ only in what runs the
+    replica."""
+    from tests.e2e.cluster_stack import PYTHON, SCHEDULER, wait_http
 
     home = root / "local-provider"
-    log = root / "local-provider.log"
-    with open(log, "ab") as out:
-        proc = swarm.manager.popen(
-            [PYTHON, "-m", "provider.server", "--home", str(home), "--bind", "0.0.0.0", "--gateway-port", "8180",
-             "--provider-port", "8181", "--metrics-port", "0", "--runtime", "local"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), "FAAS_GPU_HOME": str(home)},
-        )  # fmt: skip
-    wait_http(swarm.manager, f"{LOCAL_GATEWAY}/healthz", log)
+    etcd = "http://10.77.0.1:2479"
+    procs = []
+    for name, argv in (
+        ("local-etcd", ["etcd", "--data-dir", str(root / "local-etcd"), "--listen-client-urls", etcd,
+                        "--advertise-client-urls", etcd, "--listen-peer-urls", "http://10.77.0.1:2480"]),
+        ("local-provider", [PYTHON, "-m", "provider.server", "--home", str(home), "--bind", "0.0.0.0",
+                            "--gateway-port", "8180", "--provider-port", "8181", "--metrics-port", "0",
+                            "--runtime", "local", "--etcd", etcd, "--scheduler", SCHEDULER,
+                            "--max-inflight-per-function", "64"]),
+    ):  # fmt: skip
+        log = root / f"{name}.log"
+        with open(log, "ab") as out:
+            procs.append(swarm.manager.popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO), "FAAS_GPU_HOME": str(home)},
+            ))  # fmt: skip
+        wait_http(swarm.manager, f"{etcd}/health" if name == "local-etcd" else f"{LOCAL_GATEWAY}/healthz", log)
     s = home / "secrets"
-    return home, ((s / "basic-auth-user").read_text().strip(), (s / "basic-auth-password").read_text().strip()), proc
+    return home, ((s / "basic-auth-user").read_text().strip(), (s / "basic-auth-password").read_text().strip()), procs
 
 
 def _cli(swarm, home: Path, cwd: Path, *args: str) -> None:
@@ -157,13 +168,18 @@ def _cli(swarm, home: Path, cwd: Path, *args: str) -> None:
     assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-3000:])
 
 
-def _replica_url(m, gateway: str, auth, name: str) -> str | None:
-    """A ready replica's own URL (the provider's `instances` in describe), or None."""
-    r = m.call(requests.get, f"{gateway}/system/function/{name}", auth=auth, timeout=5)
-    for inst in (r.json() or {}).get("instances") or []:
-        url = inst.get("url") if isinstance(inst, dict) else None
-        if url:
-            return url.rstrip("/")
+def _replica_url(name: str) -> str | None:
+    """A replica's own watchdog URL: the process (or container process: a host-network container
+    is a process of this machine too) whose env names the function, at its `port`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = dict(
+                kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv
+            )
+        except (OSError, UnicodeDecodeError):
+            continue
+        if env.get("FAAS_GPU_FUNCTION") == name and env.get("port"):
+            return f"http://127.0.0.1:{env['port']}"
     return None
 
 
@@ -176,7 +192,7 @@ def cold_and_hop(swarm, stack, root: Path, n: int) -> dict:
     project = _project(root / "echo", "echo", image)
     _cli(swarm, stack.home, project, "build", "-f", "stack.yml", "--docker", "--push", "--docker-host", m.base_url,
          "--build-arg", f"BASE_IMAGE={BASE_IMAGE}")  # fmt: skip
-    home, local_auth, proc = _local_gateway(swarm, root)
+    home, local_auth, procs = _local_gateway(swarm, root)
     try:
         _cli(swarm, home, project, "build", "-f", "stack.yml")  # the process runtime's image store
         t0 = time.monotonic()
@@ -191,14 +207,14 @@ def cold_and_hop(swarm, stack, root: Path, n: int) -> dict:
             p.append(_p50(m, f"{LOCAL_GATEWAY}/function/echop", n))
         # each replica's own watchdog, without the gateway: is the difference the replica's?
         direct = {}
-        for key, (gw, auth, name) in {"container": (GATEWAY, stack.auth, "echoc"),
-                                      "process": (LOCAL_GATEWAY, local_auth, "echop")}.items():  # fmt: skip
-            url = _replica_url(m, gw, auth, name)
+        for key, name in (("container", "echoc"), ("process", "echop")):
+            url = _replica_url(name)
             if url:
                 direct[f"direct_{key}_p50_ms"] = round(statistics.median(_p50(m, url, n) for _ in range(2)) * 1000, 2)
     finally:
-        with contextlib.suppress(Exception):
-            os.killpg(proc.pid, 9)
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                os.killpg(proc.pid, 9)
     return {
         "container_cold_start_s": round(container_cold, 2),
         "process_cold_start_s": round(process_cold, 2),
