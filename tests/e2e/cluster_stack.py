@@ -105,7 +105,7 @@ class ClusterStack:
                 "--gateway-port", "8080", "--provider-port", "8081", "--metrics-port", "0",
                 "--runtime", "swarm", "--docker-host", m.base_url, "--scheduler", SCHEDULER, "--etcd", ETCD,
                 "--max-inflight-per-function", str(max_inflight),
-            ], env={"FAAS_GPU_HOME": str(self.home)})  # fmt: skip
+            ], env={"FAAS_GPU_HOME": str(self.home), "upstream_timeout": "150s"})  # fmt: skip
             wait_http(m, f"{GATEWAY}/healthz", self.provider_log)
         except BaseException:
             self.stop()
@@ -240,6 +240,21 @@ class ClusterStack:
                 if t["Status"]["State"] == "running":
                     out[svc["Spec"]["Name"]] = names.get(t.get("NodeID", ""), t.get("NodeID", "?"))
         return out
+
+    def diagnose(self, chars: int = 2500) -> str:
+        """The tails of the stack's logs and of the GPU Managers' and functions' service logs
+        (for a failing assertion's message)."""
+        out = []
+        for log in sorted(self.root.glob("*.log")):
+            out.append(f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}")
+        try:
+            api = self.swarm.manager.client.api
+            for svc in api.services():
+                text = b"".join(api.service_logs(svc["ID"], stdout=True, stderr=True, tail=30, timestamps=True))
+                out.append(f"--- service {svc['Spec']['Name']}\n{text.decode(errors='replace')[-chars:]}")
+        except Exception as exc:  # noqa: BLE001 — a diagnosis must not raise
+            out.append(f"(service logs: {exc})")
+        return "\n".join(out)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
