@@ -52,7 +52,8 @@ servers:
 
 # faas-gpu/base (Debian + torch + this checkout) with no registry: python-deps is built once into
 # ~/.cache/faas-gpu and loaded from there. Into the running engine when there is one, else into a
-# throwaway test dockerd (CI), which leaves the cache for the tests.
+# throwaway test dockerd (CI), which leaves the cache (and a registry storage holding python-deps,
+# the swarm tests' registry seed) for the tests.
 base-image: $(STAMP) servers
 	@if [ -n "$$DOCKER_HOST" ] || [ -S /var/run/docker.sock ]; then \
 		$(VENV)/bin/faas-gpu base-image; \

@@ -134,7 +134,7 @@ def requirements(repo: Path = paths.REPO_ROOT) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
+def locked(name: str) -> Iterator[None]:
     """One builder per cache entry at a time (several test sessions may start cold together)."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-class _Steps:
+class Steps:
     """Prints each step and its duration, and keeps the durations for the caller."""
 
     def __init__(self, log: Callable[[str], None]):
@@ -166,14 +166,14 @@ def _print(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def rootfs_tar(steps: _Steps, given: Path | None = None) -> Path:
+def rootfs_tar(steps: Steps, given: Path | None = None) -> Path:
     """The Debian root file system: `given`, else the cached mmdebstrap output (made on a miss)."""
     if given is not None:
         if not given.is_file():
             raise BaseImageError(f"no root file system at {given}")
         return given
     target = cache_dir() / f"rootfs-{SUITE}-{_digest(SUITE, *DEBIAN_PACKAGES)}.tar"
-    with _locked(target.name):
+    with locked(target.name):
         if target.is_file():
             return target
         if shutil.which("mmdebstrap") is None:
@@ -200,11 +200,11 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def wheelhouse(steps: _Steps, reqs: list[str]) -> Path:
+def wheelhouse(steps: Steps, reqs: list[str]) -> Path:
     """A folder of wheels for `reqs` and their dependencies, filled by the host's pip (its config:
     the local torch wheel, the local indexes) once per requirement list."""
     target = cache_dir() / f"wheelhouse-{_digest(sys.version.split()[0], *reqs)}"
-    with _locked(target.name):
+    with locked(target.name):
         if (target / ".complete").is_file():
             return target
         part = Path(str(target) + ".part")
@@ -247,12 +247,10 @@ def _docker_build(client: Any, context: Path, tag: str, log: Callable[[str], Non
 
 
 def save_image(client: Any, ref: str, target: Path) -> None:
-    """`docker save ref > target`, atomically (a half-written tar is never left under the name).
-    The tar names the image `ref` (docker-py's `named=True` would take the image's first tag,
-    which may be another of its names, and `docker load` would then give no `ref`)."""
+    """`docker save ref > target`, atomically (a half-written tar is never left under the name)."""
     part = Path(str(target) + f".part{os.getpid()}")
     with open(part, "wb") as f:
-        for chunk in client.images.get(ref).save(chunk_size=4 << 20, named=ref):
+        for chunk in client.api.get_image(ref, chunk_size=4 << 20):  # named as `ref` (images.save: its first tag)
             f.write(chunk)
     os.replace(part, target)
 
@@ -263,23 +261,28 @@ def load_image(client: Any, tar: Path) -> None:
         client.images.load(f)
 
 
-def deps_digest(reqs: list[str], rootfs_id: str) -> str:
-    return _digest(rootfs_id, *reqs, DEPS_DOCKERFILE)
+def _rootfs_id(rootfs: Path | None) -> str:
+    recipe = f"mmdebstrap:{SUITE}:{','.join(DEBIAN_PACKAGES)}"
+    return f"file:{_file_digest(rootfs)}" if rootfs is not None else recipe
 
 
-def ensure_deps(client: Any, steps: _Steps, rootfs: Path | None = None, repo: Path = paths.REPO_ROOT) -> str:
+def deps_ref(rootfs: Path | None = None, repo: Path = paths.REPO_ROOT) -> str:
+    """The python-deps image's name for these inputs (`faas-gpu/python-deps:<hash>`), built or not."""
+    return f"{DEPS_REPO}:{_digest(_rootfs_id(rootfs), *requirements(repo), DEPS_DOCKERFILE)}"
+
+
+def ensure_deps(client: Any, steps: Steps, rootfs: Path | None = None, repo: Path = paths.REPO_ROOT) -> str:
     """`faas-gpu/python-deps:<hash>` in the engine `client` talks to: already there, loaded from the
     cached tar, or built (root file system, wheelhouse, docker build) and then cached. Its name."""
     reqs = requirements(repo)
-    recipe = f"mmdebstrap:{SUITE}:{','.join(DEBIAN_PACKAGES)}"
-    rootfs_id = f"file:{_file_digest(rootfs)}" if rootfs is not None else recipe
-    digest = deps_digest(reqs, rootfs_id)
-    ref = f"{DEPS_REPO}:{digest}"
+    rootfs_id = _rootfs_id(rootfs)
+    ref = deps_ref(rootfs, repo)
+    digest = ref.rsplit(":", 1)[1]
     if _has_image(client, ref):
         steps.log(f"[base-image] {ref} is in the engine already")
         return ref
     cached = cache_dir() / f"python-deps-{digest}.tar"
-    with _locked(cached.name):
+    with locked(cached.name):
         if cached.is_file():
             with steps.step("deps_load", f"docker load {cached}"):
                 load_image(client, cached)
@@ -352,7 +355,7 @@ def build(
 
     The base is tagged `faas-gpu/base:<source digest>` too; when the engine has that tag already,
     only `tag` is (re)pointed at it."""
-    steps = _Steps(log)
+    steps = Steps(log)
     total = time.monotonic()
     deps = ensure_deps(client, steps, rootfs, repo)
     files = source_files(repo)

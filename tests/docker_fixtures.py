@@ -6,8 +6,9 @@ tests in any folder — tests/docker, tests/provider/docker, tests/e2e — share
 - `base_image_tar` (session): that image saved as a tar (cached by the checkout's digest), for
   other hosts to `docker load`.
 - `swarm3` (session): a `Swarm`: manager 10.77.0.1 + worker1 10.77.0.2 + worker2 10.77.0.3 over a
-  switch, the workers labelled gpu=true, every host with faas-gpu/base:latest loaded, a registry on
-  the manager at 10.77.0.1:5000 holding `10.77.0.1:5000/faas-gpu/base:latest`.
+  switch, the workers labelled gpu=true, a registry on the manager at 10.77.0.1:5000 holding
+  `10.77.0.1:5000/faas-gpu/base:latest`, pulled on every host and tagged faas-gpu/base:latest
+  there (`provision_base`; independent of `docker_host`).
 
 Tests using them carry the `docker` marker. They skip only when dockerd, containerd, runc, unshare,
 nsenter, ip or docker-registry is missing or the tests do not run as root (CI installs them
@@ -25,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from faas_gpu import base_image
-from tests.docker_hosts import REGISTRY, DockerHost, Swarm, make_swarm, missing_tools
+from tests.docker_hosts import REGISTRY, DockerHost, Swarm, make_swarm, missing_tools, provision_base, registry_seed
 
-BASE_TAR_KEEP_S = 6 * 3600
+BASE_TAR_KEEP_S = 3600
 """Saved base images older than this are removed when a new one is saved (one per checkout digest)."""
 
 
@@ -75,16 +76,16 @@ def base_image_tar(docker_host: DockerHost) -> Path:
 
 
 @pytest.fixture(scope="session")
-def swarm3(base_image_tar: Path) -> Iterator[Swarm]:
-    """Three hosts in one Swarm (manager + 2 gpu=true workers), base image on all and in the
-    manager's registry (`swarm3.base_image`). Session-wide: a test that cuts a host restores it."""
+def swarm3() -> Iterator[Swarm]:
+    """Three hosts in one Swarm (manager + 2 gpu=true workers), faas-gpu/base:latest on all of
+    them through the manager's registry (`swarm3.base_image` = its name there). Session-wide: a
+    test that cuts a host restores it."""
     _require("docker-registry")
-    swarm = make_swarm(2, image_tar=base_image_tar, log=_log)
+    start = time.monotonic()
+    swarm = make_swarm(2, registry_seed=registry_seed(), log=_log)
     try:
-        start = time.monotonic()
-        swarm.base_image = swarm.push(base_image.BASE_IMAGE)  # type: ignore[attr-defined]
-        swarm.timings["push_s"] = round(time.monotonic() - start, 1)
-        swarm.timings["total_s"] = round(swarm.timings["setup_s"] + swarm.timings["push_s"], 1)
+        swarm.base_image = provision_base(swarm, log=_log)  # type: ignore[attr-defined]
+        swarm.timings["total_s"] = round(time.monotonic() - start, 1)
         _log(f"[swarm3] ready: {swarm.timings} (registry {REGISTRY})")
         yield swarm
     finally:

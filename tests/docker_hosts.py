@@ -207,7 +207,11 @@ class DockerHost(Namespace):
         self._client: docker.DockerClient | None = None
         self.keep: set[int] = set()  # processes of this namespace that outlive its dockerd (a registry)
         if start:
-            self.start()
+            try:
+                self.start()
+            except BaseException:
+                self.stop()
+                raise
 
     def start(self, timeout: float = 60.0) -> None:
         (self.root / "daemon.json").write_text("{}")  # never the machine's /etc/docker/daemon.json
@@ -383,20 +387,42 @@ class Swarm:
                 raise RuntimeError(f"push {repository}:{tag}: {chunk['error']}")
         return f"{repository}:{tag}"
 
+    def pull(self, hosts: list[DockerHost], name: str, local: str | None = None) -> list[float]:
+        """Pull `name` (10.77.0.1:5000/...) on `hosts` at once, tagging it `local` there too; the
+        seconds each took."""
+
+        def one(host: DockerHost) -> float:
+            start = time.monotonic()
+            repository, tag = name.rsplit(":", 1)
+            image = host.client.images.pull(repository, tag=tag)
+            if local:
+                image.tag(*local.rsplit(":", 1))
+            return round(time.monotonic() - start, 1)
+
+        return _parallel([lambda h=h: one(h) for h in hosts])
+
     def stop(self) -> None:
-        for host in self.hosts:
+        def one(host: DockerHost) -> None:
             with contextlib.suppress(Exception):
                 host.stop()
+
+        _parallel([lambda h=h: one(h) for h in self.hosts])
         if self.registry is not None and self.registry.poll() is None:
             self.registry.kill()
             self.registry.wait(timeout=10)
         self.switch.stop()
 
 
-def start_registry(host: DockerHost, address: str, port: int = REGISTRY_PORT) -> subprocess.Popen:
-    """Debian's `docker-registry` (distribution 2.x) on address:port in `host`, storage under its folder."""
+def start_registry(
+    host: DockerHost, address: str, port: int = REGISTRY_PORT, seed: Path | None = None
+) -> subprocess.Popen:
+    """Debian's `docker-registry` (distribution 2.x) on address:port in `host`, storage under its
+    folder: a copy of `seed` (a registry storage folder kept from an earlier run) when given."""
     folder = host.root / "registry"
-    (folder / "storage").mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    if seed is not None and seed.is_dir():
+        shutil.copytree(seed, folder / "storage")  # a copy: the registry rewrites tag links in place
+    (folder / "storage").mkdir(exist_ok=True)
     config = folder / "config.yml"
     config.write_text(
         "version: 0.1\n"
@@ -417,6 +443,7 @@ def make_swarm(
     image_tar: Path | None = None,
     worker_labels: dict[str, str] | None = None,
     heartbeat_s: float = 1.0,
+    registry_seed: Path | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> Swarm:
     """A switch, a manager (10.77.0.1, registry on :5000) and `workers` workers (10.77.0.2...),
@@ -452,7 +479,7 @@ def make_swarm(
             )  # fmt: skip
         for worker in swarm.workers:
             swarm.label(worker, **(worker_labels or {"gpu": "true"}))
-        swarm.registry = start_registry(manager, manager.address or f"{SUBNET}.1")
+        swarm.registry = start_registry(manager, manager.address or f"{SUBNET}.1", seed=registry_seed)
         timings["setup_s"] = round(time.monotonic() - start, 1)
         return swarm
     except BaseException:
@@ -496,10 +523,89 @@ def docker_host(name: str = "host", **kwargs: Any) -> Iterator[DockerHost]:
         host.stop()
 
 
+def provision_base(swarm: Swarm, log: Callable[[str], None] = lambda _: None) -> str:
+    """Put faas-gpu/base:latest (this checkout) on every host of `swarm` through its registry, the
+    way images reach nodes in production; `10.77.0.1:5000/faas-gpu/base:latest`.
+
+    Pushing means gzipping ~1.3 GB, so the registry's storage holding python-deps is kept in
+    ~/.cache/faas-gpu/registry-<deps hash> after the first run, and `make_swarm(registry_seed=...)`
+    starts from a copy of it: every host pulls python-deps (and so knows its layers' digests), the
+    manager builds the base on it and pushes only the checkout's layer, the workers pull that layer.
+    A function image built FROM the base then pushes and pulls only its own layers."""
+    from faas_gpu import base_image
+
+    deps = base_image.deps_ref()
+    remote_deps = f"{REGISTRY}/{deps}"
+    seed = registry_seed()
+    timings = swarm.timings
+    start = time.monotonic()
+    if (seed / ".complete").is_file():
+        loads = swarm.pull(swarm.hosts, remote_deps, local=deps)
+        log(f"[swarm] pulled {deps} from the seeded registry: {loads} s")
+    else:
+        base_image.ensure_deps(swarm.manager.client, base_image.Steps(log))
+        swarm.push(deps)
+        timings["deps_push_s"] = round(time.monotonic() - start, 1)
+        _keep_seed(swarm.manager.root / "registry" / "storage", seed, deps)
+        swarm.pull(swarm.workers, remote_deps, local=deps)
+    timings["deps_s"] = round(time.monotonic() - start, 1)
+    start = time.monotonic()
+    base_image.build(swarm.manager.client, log=log)
+    name = swarm.push(base_image.BASE_IMAGE)
+    swarm.pull(swarm.workers, name, local=base_image.BASE_IMAGE)
+    timings["base_s"] = round(time.monotonic() - start, 1)
+    return name
+
+
+def _keep_seed(storage: Path, seed: Path, deps: str) -> None:
+    """Copy a registry's storage (python-deps pushed into it) to the cache as the seed."""
+    from faas_gpu import base_image
+
+    with base_image.locked(seed.name):
+        if not (seed / ".complete").is_file():
+            shutil.rmtree(seed, ignore_errors=True)
+            part = seed.with_name(f"{seed.name}.part{os.getpid()}")
+            shutil.copytree(storage, part)
+            (part / ".complete").write_text(deps + "\n")
+            os.replace(part, seed)
+
+
+def seed_registry(host: DockerHost, log: Callable[[str], None] = lambda _: None) -> None:
+    """Make the registry seed `provision_base` starts from, with one host: a registry on the host's
+    127.0.0.1 (a registry's storage does not depend on its address), python-deps pushed into it.
+    For `make base-image`, so that CI's first swarm test does not push 1.3 GB."""
+    from faas_gpu import base_image
+
+    seed = registry_seed()
+    if (seed / ".complete").is_file() or shutil.which("docker-registry") is None:
+        return
+    deps = base_image.deps_ref()
+    start = time.monotonic()
+    registry = start_registry(host, "127.0.0.1", REGISTRY_PORT)
+    try:
+        repository, tag = f"127.0.0.1:{REGISTRY_PORT}/{deps}".rsplit(":", 1)
+        host.client.images.get(deps).tag(repository, tag)
+        for chunk in host.client.images.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in chunk:
+                raise RuntimeError(f"push {repository}:{tag}: {chunk['error']}")
+    finally:
+        registry.kill()
+        registry.wait(timeout=10)
+    _keep_seed(host.root / "registry" / "storage", seed, deps)
+    log(f"[base-image] registry seed {seed}: {time.monotonic() - start:.1f} s")
+
+
+def registry_seed() -> Path:
+    """Where a registry storage holding this checkout's python-deps image is kept between runs."""
+    from faas_gpu import base_image
+
+    return base_image.cache_dir() / f"registry-{base_image.deps_ref().rsplit(':', 1)[1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m tests.docker_hosts base-image`: build faas-gpu/base in a throwaway test host, so
-    python-deps lands in ~/.cache/faas-gpu before the tests need it (`make base-image` on a machine
-    with no engine running, as CI)."""
+    python-deps (and the registry seed) land in ~/.cache/faas-gpu before the tests need them
+    (`make base-image` on a machine with no engine running, as CI)."""
     import sys
 
     from faas_gpu import base_image
@@ -514,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with docker_host("base-image") as host:
         result = base_image.build(host.client)
+        seed_registry(host, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(" ".join(f"{k}={v}s" for k, v in result.timings.items()))
     return 0
 

@@ -49,8 +49,6 @@ def test_container_answers_http_through_call(docker_host: DockerHost):
         docker_host.wait_port("127.0.0.1", 18080)
         resp = docker_host.call(requests.get, "http://127.0.0.1:18080/", timeout=5)
         assert resp.status_code == 200
-        with pytest.raises(requests.ConnectionError):  # the host's loopback is not the test's
-            requests.get("http://127.0.0.1:18080/", timeout=2)
     finally:
         container.remove(force=True)
 

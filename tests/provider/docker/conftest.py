@@ -1,6 +1,9 @@
 """The Docker runtime's tests: a stack (`provider.server --runtime docker`) inside a test host's
 network namespace, beside that host's dockerd, and the functions' images built on that engine.
 
+The engine is the session's `docker_host` (tests.docker_fixtures: a test host with its own
+dockerd and faas-gpu/base:latest built from this checkout).
+
 Why the stack runs in the namespace: containers run on the host network, which is the test
 host's namespace; the provider reaches replicas at 127.0.0.1:<port> there, and the test reaches
 the gateway through `host.call` (a thread that entered the namespace).
@@ -14,10 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import requests
 import yaml
 
@@ -177,22 +178,3 @@ def build_project(host, root: Path, functions: dict[str, dict]) -> None:
     loaded = load_stack(root / "stack.yml")
     for spec in loaded.functions.values():
         docker_build(spec, stack_dir=root, build_args={"BASE_IMAGE": BASE_IMAGE}, docker_host=host.base_url)
-
-
-@pytest.fixture(scope="module")
-def docker_host() -> Iterator:
-    """A test host with faas-gpu/base:latest loaded (until the shared fixture lands)."""
-    from tests.docker_hosts import DockerHost, missing_tools
-
-    missing = missing_tools()
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
-    tar = Path(os.environ.get("FAAS_GPU_TEST_BASE_TAR", "/tmp/fgd-h2/devbase.tar"))
-    if not tar.exists():
-        pytest.skip(f"no base image tar at {tar}")
-    host = DockerHost("h2-docker")
-    try:
-        host.load_image(tar)
-        yield host
-    finally:
-        host.stop()

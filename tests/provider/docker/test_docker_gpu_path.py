@@ -39,12 +39,15 @@ def test_classify_runs_as_a_container_through_the_gpu_path(docker_host, tmp_path
         pytest.skip(f"{BASE_IMAGE} has no torch or faas-gpu (build it with `faas-gpu base-image`)")
     root = tmp_path / "project"
     root.mkdir()
-    write_project(root, classify_stack("faas-gpu/classify:latest", {"com.faas-gpu.slo-ms": "5000"}))
+    # the first call exports, uploads and loads the model (seconds, more on a busy machine)
+    timeouts = {"exec_timeout": "180s", "write_timeout": "180s", "read_timeout": "180s"}
+    write_project(root, classify_stack("faas-gpu/classify:latest", {"com.faas-gpu.slo-ms": "5000"}, timeouts))
     ports = {k: free_port() for k in ("gateway", "provider", "metrics", "manager", "scheduler")}
     env = {
         **os.environ,
         "FAAS_GPU_HOME": str(tmp_path / "home"),
         "FAAS_GPU_CONFIG": str(tmp_path / "config"),
+        "upstream_timeout": "180s",  # the gateway waits out the first call (the model loads)
     }
 
     def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -68,11 +71,22 @@ def test_classify_runs_as_a_container_through_the_gpu_path(docker_host, tmp_path
 
         def invoke(seed: int) -> requests.Response:
             return requests.post(
-                f"http://127.0.0.1:{ports['gateway']}/function/classify", json={"seed": seed}, timeout=120
+                f"http://127.0.0.1:{ports['gateway']}/function/classify", json={"seed": seed}, timeout=200
             )
 
+        def logs() -> str:
+            secrets = tmp_path / "home" / "secrets"
+            auth = tuple((secrets / f"basic-auth-{k}").read_text().strip() for k in ("user", "password"))
+            r = requests.get(
+                f"http://127.0.0.1:{ports['gateway']}/system/logs",
+                params={"name": "classify", "follow": "false"},
+                auth=auth,
+                timeout=30,
+            )
+            return "\n".join(r.text.splitlines()[-40:])
+
         first = host.call(invoke, 1)
-        assert first.status_code == 200, first.text
+        assert first.status_code == 200, (first.text, host.call(logs))
         body = first.json()
         assert body["model"] == "resnet-mini" and body["batch"] == 1
         again = host.call(invoke, 1)
