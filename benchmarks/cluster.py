@@ -52,27 +52,14 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _base_tar() -> Path:
-    """faas-gpu/base of this checkout as a docker-save tar (~/.cache/faas-gpu), built in a
-    throwaway test host when missing (as the tests' base_image_tar fixture does)."""
-    from faas_gpu import base_image
-    from tests.docker_hosts import docker_host
+def _swarm():
+    """The tests' swarm3: manager + 2 gpu=true workers, faas-gpu/base of this checkout on every
+    host through the manager's registry (seeded from ~/.cache/faas-gpu, as the fixture does)."""
+    from tests.docker_hosts import make_swarm, provision_base, registry_seed
 
-    with docker_host("bench-base") as host:
-        result = base_image.build(host.client, log=_log)
-        target = base_image.cache_dir() / f"base-{result.by_source.rsplit(':', 1)[1]}.tar"
-        if not target.is_file():
-            base_image.save_image(host.client, base_image.BASE_IMAGE, target)
-    return target
-
-
-def _swarm(tar: Path):
-    from faas_gpu import base_image
-    from tests.docker_hosts import make_swarm
-
-    swarm = make_swarm(2, image_tar=tar, log=_log)
+    swarm = make_swarm(2, registry_seed=registry_seed(), log=_log)
     try:
-        swarm.base_image = swarm.push(base_image.BASE_IMAGE)  # type: ignore[attr-defined]
+        swarm.base_image = provision_base(swarm, log=_log)  # type: ignore[attr-defined]
     except BaseException:
         swarm.stop()
         raise
@@ -381,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
     only = set(a.only or ["hop", "loss", "throughput"])
     figures: dict = {}
-    swarm = _swarm(_base_tar())
+    swarm = _swarm()
     root = Path(tempfile.mkdtemp(prefix="fgb-"))
     try:
         if only & {"hop", "loss"}:
