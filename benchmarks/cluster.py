@@ -28,6 +28,7 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -403,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             figures.update(cluster_throughput(swarm, a.seconds, a.client_procs, a.callers))
     finally:
         swarm.stop()
+        shutil.rmtree(root, ignore_errors=True)
     if "container_hop_overhead_ratio" in figures:
         f = figures
         _log(
