@@ -60,6 +60,13 @@ def build_provider(config: ProviderConfig) -> Provider:
         runtime = DockerRuntime(
             home, secrets, logs, gpu_env, schedulers, fn_credentials, docker_host=config.docker_host
         )
+    elif config.runtime == "swarm":
+        import docker
+
+        from .runtime.swarm import SwarmRuntime
+
+        client = docker.DockerClient(base_url=config.docker_host) if config.docker_host else docker.from_env()
+        runtime = SwarmRuntime(client, secrets, logs, gpu_env, schedulers, fn_credentials, network=config.swarm_network)
     else:
         runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)
     invoker = Invoker(

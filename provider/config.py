@@ -72,9 +72,14 @@ class ProviderConfig:
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
     runtime: str | None = None
-    """What runs replicas: "local" (processes) or "docker" (containers); None: $FAAS_GPU_RUNTIME, else local."""
+    """What runs replicas: "local" (processes), "docker" (containers on one engine) or "swarm" (Swarm
+    services through a manager's engine); None: $FAAS_GPU_RUNTIME, else local."""
     docker_host: str | None = None
     """The docker runtime's engine; None: $FAAS_GPU_DOCKER_HOST, else DOCKER_HOST or the default socket."""
+    swarm_network: str | None = None
+    """The swarm runtime's network for functions' services: None, the node's host network (replicas at
+    <node address>:<their own port>); else an attachable overlay the gateway is on too (replicas at
+    their task's address on it), as deploy/swarm-stack.yml runs it."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ProviderConfig:

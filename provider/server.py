@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from faas_gpu import paths, tracing
+from faas_gpu.contract.env import RUNTIMES
 from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig, parse_duration
@@ -76,10 +77,16 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     p.add_argument(
         "--runtime",
-        choices=("local", "docker"),
-        help="what runs replicas: local processes or docker containers (default $FAAS_GPU_RUNTIME, else local)",
+        choices=RUNTIMES,
+        help="what runs replicas: local processes, docker containers, or swarm services through a manager's "
+        "engine (default $FAAS_GPU_RUNTIME, else local)",
     )
     p.add_argument("--docker-host", help="the docker runtime's engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
+    p.add_argument(
+        "--swarm-network",
+        help="swarm runtime: an attachable overlay network the functions' services join (the gateway must be on "
+        "it too); default: each node's host network",
+    )
     p.add_argument("--max-body-bytes", type=int, help="largest /function/ request body")
     p.add_argument(
         "--threads",
@@ -130,6 +137,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "scheduler_url": a.scheduler,
         "runtime": a.runtime,
         "docker_host": a.docker_host,
+        "swarm_network": a.swarm_network,
         "threads": a.threads,
         "max_inflight_per_function": a.max_inflight_per_function,
         "gpus": a.gpus,

@@ -121,9 +121,14 @@ def _parser() -> argparse.ArgumentParser:
         "--runtime",
         choices=env_vars.RUNTIMES,
         help="what runs the functions: local processes, or docker containers of their images (built with "
-        "docker build of the template, as faas-cli build does); default $FAAS_GPU_RUNTIME, else local",
+        "docker build of the template, as faas-cli build does), or swarm services (the images also pushed to "
+        "the registry their names say; --bind a node address so replicas on other nodes reach the scheduler); "
+        "default $FAAS_GPU_RUNTIME, else local",
     )
-    p.add_argument("--docker-host", help="the docker runtime's engine (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)")
+    p.add_argument(
+        "--docker-host",
+        help="the docker runtime's engine, or the swarm runtime's manager (default $FAAS_GPU_DOCKER_HOST, DOCKER_HOST)",
+    )
     p.add_argument(
         "--build-arg", action="append", help="KEY=VALUE for the docker builds (e.g. BASE_IMAGE=faas-gpu/base:latest)"
     )
@@ -146,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_deploy:
         runtime = args.runtime or env_vars.RUNTIME.read()
         docker = None
-        if runtime == "docker":
-            docker = DockerBuild(args.docker_host, build_args_of(args.build_arg or []))
+        if runtime in ("docker", "swarm"):  # swarm: pushed too, so every node can pull it
+            docker = DockerBuild(args.docker_host, build_args_of(args.build_arg or []), push=runtime == "swarm")
         deployed = up_deploy(args.yaml, gateway_url, docker=docker)
     secrets = paths.secrets_dir()
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
@@ -202,6 +207,8 @@ class DockerBuild:
 
     docker_host: str | None = None
     build_args: dict[str, str] = field(default_factory=dict)
+    push: bool = False
+    """Push each image to the registry its name says (the swarm runtime: workers pull from it)."""
 
 
 def up_deploy(
@@ -219,7 +226,11 @@ def up_deploy(
             print(f"Building {spec.name} ({spec.image})", flush=True)
             if docker is not None:
                 docker_build(
-                    spec, stack_dir=stack.stack_dir, build_args=docker.build_args, docker_host=docker.docker_host
+                    spec,
+                    stack_dir=stack.stack_dir,
+                    build_args=docker.build_args,
+                    docker_host=docker.docker_host,
+                    push=docker.push,
                 )
                 continue
             with BuildProgress(spec.name) as progress:

@@ -95,7 +95,7 @@ METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
 )
 
-RUNTIMES = ("local", "docker")
+RUNTIMES = ("local", "docker", "swarm")
 
 
 def runtime_name(raw: str) -> str:
@@ -109,8 +109,9 @@ RUNTIME: Var[str] = Var(
     "FAAS_GPU_RUNTIME",
     "local",
     runtime_name,
-    "what runs the provider's replicas: local (watchdog processes beside the stack) or docker "
-    "(containers of the functions' images on a Docker Engine, host network)",
+    "what runs the provider's replicas: local (watchdog processes beside the stack), docker "
+    "(containers of the functions' images on a Docker Engine, host network) or swarm (one Swarm "
+    "service per instance through a manager's engine, host network of the node it lands on)",
 )
 DOCKER_HOST: Var[str | None] = Var(
     "FAAS_GPU_DOCKER_HOST",

@@ -47,7 +47,6 @@ KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 # --runtime local|docker|swarm` (the Docker and Swarm runtimes). Until the parser has it, the flag
 # test leaves it out; `test_pending_flags_are_still_pending` fails once it exists, so this entry
 # is deleted then rather than forgotten.
-PENDING_FLAGS = {"serve": {"--runtime"}}
 
 # Daemon -> (module with parse_args, default port of what Prometheus scrapes on it).
 DAEMONS = {
@@ -145,20 +144,6 @@ def _flag(args: list[str], flag: str) -> str | None:
     return None
 
 
-def _without(args: list[str], flags: set[str]) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in flags:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
 # -- schemas ---------------------------------------------------------------------------------------
 
 
@@ -203,19 +188,7 @@ def test_every_daemon_command_in_the_deploy_files_parses_with_that_daemons_parse
     daemons = {daemon for _, daemon, _ in commands}
     assert {"serve", "scheduler", "gpu_manager"} <= daemons
     for where, daemon, args in commands:
-        pending = {f for f in PENDING_FLAGS.get(daemon, set()) if not _parser_accepts(daemon, [f + "=docker"])}
-        checked = _without(args, pending)
-        assert _parser_accepts(daemon, checked), f"{where}: {daemon} rejects {checked}"
-
-
-def test_pending_flags_are_still_pending(monkeypatch, tmp_path):
-    """PENDING_FLAGS lists flags a parallel branch adds; once the parser has one, delete its entry."""
-    monkeypatch.setenv("FAAS_GPU_HOME", str(tmp_path))
-    for daemon, flags in PENDING_FLAGS.items():
-        for flag in flags:
-            assert not _parser_accepts(daemon, [flag + "=docker"]), (
-                f"{daemon} now has {flag}: remove it from PENDING_FLAGS in {Path(__file__).name}"
-            )
+        assert _parser_accepts(daemon, args), f"{where}: {daemon} rejects {args}"
 
 
 def test_the_runtime_each_file_asks_for():
