@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from faas_gpu.contract import env as contract_env
+from faas_gpu.contract import labels as runtime_labels
 
 from ..types import FunctionRecord
 from ..validation import ValidationError, parse_quantity
@@ -41,12 +42,12 @@ ANNOTATION_LABEL_PREFIX = "com.openfaas.annotations."
 LABEL_FUNCTION = "com.openfaas.function"
 LABEL_FAAS_FUNCTION = "faas_function"
 LABEL_NAMESPACE = "com.openfaas.namespace"
-# ours: which provider runs the container, which replica and spec it is
-LABEL_OWNER = "com.faas-gpu.owner"
-LABEL_REPLICA = "com.faas-gpu.replica"
-LABEL_DIGEST = "com.faas-gpu.digest"
-LABEL_SLOT = "com.faas-gpu.slot"
-LABEL_PORT = "com.faas-gpu.port"
+# ours: which provider runs the container, which replica and spec it is (faas_gpu.contract.labels)
+LABEL_OWNER = runtime_labels.OWNER
+LABEL_REPLICA = runtime_labels.REPLICA
+LABEL_DIGEST = runtime_labels.DIGEST
+LABEL_SLOT = runtime_labels.SLOT
+LABEL_PORT = runtime_labels.PORT
 
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 """Docker's smallest memory limit (the engine refuses less): a smaller `limits.memory` (the

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faas_gpu.contract import env as contract_env
+from faas_gpu.contract import labels as runtime_labels
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.schedulers import Directory
 from faas_gpu.schedulers import merge as merge_schedulers
@@ -55,7 +56,7 @@ from .launch import check_record
 
 log = logging.getLogger(__name__)
 
-LABEL_INSTANCE = "com.faas-gpu.instance"  # the service's instance id (r0.., or an INFless plan's)
+LABEL_INSTANCE = runtime_labels.INSTANCE  # the service's instance id (r0.., or an INFless plan's)
 PORT_RANGE = (20000, 29998)  # even ports: P is the watchdog's, P+1 the http-mode function's
 SUPERVISE_EVERY_S = 0.5
 FAILED_STATES = ("failed", "rejected")

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 
+from faas_gpu.contract.labels import RUNTIME_LABELS
 from faas_gpu.policies.protean.classes import MAX_SLO_MS, parse_slo_ms
 from provider.types import FunctionDeployment
 from provider.validation import (
@@ -104,7 +105,9 @@ def test_the_table_covers_every_key_the_code_reads():
         text=True,
         check=True,
     ).stdout.split()
-    assert set(out) - set(ANNOTATIONS) == set()
+    # the runtimes' own labels on containers and services share the prefix; a deployment may set none
+    assert set(out) - set(ANNOTATIONS) - RUNTIME_LABELS == set()
+    assert not RUNTIME_LABELS & set(ANNOTATIONS)
 
 
 def test_faas_gpu_keys_in_labels_follow_the_same_rules():
@@ -183,3 +186,9 @@ def test_slo_header_is_bounded(raw):
     with pytest.raises(ValueError, match="X-Faas-Gpu-Slo-Ms"):
         parse_slo_ms(raw)
     assert parse_slo_ms(str(MAX_SLO_MS)) == MAX_SLO_MS
+
+
+@pytest.mark.parametrize("key", sorted(RUNTIME_LABELS))
+def test_a_deployment_cannot_set_a_runtime_label(key):
+    """A function labelled as another provider's replica would be adopted or removed by it."""
+    refused(f"labels: {key}", labels={key: "x"})

@@ -1,0 +1,25 @@
+"""The `com.faas-gpu.*` labels the container runtimes put on what they start (Docker containers,
+Swarm services), never read from a deployment.
+
+Why in the contract: a provider that restarts finds its containers and services by these
+labels (`provider.runtime.docker`, `provider.runtime.swarm`), and tooling reads them to tell a
+replica apart (which provider owns it, which replica and spec it is, on which port it serves).
+They share the annotations' prefix, so a deployment that sets one (as a label or an annotation) is
+refused by the annotation rules (`annotations.check`: not a key a function may set), and no
+function can pass itself off as another provider's replica.
+"""
+
+from __future__ import annotations
+
+OWNER = "com.faas-gpu.owner"
+"""Which provider (state folder) runs the container: a restarted provider removes only its own."""
+REPLICA = "com.faas-gpu.replica"
+DIGEST = "com.faas-gpu.digest"
+"""The replica's spec (image id, env, limits) as a digest: a changed spec rolls the replica."""
+SLOT = "com.faas-gpu.slot"
+PORT = "com.faas-gpu.port"
+"""The watchdog's port on the host network."""
+INSTANCE = "com.faas-gpu.instance"
+"""A Swarm service's instance id (r0, r1, ..., or an INFless plan's instance)."""
+
+RUNTIME_LABELS = frozenset({OWNER, REPLICA, DIGEST, SLOT, PORT, INSTANCE})
