@@ -89,6 +89,7 @@ DEADLINE_MISSED_HEADER = h.DEADLINE_MISSED
 LEASE_RETRY_S = 0.5  # with no lease granted, the scheduler is asked again after this long
 LEASE_ASK_TIMEOUT_S = 5.0
 DIRECT_TIMEOUT_S = 300.0  # a leased batch with no SLO: as long as the scheduler's path would wait
+REPORT_AFTER_S = 1.0  # leased batches are told to the scheduler at most this long after
 MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
 
 
@@ -161,6 +162,7 @@ class RemoteModel(torch.nn.Module):
         self._lease_lock = threading.Lock()
         self._unreported: list[list] = []  # leased batches answered, not yet told to the scheduler
         self._report_lock = threading.Lock()
+        self._report_timer: threading.Timer | None = None
         self._upload_lock = threading.Lock()
         self._refused: NotConvertible | None = None  # said once, then at once on every call
         self._queue = BatchQueue(
@@ -287,9 +289,11 @@ class RemoteModel(torch.nn.Module):
             return None
         if r.status_code == 200:
             self._ran(rows, 200, r.headers.get(h.EXECUTE_SECONDS), budget is not None, headers.get(h.APP, ""))
+            self._report_soon(digest, headers)
             return decode(r.content), h.ours(r.headers)
         if r.status_code == 400 and h.UNIT_STATE not in r.headers:  # the model refused the batch, as it would there
             self._ran(rows, 400, None, False, headers.get(h.APP, ""))
+            self._report_soon(digest, headers)
             raise RemoteError(r.status_code, r.text.strip())
         if code_of(r.headers) != LeaseError.code:
             log.info("faas-gpu: leased unit %s answered %d; through the scheduler", lease.unit, r.status_code)
@@ -306,6 +310,27 @@ class RemoteModel(torch.nn.Module):
         with self._report_lock:
             if len(self._unreported) < MAX_REPORTED:
                 self._unreported.append([rows, status, round(seconds, 6), slo, app])
+
+    def _report_soon(self, digest: str, headers: dict[str, str]) -> None:
+        """Leased batches reach the scheduler's metrics within `REPORT_AFTER_S` even when traffic
+        stops (otherwise they wait for the next lease asked for, which may never come): one timer
+        at a time, which asks for the lease again with the reports (a renewal, as traffic would)."""
+        with self._report_lock:
+            if self._report_timer is not None:
+                return
+            self._report_timer = timer = threading.Timer(REPORT_AFTER_S, self._flush_reports, (digest, dict(headers)))
+        timer.daemon = True
+        timer.start()
+
+    def _flush_reports(self, digest: str, headers: dict[str, str]) -> None:
+        with self._report_lock:
+            self._report_timer = None
+            if not self._unreported:
+                return
+        with self._lease_lock:
+            lease = self._ask_lease(digest, headers)
+            if lease is not None:
+                self._lease = lease
 
     def _post_direct(
         self, lease: HeldLease, digest: str, body: bytes, headers: dict[str, str], budget: Budget | None

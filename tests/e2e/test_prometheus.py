@@ -118,8 +118,9 @@ def test_prometheus_answers_every_dashboard_query_over_a_running_stack(tmp_path,
             # and the data is the stack's: the invocations, the SLO, the cache and the slicing
             fn = 'function_name="classify.openfaas-fn"'
             assert float(query(prom, f"sum(gateway_function_invocation_total{{{fn}}})")[0]["value"][1]) == 4
-            slo = query(prom, 'sum(faas_gpu_slo_jobs_total{function="classify.openfaas-fn"})')
-            assert float(slo[0]["value"][1]) == 4
+            # batches under a placement lease reach the scheduler's count within a second or so
+            slo_jobs = 'sum(faas_gpu_slo_jobs_total{function="classify.openfaas-fn"})'
+            _wait(lambda: float(query(prom, slo_jobs)[0]["value"][1]) == 4, 15, "every call in the SLO count")
             hits = query(prom, "sum(faas_gpu_model_cache_hits_total) + sum(faas_gpu_model_cache_misses_total)")
             assert float(hits[0]["value"][1]) == 4
             done = query(prom, 'faas_gpu_mig_reconfigurations_total{result="done"}')
