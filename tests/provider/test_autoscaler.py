@@ -404,3 +404,42 @@ def test_a_plan_is_not_judged_while_an_instance_of_it_is_starting(tmp_path):
     assert a.describe(r.key)["capacity"]["correction"] == 1.0
     for c in a.closers:
         c.close()
+
+
+def test_the_path_is_shared_by_the_nodes_instances_and_a_shortfall_batches_before_it_slows_the_model(tmp_path):
+    """Run 6 of EXPERIMENTS' path-limit section: 32 callers on 2 cores asked for a second instance,
+    predicted to bring 300 rps, and two replicas served 24. With the path's CPU reserved on the node
+    no second instance fits (its path would take the cores the first one's uses); a shortfall then
+    makes the path's CPU dearer (fewer instances, larger batches) before the model is slowed."""
+    a = fast_scaler(tmp_path, (2.2, 2.1))
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    per_request = {b: (2.2 / b + 2.1) / 1000 for b in FAST}  # the path's CPU seconds a request
+
+    def check():
+        d = a.describe(r.key)
+        cap = d["capacity"]
+        assert len(d["instances"]) == 1, d["instances"]  # 2 cores: one instance's core + its path's
+        inst = d["instances"][0]
+        node_bound = (2 - inst["cpu"]) / (per_request[inst["batch"]] * cap["pathCpuCorrection"])
+        assert cap["predictedRps"] <= node_bound + 1e-6
+        if inst["batch"] > 1:  # the timeout leaves the path's time again for its variance
+            assert inst["batchTimeoutMs"] == pytest.approx(250 - inst["tExecMs"] - inst["pathMs"], abs=0.01)
+        return d
+
+    for _ in range(12):
+        saturated(a, r.key, 180, 5)
+        d = check()
+    assert d["capacity"]["correction"] == 1.0  # the model is not slowed for what the node cannot pay
+    assert d["capacity"]["pathCpuCorrection"] > 1.0
+    assert d["instances"][0]["batch"] >= 16  # it batches instead
+    before = d["instances"][0]["batch"]
+    for _ in range(10):
+        saturated(a, r.key, 100, 5)
+        d = check()
+    cap = d["capacity"]
+    assert cap["pathCpuCorrection"] == 4.0 and cap["correction"] < 1.1  # the path's lever first, to its limit
+    assert d["instances"][0]["batch"] >= before  # batches did not shrink
+    assert cap["predictedRps"] == pytest.approx(100, rel=0.15)
+    for c in a.closers:
+        c.close()
