@@ -32,15 +32,19 @@ from faas_gpu.policies.infless import (
     Server,
     correction,
     corrections,
+    decayed,
     demand,
     dispatch,
+    fills,
     observed_capacity,
     rate_window,
+    restart_pays,
     schedule,
     warm,
     with_path,
 )
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
+from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S  # noqa: F401  (re-exported for callers and tests)
 
 from ..types import FunctionRecord, ValidationError
 from .base import Key, ScalingContext, ScalingDecision
@@ -60,6 +64,7 @@ PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
 MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model (or make the path's CPU dearer) by
 SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
+MEETS_DEMAND = 0.95  # answered at least this share of the arrivals with nothing queued: corrections fade
 
 
 class InflessScaling:
@@ -157,6 +162,7 @@ class InflessScaling:
             state.rate_window = previous.rate_window
             state.correction, state.planned_at = previous.correction, previous.planned_at
             state.path_correction = previous.path_correction
+            state.restarted_at, state.decayed_at = previous.restarted_at, previous.decayed_at
         else:
             saved = self._load(key, now) if previous is None else []
             state.instances = saved or self._fresh(state, max(policy.min_instances, record.replicas), now)
@@ -249,8 +255,10 @@ class InflessScaling:
         slots = sum(i.candidate.batch for i in state.instances)
         seen = observed_capacity(state.done_rps, ctx.load.peak_in_flight, slots)
         if seen is None:
+            if ctx.load.peak_in_flight <= slots:  # nothing queued beyond the batches in progress
+                self._fade(state, now)
             return
-        state.observed, state.saturated = seen, True
+        state.observed, state.observed_at, state.saturated = seen, now, True
         predicted = sum(i.r_up for i in state.instances)
         factor = correction(predicted, seen)
         path_f, model_f = corrections(
@@ -273,14 +281,59 @@ class InflessScaling:
                 state.correction,
             )
 
+    def _fade(self, state: InflessState, now: float) -> None:
+        """A settled plan that answers what arrives with nothing queued (no more requests in flight
+        than its batches hold: a closed loop's callers are always "answered", so the answer rate
+        alone proves nothing): the corrections move one step back toward 1 (`decayed`), at most
+        once a rate window, and the rates follow them."""
+        if state.correction <= 1.0 and state.path_correction <= 1.0:
+            return
+        if state.rps <= 0 or state.done_rps < MEETS_DEMAND * state.rps or now - state.decayed_at < self.window_s:
+            return
+        state.correction, state.path_correction = decayed(state.correction), decayed(state.path_correction)
+        state.decayed_at = now
+        state.replan = True  # the rates follow; a restart still has to pay (`_may_restart`)
+
+    def _may_restart(self, state: InflessState, fresh: list[Instance], demand_rps: float, now: float) -> bool:
+        """Hysteresis for a re-plan that restarts instances (`restart_pays`): the running plan is
+        clearly short of `demand_rps` and `fresh` promises clearly more on the measured footing, and
+        the last such re-plan is MIN_RESTART_GAP_S old. (The runtime keeps a replaced instance
+        serving until its successor is ready: `reconcile_plan`.)"""
+        if not state.instances:
+            return True
+        if now - state.restarted_at < MIN_RESTART_GAP_S:
+            return False
+        observed = state.observed if state.observed_at >= state.restarted_at else None  # this plan's own
+        return restart_pays(_r_max(state.instances), observed, _r_max(fresh), demand_rps)
+
+    def _rerate(self, state: InflessState) -> None:
+        """The running instances' rates under the corrected model, without restarting any: each
+        configuration placed again (Algorithm 1, one instance) on what the node leaves; its batch,
+        threads and timeout, which the instance runs with, are kept."""
+        cands = {(c.batch, c.cpu, c.gpu): c for c in self.candidates(state.policy, state.correction)}
+        servers = self._servers(state, without_own=True)
+        path = self.path_cpu(state)
+        for inst in sorted(state.instances, key=lambda i: -i.candidate.batch):
+            c = cands.get(_config(inst))
+            if c is None:
+                continue
+            result = schedule(1e12, [c], servers, state.policy.slo_s, max_instances=1, path=path)
+            if result.placements:
+                inst.r_low, inst.r_up = result.placements[0].r_low, result.placements[0].r_up
+                servers = result.servers
+
     def _replan(
         self, state: InflessState, rps: float, now: float, *, residual: float = 0.0, force: bool = False
     ) -> None:
         """More capacity for `rps`: Algorithm 1 for the residual beside the instances kept, or for
         the whole load from scratch when that plan is leaner (fewer instances, or as many with more
-        capacity: batching that the residual plan cannot reach) or `force` (a corrected model)."""
+        capacity: batching that the residual plan cannot reach) or `force` (a corrected model).
+        A plan from scratch that restarts instances must pay for it (`_may_restart`); otherwise a
+        corrected model only re-rates the running instances."""
         p = state.policy
         limit = p.max_instances
+        if force:
+            self._rerate(state)  # the running plan on the corrected footing the new one is made on
         others = list(state.instances)
         fresh = self._place(state, rps, limit, now, without_own=True)
         covered = sum(i.r_up for i in fresh) >= rps - 1e-9
@@ -294,13 +347,14 @@ class InflessScaling:
             for old, new in zip(sorted(state.instances, key=_config), sorted(fresh, key=_config), strict=True):
                 old.r_low, old.r_up = new.r_low, new.r_up
             return
-        if fresh and (
+        leaner = fresh and (
             force
             or (covered and len(fresh) < len(incremental))
             or (covered and len(fresh) == len(incremental) and _r_max(fresh) > _r_max(incremental))
-        ):
+        )
+        if leaner and self._may_restart(state, fresh, rps, now):
             state.instances = fresh
-            state.planned_at = now
+            state.planned_at = state.restarted_at = now
         elif added:
             state.instances = incremental
             state.planned_at = now
@@ -351,9 +405,15 @@ class InflessScaling:
         self, state: InflessState, rps: float, limit: int, now: float, *, without_own: bool = False
     ) -> list[Instance]:
         """Algorithm 1 over the corrected candidates, batches no larger than the requests seen in
-        flight at once (a bigger batch would only ever fill by its timeout), the path's CPU
+        flight at once and no larger than the measured arrivals fill within the batch's timeout
+        (`fills`: a bigger batch would only ever leave by its timeout, part full), the path's CPU
         reserved on the node."""
-        cands = self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+        slo = state.policy.slo_s
+        cands = [
+            c
+            for c in self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+            if fills(c, slo, state.rps)
+        ]
         servers = self._servers(state, without_own)
         result = schedule(rps, cands, servers, state.policy.slo_s, max_instances=limit, path=self.path_cpu(state))
         return [

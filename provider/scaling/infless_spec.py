@@ -6,6 +6,7 @@ instance (the env it runs with, the JSON a restarted provider reads back) have o
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from collections.abc import Collection
@@ -204,6 +205,12 @@ class InflessState:
     """Requests queued in front of the instances at the last decision (after the plan settled)."""
     replan: bool = False
     planned_at: float = 0.0
+    observed_at: float = -math.inf
+    """When `observed` was measured."""
+    restarted_at: float = -math.inf
+    """When a re-plan last restarted instances (changed a batch size or threads)."""
+    decayed_at: float = -math.inf
+    """When the corrections last faded toward 1."""
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
     lock: threading.Lock = field(default_factory=threading.Lock)
