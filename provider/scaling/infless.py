@@ -9,6 +9,10 @@ batch timeout (t_slo - t_exec, less a margin for the path's variance), CPU threa
 (a per-instance plan for the runtime). The serving path's CPU, measured by `faas-gpu profile
 --path`, is reserved on this node beside the instances' cores (every function's instances share
 it), and an observed shortfall makes that CPU dearer before it slows the model (`corrections`).
+A re-plan that would restart instances (a new batch size or thread count) must pay for the
+restart (`restart_pays`: the running plan clearly short, the new one clearly better on the
+measured footing, 30 s since the last), no batch is planned that the measured arrivals do not fill
+within its timeout (`fills`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
 function to zero and starts it again before the arrival it predicts. `com.openfaas.scale.min` and
 `com.openfaas.scale.max` bound everything.
