@@ -48,7 +48,7 @@ from faas_gpu.policies.infless import (
     with_path,
 )
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
-from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S  # noqa: F401  (re-exported for callers and tests)
+from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S
 
 from ..types import FunctionRecord, ValidationError
 from .base import Key, ScalingContext, ScalingDecision
