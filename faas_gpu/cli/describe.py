@@ -113,13 +113,18 @@ def _print_capacity(cap: dict | None) -> None:
     observed = cap.get("observedRps")
     seen = "not yet saturated" if observed is None else f"{observed:g} rps observed at saturation"
     fix = cap.get("correction", 1.0)
-    fixed = f"; model corrected x{fix:g} from what was observed" if fix and fix != 1.0 else ""
+    path_fix = cap.get("pathCpuCorrection", 1.0)
+    fixed = f"; path CPU on the node corrected x{path_fix:g}" if path_fix and path_fix != 1.0 else ""
+    fixed += f"; model corrected x{fix:g} from what was observed" if fix and fix != 1.0 else ""
     print(f"{'Capacity:':<20} {cap.get('predictedRps', 0):g} rps predicted, {seen}{fixed}")
     path = cap.get("pathCostMs")
     if path is None:
         what = "not measured: run `faas-gpu profile --path` (model time alone is predicted)"
     else:
-        what = f"{path['fixed']:g} ms a batch + {path['perRequest']:g} ms a request (faas-gpu profile --path)"
+        what = (
+            f"{path['fixed']:g} ms a batch + {path['perRequest']:g} ms a request (faas-gpu profile --path), "
+            "its CPU reserved on the node for every instance's r_up"
+        )
     print(f"{'Path cost:':<20} {what}")
 
 

@@ -5,7 +5,14 @@ A function is INFless-scaled when its annotations name the model to predict
 function's arrival rate, asks the dispatcher (`dispatch`) how to split it over the function's
 instances, adds instances with Algorithm 1 (`schedule`) for the residual load or releases surplus
 ones, and weighs the gateway's splitter with the rates. Each instance has its own batch size,
-batch timeout (t_slo - t_exec), CPU threads and GPU share (a per-instance plan for the runtime).
+batch timeout (t_slo - t_exec, less a margin for the path's variance), CPU threads and GPU share
+(a per-instance plan for the runtime). The serving path's CPU, measured by `faas-gpu profile
+--path`, is reserved on this node beside the instances' cores (every function's instances share
+it), and an observed shortfall makes that CPU dearer before it slows the model (`corrections`).
+A re-plan that would restart instances (a new batch size or thread count) must pay for the
+restart (`restart_pays`: the running plan clearly short, the new one clearly better on the
+measured footing, 30 s since the last), no batch is planned that the measured arrivals do not fill
+within its timeout (`fills`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
 function to zero and starts it again before the arrival it predicts. `com.openfaas.scale.min` and
 `com.openfaas.scale.max` bound everything.
@@ -28,15 +35,20 @@ from faas_gpu.policies.infless import (
     PathCost,
     Server,
     correction,
+    corrections,
+    decayed,
     demand,
     dispatch,
+    fills,
     observed_capacity,
     rate_window,
+    restart_pays,
     schedule,
     warm,
     with_path,
 )
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
+from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S
 
 from ..types import FunctionRecord, ValidationError
 from .base import Key, ScalingContext, ScalingDecision
@@ -54,8 +66,9 @@ log = logging.getLogger(__name__)
 
 PLANS_PREFIX = INSTANCES
 MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no flapping)
-MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model down by
+MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model (or make the path's CPU dearer) by
 SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
+MEETS_DEMAND = 0.95  # answered at least this share of the arrivals with nothing queued: corrections fade
 
 
 class InflessScaling:
@@ -90,7 +103,17 @@ class InflessScaling:
         """The serving path's cost on this node, as `faas-gpu profile --path` measured it (None: not yet)."""
         ask = getattr(self.predictor, "path_cost", None)
         measured = ask(self.node) if ask is not None else None
-        return PathCost(measured[0] / 1000.0, measured[1] / 1000.0) if measured else None
+        if not measured:
+            return None
+        # (fixed, per request), optionally followed by the CPU the path spends per batch and per request
+        ms = [None if v is None else float(v) / 1000.0 for v in measured]
+        return PathCost(ms[0], ms[1], *ms[2:4])
+
+    def path_cpu(self, state: InflessState) -> PathCost | None:
+        """The path's CPU as `state`'s plans reserve it on the node: its cost, times the function's
+        path correction (the shortfall observed while its instances shared the path)."""
+        path = self.path_cost()
+        return None if path is None else path.cpu_scaled(state.path_correction)
 
     def candidates(self, policy: FunctionPolicy, factor: float = 1.0, max_batch: int | None = None) -> list[Candidate]:
         """The profiled configurations as the whole path serves them: model time + the path's cost
@@ -142,6 +165,8 @@ class InflessScaling:
             state.instances, state.splitter = previous.instances, previous.splitter
             state.rate_window = previous.rate_window
             state.correction, state.planned_at = previous.correction, previous.planned_at
+            state.path_correction = previous.path_correction
+            state.restarted_at, state.decayed_at = previous.restarted_at, previous.decayed_at
         else:
             saved = self._load(key, now) if previous is None else []
             state.instances = saved or self._fresh(state, max(policy.min_instances, record.replicas), now)
@@ -234,31 +259,85 @@ class InflessScaling:
         slots = sum(i.candidate.batch for i in state.instances)
         seen = observed_capacity(state.done_rps, ctx.load.peak_in_flight, slots)
         if seen is None:
+            if ctx.load.peak_in_flight <= slots:  # nothing queued beyond the batches in progress
+                self._fade(state, now)
             return
-        state.observed, state.saturated = seen, True
+        state.observed, state.observed_at, state.saturated = seen, now, True
         predicted = sum(i.r_up for i in state.instances)
         factor = correction(predicted, seen)
-        corrected = min(MAX_CORRECTION, max(1.0, state.correction * (factor or 1.0)))
-        if abs(corrected - state.correction) > 1e-9:
-            state.correction = corrected
+        path_f, model_f = corrections(
+            state.path_correction,
+            state.correction,
+            factor or 1.0,
+            path_known=self.path_cost() is not None,
+            limit=MAX_CORRECTION,
+        )
+        if abs(path_f - state.path_correction) > 1e-9 or abs(model_f - state.correction) > 1e-9:
+            state.path_correction, state.correction = path_f, model_f
             state.replan = True
             state.planned_at = now  # the corrected model is judged again once its plan has settled
             log.info(
-                "%s: observed %.0f rps at saturation, predicted %.0f: model corrected by x%.2f, re-planned",
+                "%s: observed %.0f rps at saturation, predicted %.0f: path CPU x%.2f, model time x%.2f, re-planned",
                 state.record.name,
                 seen,
                 predicted,
+                state.path_correction,
                 state.correction,
             )
+
+    def _fade(self, state: InflessState, now: float) -> None:
+        """A settled plan that answers what arrives with nothing queued (no more requests in flight
+        than its batches hold: a closed loop's callers are always "answered", so the answer rate
+        alone proves nothing): the corrections move one step back toward 1 (`decayed`), at most
+        once a rate window, and the rates follow them."""
+        if state.correction <= 1.0 and state.path_correction <= 1.0:
+            return
+        if state.rps <= 0 or state.done_rps < MEETS_DEMAND * state.rps or now - state.decayed_at < self.window_s:
+            return
+        state.correction, state.path_correction = decayed(state.correction), decayed(state.path_correction)
+        state.decayed_at = now
+        state.replan = True  # the rates follow; a restart still has to pay (`_may_restart`)
+
+    def _may_restart(self, state: InflessState, fresh: list[Instance], demand_rps: float, now: float) -> bool:
+        """Hysteresis for a re-plan that restarts instances (`restart_pays`): the running plan is
+        clearly short of `demand_rps` and `fresh` promises clearly more on the measured footing, and
+        the last such re-plan is MIN_RESTART_GAP_S old. (The runtime keeps a replaced instance
+        serving until its successor is ready: `reconcile_plan`.)"""
+        if not state.instances:
+            return True
+        if now - state.restarted_at < MIN_RESTART_GAP_S:
+            return False
+        observed = state.observed if state.observed_at >= state.restarted_at else None  # this plan's own
+        return restart_pays(_r_max(state.instances), observed, _r_max(fresh), demand_rps)
+
+    def _rerate(self, state: InflessState) -> None:
+        """The running instances' rates under the corrected model, without restarting any: each
+        configuration placed again (Algorithm 1, one instance) on what the node leaves; its batch,
+        threads and timeout, which the instance runs with, are kept."""
+        cands = {(c.batch, c.cpu, c.gpu): c for c in self.candidates(state.policy, state.correction)}
+        servers = self._servers(state, without_own=True)
+        path = self.path_cpu(state)
+        for inst in sorted(state.instances, key=lambda i: -i.candidate.batch):
+            c = cands.get(_config(inst))
+            if c is None:
+                continue
+            result = schedule(1e12, [c], servers, state.policy.slo_s, max_instances=1, path=path)
+            if result.placements:
+                inst.r_low, inst.r_up = result.placements[0].r_low, result.placements[0].r_up
+                servers = result.servers
 
     def _replan(
         self, state: InflessState, rps: float, now: float, *, residual: float = 0.0, force: bool = False
     ) -> None:
         """More capacity for `rps`: Algorithm 1 for the residual beside the instances kept, or for
         the whole load from scratch when that plan is leaner (fewer instances, or as many with more
-        capacity: batching that the residual plan cannot reach) or `force` (a corrected model)."""
+        capacity: batching that the residual plan cannot reach) or `force` (a corrected model).
+        A plan from scratch that restarts instances must pay for it (`_may_restart`); otherwise a
+        corrected model only re-rates the running instances."""
         p = state.policy
         limit = p.max_instances
+        if force:
+            self._rerate(state)  # the running plan on the corrected footing the new one is made on
         others = list(state.instances)
         fresh = self._place(state, rps, limit, now, without_own=True)
         covered = sum(i.r_up for i in fresh) >= rps - 1e-9
@@ -267,14 +346,19 @@ class InflessScaling:
             added = self._place(state, residual, limit - len(others), now)
         incremental = others + added
         if fresh and _configs(fresh) == _configs(state.instances):
-            return  # the plan from scratch is the one running: no instance is restarted for it
-        if fresh and (
+            # the plan from scratch is the one running: no instance is restarted for it, but its
+            # rates are the new plan's (a corrected path CPU changes what the node serves)
+            for old, new in zip(sorted(state.instances, key=_config), sorted(fresh, key=_config), strict=True):
+                old.r_low, old.r_up = new.r_low, new.r_up
+            return
+        leaner = fresh and (
             force
             or (covered and len(fresh) < len(incremental))
             or (covered and len(fresh) == len(incremental) and _r_max(fresh) > _r_max(incremental))
-        ):
+        )
+        if leaner and self._may_restart(state, fresh, rps, now):
             state.instances = fresh
-            state.planned_at = now
+            state.planned_at = state.restarted_at = now
         elif added:
             state.instances = incremental
             state.planned_at = now
@@ -308,12 +392,15 @@ class InflessScaling:
     # -- placement -------------------------------------------------------------------------
     def _servers(self, state: InflessState, without_own: bool = False) -> list[Server]:
         """This node's free resources: what every managed instance (those of `state` too, unless
-        `without_own`: a plan from scratch) leaves."""
+        `without_own`: a plan from scratch) leaves, its cores and the path's CPU for its r_up."""
         used_cpu, used_gpu = 0.0, [0.0] * self.gpus
         others = [s for s in self._states.values() if s is not state]
         for s in [*others, *([] if without_own else [state])]:
+            path = self.path_cpu(s)
             for i in s.instances:
                 used_cpu += i.candidate.cpu
+                if path is not None:
+                    used_cpu += i.r_up * path.cpu_per_request_s(i.candidate.batch)
                 if i.gpu_index is not None and i.gpu_index < self.gpus:
                     used_gpu[i.gpu_index] += i.candidate.gpu
         return [Server(self.node, self.cpus - used_cpu, [100.0 - u for u in used_gpu])]
@@ -322,10 +409,21 @@ class InflessScaling:
         self, state: InflessState, rps: float, limit: int, now: float, *, without_own: bool = False
     ) -> list[Instance]:
         """Algorithm 1 over the corrected candidates, batches no larger than the requests seen in
-        flight at once (a bigger batch would only ever fill by its timeout)."""
-        cands = self.candidates(state.policy, state.correction, max_batch=state.concurrency)
-        result = schedule(rps, cands, self._servers(state, without_own), state.policy.slo_s, max_instances=limit)
-        return [self._instance(state, p.candidate, p.server, p.gpu_index, now) for p in result.placements]
+        flight at once and no larger than the measured arrivals fill within the batch's timeout
+        (`fills`: a bigger batch would only ever leave by its timeout, part full), the path's CPU
+        reserved on the node."""
+        slo = state.policy.slo_s
+        cands = [
+            c
+            for c in self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+            if fills(c, slo, state.rps)
+        ]
+        servers = self._servers(state, without_own)
+        result = schedule(rps, cands, servers, state.policy.slo_s, max_instances=limit, path=self.path_cpu(state))
+        return [
+            self._instance(state, p.candidate, p.server, p.gpu_index, now, (p.r_low, p.r_up, p.timeout_s))
+            for p in result.placements
+        ]
 
     def _fresh(self, state: InflessState, n: int, now: float) -> list[Instance]:
         """n instances for a function with no measured load: the most efficient batch-1 config,
@@ -346,16 +444,27 @@ class InflessScaling:
         del state.instances[len(state.instances) - len(out) :]
         return out
 
-    def _instance(self, state: InflessState, c: Candidate, server: str, gpu_index: int | None, now: float) -> Instance:
+    def _instance(
+        self,
+        state: InflessState,
+        c: Candidate,
+        server: str,
+        gpu_index: int | None,
+        now: float,
+        placed: tuple[float, float, float] | None = None,
+    ) -> Instance:
+        """An instance of `c`: with the (r_low, r_up, timeout) Algorithm 1 `placed` it at (r_up
+        cut to the node's CPU for the path), else Eq. 1's."""
         slo = state.policy.slo_s
-        if c.t_exec_s <= slo and (c.batch == 1 or c.t_exec_s <= slo / 2):
-            b = bounds(c.t_exec_s, slo, c.batch)
+        timeout = batch_timeout_s(c.t_exec_s, slo, c.batch, c.path_s)
+        if placed is not None:
+            r_low, r_up, timeout = placed
+        elif c.t_exec_s <= slo and (c.batch == 1 or c.t_exec_s <= slo / 2):
+            b = bounds(c.t_exec_s, slo, c.batch, c.path_s)
             r_low, r_up = b.r_low, b.r_up
         else:  # best effort: as fast as it goes
             r_low, r_up = 0.0, float(max(1, math.floor(1 / c.t_exec_s)) * c.batch)
-        return Instance.new(
-            state.record.name, c, r_low, r_up, batch_timeout_s(c.t_exec_s, slo, c.batch), server, gpu_index, now
-        )
+        return Instance.new(state.record.name, c, r_low, r_up, timeout, server, gpu_index, now)
 
     # -- state -----------------------------------------------------------------------------
     def applied(self, key: Key, state: InflessState) -> None:
@@ -393,6 +502,7 @@ class InflessScaling:
                 "observedRps": None if state.observed is None else round(state.observed, 1),
                 "completedRps": round(state.done_rps, 1),
                 "correction": round(state.correction, 3),
+                "pathCpuCorrection": round(state.path_correction, 3),
                 "pathCostMs": None
                 if path is None
                 else {"fixed": path.fixed_s * 1000, "perRequest": path.per_item_s * 1000},
@@ -411,5 +521,9 @@ def _r_max(instances: list[Instance]) -> float:
     return sum(i.r_up for i in instances)
 
 
+def _config(i: Instance) -> tuple[int, float, float]:
+    return (i.candidate.batch, i.candidate.cpu, i.candidate.gpu)
+
+
 def _configs(instances: list[Instance]) -> list[tuple[int, float, float]]:
-    return sorted((i.candidate.batch, i.candidate.cpu, i.candidate.gpu) for i in instances)
+    return sorted(_config(i) for i in instances)

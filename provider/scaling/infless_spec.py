@@ -6,6 +6,7 @@ instance (the env it runs with, the JSON a restarted provider reads back) have o
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from collections.abc import Collection
@@ -40,8 +41,9 @@ class Predictor(Protocol):
     def configs(self, model: str, gpu: bool = False) -> list[tuple[int, int, int, float]]:
         """Every profiled (batch, cpu threads, gpu share %, predicted ms); LookupError when none."""
 
-    def path_cost(self, node: str = "local") -> tuple[float, float] | None:
-        """The serving path's own cost on the node: (fixed ms per batch, ms per request), or None."""
+    def path_cost(self, node: str = "local") -> tuple[float, ...] | None:
+        """The serving path's own cost on the node: (fixed ms per batch, ms per request), optionally
+        followed by the CPU ms its processes spend per batch and per request; or None."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class Instance:
             "cpu": c.cpu,
             "gpuShare": c.gpu,
             "tExecMs": round(c.t_exec_s * 1000, 3),
+            "pathMs": round(c.path_s * 1000, 3),
             "rLow": self.r_low,
             "rUp": self.r_up,
             "batchTimeoutMs": round(self.timeout_s * 1000, 3),
@@ -161,7 +164,13 @@ class Instance:
 
     @classmethod
     def from_json(cls, d: dict, now: float) -> Instance:
-        c = Candidate(int(d["batch"]), float(d["cpu"]), float(d["gpuShare"]), float(d["tExecMs"]) / 1000)
+        c = Candidate(
+            int(d["batch"]),
+            float(d["cpu"]),
+            float(d["gpuShare"]),
+            float(d["tExecMs"]) / 1000,
+            float(d.get("pathMs", 0.0)) / 1000,
+        )
         return cls(
             d["id"], c, float(d["rLow"]), float(d["rUp"]), float(d["batchTimeoutMs"]) / 1000, d["server"], None, now
         )
@@ -187,12 +196,21 @@ class InflessState:
     """The throughput last seen at saturation (requests queueing in front of the instances)."""
     correction: float = 1.0
     """The factor on the predicted path time that the observed capacity asked for (1: none)."""
+    path_correction: float = 1.0
+    """The factor on the path's CPU on the node that the observed capacity asked for (1: none);
+    a shortfall moves it before `correction` (`faas_gpu.policies.infless.corrections`)."""
     ready_ids: Collection[str] = ()
     """The instances the gateway last found ready (`pick`)."""
     saturated: bool = False
     """Requests queued in front of the instances at the last decision (after the plan settled)."""
     replan: bool = False
     planned_at: float = 0.0
+    observed_at: float = -math.inf
+    """When `observed` was measured."""
+    restarted_at: float = -math.inf
+    """When a re-plan last restarted instances (changed a batch size or threads)."""
+    decayed_at: float = -math.inf
+    """When the corrections last faded toward 1."""
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
     lock: threading.Lock = field(default_factory=threading.Lock)

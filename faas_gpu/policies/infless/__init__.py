@@ -8,15 +8,19 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 - `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP), a fixed keep-alive, and the
   `warm` rule that applies their windows;
 - `path`: the serving path's cost (fixed + per-item, measured by `faas-gpu profile --path`) added
-  to t_exec, and the correction by the capacity observed at saturation;
+  to t_exec, its CPU reserved on the node (`path_rate`), and the corrections by the capacity
+  observed at saturation (`corrections`: the path's CPU first, the model's time last);
+- `replan`: when a re-plan may restart instances (`restart_pays`), which batches the arrivals
+  fill within their timeout (`fills`), and corrections fading back to 1 (`decayed`);
 - `rate`: the arrival rate the provider scales on (`RateWindow`, built by `rate_window`).
 """
 
 from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
 from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
 from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
-from .path import PathCost, correction, demand, observed_capacity, with_path
+from .path import PathCost, correction, corrections, demand, observed_capacity, path_rate, with_path
 from .rate import RateWindow, rate_window
+from .replan import decayed, fills, restart_pays
 from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
 
 __all__ = [
@@ -40,12 +44,17 @@ __all__ = [
     "beta_from_flops",
     "bounds",
     "correction",
+    "decayed",
+    "corrections",
     "demand",
     "dispatch",
     "efficiency",
     "feasible",
+    "fills",
     "observed_capacity",
+    "path_rate",
     "rate_window",
+    "restart_pays",
     "schedule",
     "warm",
     "with_path",

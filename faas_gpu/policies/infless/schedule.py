@@ -14,6 +14,13 @@ with instances of different batch sizes and shares.
 For a configuration, e_ij is largest on the server with the least free capacity that still
 fits it, so servers are kept sorted by free capacity and each configuration costs a bisection,
 not a scan of the cluster (the paper's 2,000-server simulation).
+
+With `path` (issue 20) the serving path's CPU is a node resource (`path.path_rate`): on each
+server an instance's rate is cut to what the server's cores left after its own pay the path for,
+its cost in Eq. 10 counts those cores (c + r * cpu_per_request(b)), and placing it takes them. So
+instances beyond a node's CPU add no capacity and are not placed, and a larger batch, which pays
+the path's per-batch part over more requests, scores higher. Servers are then scanned (the rate
+depends on the server), as a provider's node or few are.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from .capacity import Candidate, batch_timeout_s, bounds, feasible
+from .path import PathCost, path_rate
 
 # Xeon Silver 4215 (AVX-512, one FMA unit: 32 fp32 FLOP/cycle at 2.5 GHz) against one 1% of an
 # RTX 2080 Ti's 13.45 TFLOPS: the testbed of the paper. An assumption; see beta_from_flops.
@@ -104,10 +112,10 @@ class _Cluster:
                 return s
         return None
 
-    def take(self, s: Server, c: Candidate) -> int | None:
+    def take(self, s: Server, c: Candidate, path_cpu: float = 0.0) -> int | None:
         self.order.remove((s.capacity(self.beta), s.name))
         gi = s.gpu_for(c.gpu)
-        s.cpu_free -= c.cpu
+        s.cpu_free -= c.cpu + path_cpu
         if gi is not None:
             s.gpus_free[gi] -= c.gpu
         bisect.insort(self.order, (s.capacity(self.beta), s.name))
@@ -123,8 +131,12 @@ def schedule(
     beta: float = DEFAULT_BETA,
     max_instances: int | None = None,
     select: str = "efficiency",
+    path: PathCost | None = None,
 ) -> ScheduleResult:
     """Instances (configuration + server) for `residual_rps`; servers are not modified.
+
+    `path`: the serving path's CPU, reserved on the servers' cores (see the module's doc); a
+    placement's r_up is then the rate the server's CPU lets it serve.
 
     `select="max-throughput"` is the ablation without resource scheduling (RS): the feasible
     configuration with the highest r_up, on the first server that fits it.
@@ -137,7 +149,7 @@ def schedule(
     for c in candidates:
         if c.t_exec_s <= 0 or _cost(c, beta) <= 0:
             continue
-        b = bounds(c.t_exec_s, t_slo_s, c.batch)
+        b = bounds(c.t_exec_s, t_slo_s, c.batch, c.path_s)
         if b.r_up <= 0:
             continue
         by_batch.setdefault(c.batch, []).append((c, b.r_low, b.r_up))
@@ -150,14 +162,23 @@ def schedule(
             options = [(c, lo, up) for c, lo, up in by_batch[batch] if feasible(c, t_slo_s, rps)]
             if not options:
                 continue
-            chosen = _choose(options, cluster, beta, best_density, select)
+            if path is None:
+                chosen = _choose(options, cluster, beta, best_density, select)
+            else:
+                chosen = _choose_with_path(options, cluster, beta, best_density, select, path)
             if chosen is not None:
                 break
         if chosen is None:
             break  # the cluster cannot fit any feasible configuration
         (c, lo, up), server = chosen
-        gi = cluster.take(server, c)
-        placements.append(Placement(server.name, gi, c, lo, up, batch_timeout_s(c.t_exec_s, t_slo_s, c.batch)))
+        path_cpu = 0.0
+        if path is not None:
+            up = path_rate(c, up, server.cpu_free, path)
+            lo = min(lo, up)  # the load fills its batches (R >= r_low); the node's CPU caps what it serves
+            path_cpu = up * path.cpu_per_request_s(c.batch)
+        gi = cluster.take(server, c, path_cpu)
+        timeout = batch_timeout_s(c.t_exec_s, t_slo_s, c.batch, c.path_s)
+        placements.append(Placement(server.name, gi, c, lo, up, timeout))
         rps -= up
     return ScheduleResult(placements, max(0.0, rps), list(cluster.servers.values()))
 
@@ -178,4 +199,29 @@ def _choose(options, cluster: _Cluster, beta: float, best_density: float, select
         e = efficiency(option[0], option[2], s.capacity(beta), beta, best_density)
         if e > best_e:
             best, best_e = (option, s), e
+    return best
+
+
+def _choose_with_path(options, cluster: _Cluster, beta: float, best_density: float, select: str, path: PathCost):
+    """`_choose` with the path's CPU reserved: each (configuration, server) at the rate the
+    server's cores let it serve, at least one batch a second. That rate may fall below r_low:
+    the load still fills the batches (feasibility asked R >= r_low), the node serves less of it."""
+    best, best_key = None, None
+    for c, lo, up in options:
+        per = path.cpu_per_request_s(c.batch)
+        for _cap, name in cluster.order:
+            s = cluster.servers[name]
+            if not s.fits(c):
+                continue
+            r = path_rate(c, up, s.cpu_free, path)
+            if r < max(c.batch, 1.0):
+                continue
+            if select == "max-throughput":
+                key = (r, -_cost(c, beta))
+            else:
+                w = beta * (c.cpu + r * per) + c.gpu
+                density = (r / w) / best_density if best_density > 0 else 0.0
+                key = (density / max(1e-9, 1.0 - w / s.capacity(beta)), 0.0)
+            if best_key is None or key > best_key:
+                best, best_key = ((c, lo, up), s), key
     return best
