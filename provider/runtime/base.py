@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..types import FunctionRecord
 
@@ -70,3 +73,30 @@ class Runtime(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class WatchedRuntime(Runtime):
+    """A runtime that keeps each function's state (`_fns`, each with a `problem`) under `_lock`
+    and notifies `_changed` whenever replicas come, go or fail: waiting for a ready replica and
+    saying why a function cannot serve are then the same whatever runs the replicas (processes,
+    containers, Swarm services)."""
+
+    _lock: threading.RLock
+    _changed: threading.Condition
+    _fns: dict[tuple[str, str], Any]
+
+    def wait_ready(self, namespace: str, name: str, timeout_s: float) -> bool:
+        """Wait for a ready replica; give up at once when the function cannot start or crash-loops."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self.endpoints(namespace, name):
+                left = deadline - time.monotonic()
+                fn = self._fns.get((namespace, name))
+                if left <= 0 or fn is None or fn.problem is not None:
+                    return False
+                self._changed.wait(min(left, 0.5))
+            return True
+
+    def problem(self, namespace: str, name: str) -> dict[str, str] | None:
+        fn = self._fns.get((namespace, name))
+        return fn.problem if fn is not None else None

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..logs import LogStore
 from ..types import FunctionRecord
-from .base import InstanceSpec, LaunchError, Runtime
+from .base import InstanceSpec, LaunchError, WatchedRuntime
 from .output import note
 from .replicas import CRASH_LOOP_EXITS, FunctionReplicas, backoff_s, reason, reconcile_count, reconcile_plan
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SUPERVISE_EVERY_S = 0.1
 
 
-class SupervisedRuntime(Runtime):
+class SupervisedRuntime(WatchedRuntime):
     """Desired state in, replicas out. Subclasses implement `plan`, `_spawn`, `_exit_status`,
     `_reap`, `_probe` and `_stop_all`; replicas are objects with `id`, `url`, `digest`, `slot`,
     `started`, `ready` and `stopping` (`processes.Replica`, `docker.ContainerReplica`)."""
@@ -146,22 +146,6 @@ class SupervisedRuntime(Runtime):
 
     def available(self, namespace: str, name: str) -> int:
         return len(self.endpoints(namespace, name))
-
-    def wait_ready(self, namespace: str, name: str, timeout_s: float) -> bool:
-        """Wait for a ready replica; give up at once when the function cannot start or crash-loops."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while not self.endpoints(namespace, name):
-                left = deadline - time.monotonic()
-                fn = self._fns.get((namespace, name))
-                if left <= 0 or fn is None or fn.problem is not None:
-                    return False
-                self._changed.wait(min(left, 0.5))
-            return True
-
-    def problem(self, namespace: str, name: str) -> dict[str, str] | None:
-        fn = self._fns.get((namespace, name))
-        return fn.problem if fn is not None else None
 
     def close(self) -> None:
         self._closed.set()

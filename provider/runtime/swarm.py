@@ -50,7 +50,7 @@ from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
 from . import containers
-from .base import InstanceSpec, LaunchError, Runtime
+from .base import InstanceSpec, LaunchError, WatchedRuntime
 from .containers import LABEL_DIGEST, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_OWNER, LABEL_PORT, SECRETS_PATH
 from .launch import check_record
 
@@ -126,7 +126,7 @@ def probe(url: str, timeout_s: float = 0.5) -> bool:
         conn.close()
 
 
-class SwarmRuntime(Runtime):
+class SwarmRuntime(WatchedRuntime):
     def __init__(
         self,
         client: Any,
@@ -207,21 +207,6 @@ class SwarmRuntime(Runtime):
 
     def instances(self, namespace: str, name: str) -> list[str]:
         return sorted(s["Spec"]["Labels"].get(LABEL_INSTANCE, "") for s in self._services(namespace, name))
-
-    def wait_ready(self, namespace: str, name: str, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while not self.endpoints(namespace, name):
-                left = deadline - time.monotonic()
-                fn = self._fns.get((namespace, name))
-                if left <= 0 or fn is None or fn.problem is not None:
-                    return False
-                self._changed.wait(min(left, 0.5))
-            return True
-
-    def problem(self, namespace: str, name: str) -> dict[str, str] | None:
-        fn = self._fns.get((namespace, name))
-        return fn.problem if fn is not None else None
 
     def placement(self, namespace: str, name: str) -> dict[str, str]:
         """Instance id -> the hostname of the node its running task is on (tests, benchmarks)."""
