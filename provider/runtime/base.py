@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import threading
 import time
@@ -11,6 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import FunctionRecord
+
+
+def watchdog_ready(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether a replica's watchdog answers `/_/ready` (it does once its function serves): the
+    readiness every runtime probes, whatever runs the replica."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/_/ready")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
 
 
 class LaunchError(Exception):

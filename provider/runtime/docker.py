@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import logging
 import os
 import shutil
@@ -52,7 +51,7 @@ from faas_gpu.schedulers import merge as merge_schedulers
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import InstanceSpec, LaunchError
+from .base import InstanceSpec, LaunchError, watchdog_ready
 from .containers import LABEL_OWNER, ContainerPlan, plan_container, replica_container
 from .launch import check_record
 from .output import note
@@ -313,14 +312,7 @@ class DockerRuntime(SupervisedRuntime):
         shutil.rmtree(replica.run_dir, ignore_errors=True)
 
     def _probe(self, replica: ContainerReplica) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", replica.port, timeout=0.5)
-        try:
-            conn.request("GET", "/_/ready")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            conn.close()
+        return watchdog_ready("127.0.0.1", replica.port)
 
     def _stop_all(self, replicas: list[ContainerReplica], timeout_s: float) -> None:
         """SIGTERM each (the watchdog drains), the engine kills what is left after timeout_s."""

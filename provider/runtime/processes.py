@@ -7,7 +7,6 @@ what a crashed one left running.
 
 from __future__ import annotations
 
-import http.client
 import os
 import shutil
 import signal
@@ -16,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .base import watchdog_ready
 
 
 def free_port() -> int:
@@ -60,14 +61,7 @@ def popen(argv: list[str], cwd: Path, env: dict[str, str], run_dir: Path, port: 
 
 def probe(r: Replica) -> bool:
     """Whether the watchdog answers `/_/ready` (it does once its function serves)."""
-    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=0.5)
-    try:
-        conn.request("GET", "/_/ready")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
+    return watchdog_ready("127.0.0.1", r.port)
 
 
 def stop_all(replicas: list[Replica], timeout_s: float) -> None:

@@ -30,7 +30,6 @@ reads the running tasks (node address + the instance's port) and probes each wat
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import logging
 import random
@@ -50,7 +49,7 @@ from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
 from . import containers
-from .base import InstanceSpec, LaunchError, WatchedRuntime
+from .base import InstanceSpec, LaunchError, WatchedRuntime, watchdog_ready
 from .containers import LABEL_DIGEST, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_OWNER, LABEL_PORT, SECRETS_PATH
 from .launch import check_record
 
@@ -116,14 +115,7 @@ def node_address(node: dict) -> str | None:
 
 def probe(url: str, timeout_s: float = 0.5) -> bool:
     host, _, port = url.removeprefix("http://").partition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-    try:
-        conn.request("GET", "/_/ready")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
+    return watchdog_ready(host, int(port), timeout_s)
 
 
 class SwarmRuntime(WatchedRuntime):
