@@ -329,9 +329,10 @@ class InflessScaling:
     def _replan(
         self, state: InflessState, rps: float, now: float, *, residual: float = 0.0, force: bool = False
     ) -> None:
-        """More capacity for `rps`: Algorithm 1 for the residual beside the instances kept, or for
-        the whole load from scratch when that plan is leaner (fewer instances, or as many with more
-        capacity: batching that the residual plan cannot reach) or `force` (a corrected model).
+        """More capacity for `rps`: Algorithm 1 for the residual beside the instances kept (INFless's
+        non-uniform instances), or for the whole load from scratch when adding instances cannot
+        serve it and a new plan can (batching the residual plan cannot reach: the node's cores are
+        spent on the path) or `force` (a corrected model).
         A plan from scratch that restarts instances must pay for it (`_may_restart`); otherwise a
         corrected model only re-rates the running instances."""
         p = state.policy
@@ -351,10 +352,13 @@ class InflessScaling:
             for old, new in zip(sorted(state.instances, key=_config), sorted(fresh, key=_config), strict=True):
                 old.r_low, old.r_up = new.r_low, new.r_up
             return
+        incremental_covers = sum(i.r_up for i in incremental) >= rps - 1e-9
         leaner = fresh and (
             force
-            or (covered and len(fresh) < len(incremental))
-            or (covered and len(fresh) == len(incremental) and _r_max(fresh) > _r_max(incremental))
+            # INFless schedules the residual beside the running instances (non-uniform instances);
+            # the whole load is planned afresh only when that cannot serve it and a new plan can
+            or (covered and not incremental_covers)
+            or (not covered and not incremental_covers and _r_max(fresh) > _r_max(incremental))
         )
         if leaner and self._may_restart(state, fresh, rps, now):
             state.instances = fresh
