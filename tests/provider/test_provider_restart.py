@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -99,7 +100,14 @@ def test_stack_rides_out_etcd_and_redis_restarts(tmp_path, etcd_server, redis_se
         etcd_server.restart()
         redis_server.restart()
         assert requests.post(f"{s.url}/function/peer-restart", data=b"still", timeout=10).content == b"still"
-        _deploy(s, "after-restart")  # writes reach the restarted etcd
+        # writes reach the restarted etcd; until the stack's client has reconnected, a deploy is
+        # answered 503 "retry later" (nothing half-written), so it is sent again as a client would
+        body = {"service": "after-restart", "image": "x", "envProcess": "cat"}
+        deadline = time.monotonic() + 20
+        while (r := requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.5)
+        assert r.status_code == 202, r.text
         assert s.wait_ready("after-restart")["name"] == "after-restart"
         r = requests.post(f"{s.url}/async-function/peer-restart", data=b"q", timeout=10)
         assert r.status_code == 202  # the queue reconnected to the restarted redis
