@@ -370,7 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=200, help="calls per p50 round")
     p.add_argument("--seconds", type=float, default=8.0, help="each throughput window (node loss: 3x)")
     p.add_argument("--client-procs", type=int, default=4, help="load processes for the throughput figure")
-    p.add_argument("--callers", type=int, default=8, help="threads per load process")
+    p.add_argument(
+        "--callers",
+        type=int,
+        default=16,
+        help="threads per load process (64 in all: enough calls in flight to keep two units' batches of 16 full)",
+    )
     p.add_argument("--only", choices=["hop", "loss", "throughput"], action="append")
     a = p.parse_args(args)
     from tests.e2e.cluster_stack import GPU_MANAGER_SERVICE, ClusterStack
