@@ -139,13 +139,18 @@ def create_app(
             return refused
         return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
 
-    @app.post("/v1/leases/<digest>")
-    def lease(digest: str):
+    def leader_and_owner(digest: str) -> Response | None:
+        """Why this scheduler will not place the caller's batches of `digest`: not the leader
+        (503, retry: the client tries the next scheduler), or a model the caller did not upload."""
         if not election.is_leader.is_set():
             resp = _text("not the scheduler leader; retry", 503)
             resp.headers["Retry-After"] = "1"
             return resp
-        refused = credentials.check_owner(resolver, digest)
+        return credentials.check_owner(resolver, digest)
+
+    @app.post("/v1/leases/<digest>")
+    def lease(digest: str):
+        refused = leader_and_owner(digest)
         if refused is not None:
             return refused
         who = credentials.caller()
@@ -193,11 +198,7 @@ def create_app(
             return resp
 
     def run_job(digest: str) -> Response:
-        if not election.is_leader.is_set():
-            resp = _text("not the scheduler leader; retry", 503)
-            resp.headers["Retry-After"] = "1"
-            return resp
-        refused = credentials.check_owner(resolver, digest)
+        refused = leader_and_owner(digest)
         if refused is not None:
             return refused
         payload = request.get_data(cache=False)
