@@ -40,7 +40,8 @@ def write_report(
     title: str = "",
     notes: list[str] | None = None,
 ) -> list[Path]:
-    """summary.csv, latencies.csv, latency_cdf.png, policies.png, timeline.png and report.html."""
+    """summary.csv, latencies.csv, latency_cdf.png, policies.png, timeline.png, report.html and, with the
+    workload, requests_per_minute.csv (the trace's counts beside the requests sent)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
     rows = [r.summary() for r in results]
@@ -80,8 +81,29 @@ def write_report(
     fig.savefig(bars, dpi=120)
     plt.close(fig)
     timeline = write_timeline(results, out_dir / "timeline.png", workload)
-    page = write_html(results, out_dir / "report.html", title, notes or [])
-    return [summary, latencies, cdf, bars, timeline, page]
+    files = [summary, latencies, cdf, bars, timeline]
+    if workload is not None:
+        files.append(write_requests(workload, out_dir / "requests_per_minute.csv"))
+    files.append(write_html(results, out_dir / "report.html", title, notes or [], workload is not None))
+    return files
+
+
+def write_requests(workload: Workload, path: Path) -> Path:
+    """Per function and minute: what the trace records and the requests the simulator sent.
+
+    `requests` is counted from the arrivals themselves, not copied from the plan, so a user can
+    check the replay against their own trace (`trace_minute` is the trace's minute, from 0).
+    """
+    sent = workload.arrival_counts()
+    starts = workload.starts or [0] * len(workload.functions)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["function", "model", "minute", "trace_minute", "recorded", "requests"])
+        for f, (name, model) in enumerate(zip(workload.functions, workload.models, strict=True)):
+            for minute in range(sent.shape[1]):
+                recorded = workload.recorded[f, minute]
+                w.writerow([name, model.name, minute, starts[f] + minute, f"{recorded:g}", int(sent[f, minute])])
+    return path
 
 
 def write_timeline(results: list[RunResult], path: Path, workload: Workload | None) -> Path:
@@ -135,7 +157,7 @@ HTML_COLUMNS = [
 ]
 
 
-def write_html(results: list[RunResult], path: Path, title: str, notes: list[str]) -> Path:
+def write_html(results: list[RunResult], path: Path, title: str, notes: list[str], counts: bool = False) -> Path:
     """One self-contained page over the PNGs beside it (no script, no external resource)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in HTML_COLUMNS)
     body = []
@@ -145,6 +167,12 @@ def write_html(results: list[RunResult], path: Path, title: str, notes: list[str
         peak = f"<td>{100 * r.peak_memory_ratio:.0f}%</td>"
         body.append(f"<tr><th>{html.escape(label(r))}</th>{cells}{peak}</tr>")
     items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    per_minute = (
+        '; requests per function and minute, recorded and sent: <a href="requests_per_minute.csv">'
+        "requests_per_minute.csv</a>"
+        if counts
+        else ""
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>faas-gpu sim: {html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:1em auto}}table{{border-collapse:collapse}}
@@ -156,7 +184,8 @@ td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}img{{max-width:
 <h2>Latency CDF per policy</h2><img src="latency_cdf.png" alt="latency CDF per policy">
 <h2>Requests, misses and GPU memory over time</h2><img src="timeline.png" alt="timeline">
 <h2>Policies side by side</h2><img src="policies.png" alt="policy figures">
-<p>Per-request latencies: <a href="latencies.csv">latencies.csv</a>; figures: <a href="summary.csv">summary.csv</a>.</p>
+<p>Per-request latencies: <a href="latencies.csv">latencies.csv</a>;
+figures: <a href="summary.csv">summary.csv</a>{per_minute}.</p>
 </body></html>
 """
     path.write_text(page)

@@ -58,6 +58,7 @@ class Window:
     times: np.ndarray | None  # arrival times in seconds from the window's start (2021 only)
     duration_s: float | None
     memory_mb: float | None
+    start: int = 0  # the trace minute the window starts at
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Workload:
     counts: np.ndarray  # functions x minutes: the requests generated (recorded x scale)
     scale: float
     notes: list[str] = field(default_factory=list)  # choices to print with the run
+    starts: list[int] = field(default_factory=list)  # per function, the trace minute its window starts at
 
     def arrival_counts(self) -> np.ndarray:
         """Functions x minutes counted from the arrivals themselves (the check against the trace)."""
@@ -94,7 +96,7 @@ def _window(f: TraceFunction, start: int, minutes: int, name: str) -> Window:
     if f.times is not None:
         lo, hi = start * 60.0, (start + minutes) * 60.0
         times = f.times[(f.times >= lo) & (f.times < hi)] - lo
-    return Window(name, f.counts[start : start + minutes], times, f.duration_s, f.memory_mb)
+    return Window(name, f.counts[start : start + minutes], times, f.duration_s, f.memory_mb, start)
 
 
 def select_functions(spec: TraceSpec, functions: list[TraceFunction]) -> tuple[list[Window], list[str]]:
@@ -115,17 +117,28 @@ def select_functions(spec: TraceSpec, functions: list[TraceFunction]) -> tuple[l
         )
     else:
         copies = math.ceil(2 * ws / n)
-        candidates, strides = [], set()
+        candidates, starts = [], set()
         for f in functions:
             stride = max(spec.minutes, (f.minutes - hi) // copies)
-            strides.add(stride)
-            for k in range(copies):
-                start = lo + (k * stride) % (f.minutes - hi + 1)
-                candidates.append(_window(f, start, spec.minutes, f.name if k == 0 else f"{f.name}@{start}"))
+            # distinct start minutes only: a trace no longer than the window has no other minutes to
+            # take, and the same window twice would be one function's load sent twice, not a new one
+            room = f.minutes - hi + 1  # the start minutes there are: lo .. f.minutes - spec.minutes
+            picked = list(dict.fromkeys(lo + (k * stride) % room for k in range(copies)))
+            if len(picked) < copies:  # a short trace whose stride wrapped onto taken minutes: fill in order
+                picked += [s for s in range(lo, lo + room) if s not in picked][: copies - len(picked)]
+            for start in picked:
+                starts.add(start)
+                candidates.append(_window(f, start, spec.minutes, f.name if start == lo else f"{f.name}@{start}"))
+        if len(candidates) < ws:
+            raise ScenarioError(
+                f"trace.working_set: {ws} functions asked for; the trace's {n} functions give only "
+                f"{len(candidates)} distinct {spec.minutes}-minute windows (start minutes "
+                f"{', '.join(str(s) for s in sorted(starts))}); replay fewer minutes or ask for fewer functions"
+            )
         notes.append(
-            f"trace: working set {ws} > the trace's {n} functions; reusing each function's series at {copies} "
-            f"start minutes ({'/'.join(str(s) for s in sorted(strides))} min apart from minute {lo}), "
-            f"the top {ws} of these {len(candidates)} windows by invocations (trace.reuse_functions)"
+            f"trace: working set {ws} > the trace's {n} functions; reusing each function's series at start "
+            f"minutes {', '.join(str(s) for s in sorted(starts))}, the top {ws} of these {len(candidates)} windows "
+            "by invocations (trace.reuse_functions)"
         )
     totals = np.array([c.counts.sum() for c in candidates])
     top = np.argsort(-totals, kind="stable")[:ws]
@@ -240,7 +253,9 @@ def build_workload(
                 for t in _spread(rng, spec.arrivals, int(n), minute, chosen[f].times):
                     arrivals.append(Arrival(float(t), models[f].name))
     arrivals.sort(key=lambda a: (a.time, a.model))
-    return Workload(arrivals, models, [w.name for w in chosen], recorded, counts, scale, notes)
+    return Workload(
+        arrivals, models, [w.name for w in chosen], recorded, counts, scale, notes, [w.start for w in chosen]
+    )
 
 
 def build_arrivals(spec: TraceSpec, catalog: list[Model], seed: int) -> tuple[list[Arrival], list[Model]]:

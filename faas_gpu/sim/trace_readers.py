@@ -116,6 +116,7 @@ def read_azure2019(invocations: Path, durations: Path | None = None, memory: Pat
             functions.append(TraceFunction(f"{func[:10]}-{trigger}", counts[:width]))
     if not functions:
         raise ScenarioError(f"trace.file: {invocations.name} has no functions")
+    _unique_names(functions)
     if durations is not None:
         table = _read_keyed(durations, "trace.durations", ("HashOwner", "HashApp", "HashFunction"), "Average")
         for key, f in zip(keys, functions, strict=True):
@@ -165,4 +166,16 @@ def read_azure2021(path: Path) -> list[TraceFunction]:
         t = np.sort(np.array(times))
         counts = np.bincount((t // 60).astype(int), minlength=minutes).astype(float)
         out.append(TraceFunction(f"{app[:6]}-{func[:6]}", counts, times=t, duration_s=spent[(app, func)] / len(t)))
+    _unique_names(out)
     return out
+
+
+def _unique_names(functions: list[TraceFunction]) -> None:
+    """Short names are cut from hashes, and a function hash recurs under other owners and apps:
+    the second and later functions with one name get `~2`, `~3`..., so every row of a report
+    (and the per-minute counts a user checks against the trace) names one function."""
+    seen: dict[str, int] = {}
+    for f in functions:
+        seen[f.name] = seen.get(f.name, 0) + 1
+        if seen[f.name] > 1:
+            f.name = f"{f.name}~{seen[f.name]}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -62,6 +64,72 @@ def test_an_azure_2021_trace_and_a_window_of_it(tmp_path, capsys):
     assert rc == 0, err
     assert [(r["policy"], r["requests"]) for r in lines] == [("lalb", 2)]  # the two invocations of minute 1
     assert "(azure2021), minutes 1..2" in err
+
+
+def read_sent(path):
+    """requests_per_minute.csv as {(function, trace minute): (recorded, requests)}."""
+    rows = list(csv.DictReader(path.open()))
+    return {(r["function"], int(r["trace_minute"])): (float(r["recorded"]), int(r["requests"])) for r in rows}
+
+
+def test_the_report_counts_each_functions_requests_per_minute_as_the_trace_records(tmp_path, capsys):
+    """How issue 18 is checked, from the command line: a burst, idle minutes, an idle function and
+    two functions of one hash under other apps; the requests sent per function and minute
+    (counted from the arrivals) are the trace's, at scale 1 and at an explicit scale."""
+    rows = [[5, 5, 0, 0, 500, 5], [0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]]
+    lines = [",".join(HEADER + [str(m) for m in range(1, 7)])]
+    for i, (app, func) in enumerate((("a0", "f0"), ("a1", "f1"), ("a2", "f2"), ("a3", "f0"))):  # f0 twice
+        lines.append(",".join(["o", app, func, "http"] + [str(c) for c in rows[i]]))
+    trace = tmp_path / "invocations_per_function_md.anon.d01.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    rc, out, err = run(capsys, "--trace", trace, "--start-minute", 1, "--policies", "lb", "--out", tmp_path / "o")
+    assert rc == 0, err
+    sent = read_sent(tmp_path / "o" / "requests_per_minute.csv")
+    names = {name for name, _ in sent}
+    assert names == {"f0-http", "f0-http~2", "f2-http"}  # the idle function left out, the twin named apart
+    expected = {"f0-http": rows[0], "f0-http~2": rows[3], "f2-http": rows[2]}
+    for (name, minute), (recorded, requests) in sent.items():
+        assert recorded == requests == expected[name][minute], (name, minute)
+    assert sorted(m for _, m in sent) == sorted(list(range(1, 6)) * 3)
+    assert out[0]["requests"] == sum(sum(r[1:]) for r in rows)
+    rc, out, err = run(capsys, "--trace", trace, "--scale", 2, "--policies", "lb", "--out", tmp_path / "x2")
+    sent = read_sent(tmp_path / "x2" / "requests_per_minute.csv")
+    assert all(requests == 2 * recorded for recorded, requests in sent.values())
+    assert "requests_per_minute.csv" in (tmp_path / "x2" / "report.html").read_text()
+
+
+def test_a_2021_trace_with_more_functions_asked_than_it_holds(tmp_path, capsys):
+    """The working set may exceed the trace's functions only where other minutes exist to take."""
+    trace = tmp_path / "AzureFunctionsInvocationTraceForTwoWeeksJan2021.txt"
+    rows = [("A", "x", 60.0 * m + 30.0, 1.0) for m in range(8) if m not in (2, 3)]  # idle minutes 2-3
+    rows += [("A", "x", 4 * 60.0 + i / 10, 0.05) for i in range(200)]  # a burst in minute 4
+    rows += [("B", "y", 7 * 60.0 + 5, 2.0)]
+    trace.write_text("app,func,end_timestamp,duration\n" + "".join(f"{a},{f},{e},{d}\n" for a, f, e, d in rows))
+    rc, out, err = run(capsys, "--trace", trace, "--working-set", 3, "--reuse-functions", "--out", tmp_path / "o")
+    assert rc == 2 and "3 functions asked for; the trace's 2 functions give only 2 distinct 8-minute windows" in err
+    rc, out, err = run(
+        capsys,
+        "--trace",
+        trace,
+        "--minutes",
+        4,
+        "--working-set",
+        3,
+        "--reuse-functions",
+        "--policies",
+        "lb",
+        "--out",
+        tmp_path / "o",
+    )
+    assert rc == 0, err
+    assert "reusing each function's series at start minutes 0, 3, 4, the top 3 of these 6 windows" in err
+    sent = read_sent(tmp_path / "o" / "requests_per_minute.csv")
+    recorded = Counter((f"{app}-{func}", int((end - duration) // 60)) for app, func, end, duration in rows)
+    for (name, minute), (rec, requests) in sent.items():
+        base, _, start = name.partition("@")
+        assert rec == requests == recorded[(base, minute)], (name, minute)
+        assert minute - int(start or 0) in range(4)  # a reused window replays its own minutes
+    assert out[0]["requests"] == sum(r for _, r in sent.values())
 
 
 @pytest.mark.parametrize(
