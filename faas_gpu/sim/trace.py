@@ -212,8 +212,11 @@ def _models(spec: TraceSpec, chosen: list[Window], catalog: list[Model], notes: 
 
 def _spread(rng: np.random.Generator, how: str, n: int, minute: int, recorded: np.ndarray | None) -> np.ndarray:
     lo = minute * 60.0
+    # lo + 60 x (a draw just under 1) rounds to the next minute's first instant late in a day; the
+    # request would be counted in a minute the trace did not give it (or past the replay's end)
+    last = np.nextafter(lo + 60.0, lo)
     if how == "uniform":
-        return lo + (np.arange(n) + rng.uniform()) * 60.0 / n
+        return np.minimum(lo + (np.arange(n) + rng.uniform()) * 60.0 / n, last)
     if how == "recorded":
         assert recorded is not None
         times = recorded[(recorded >= lo) & (recorded < lo + 60.0)]
@@ -221,7 +224,7 @@ def _spread(rng: np.random.Generator, how: str, n: int, minute: int, recorded: n
             return times
         extra = rng.choice(times, size=n % len(times), replace=False)
         return np.concatenate([np.repeat(times, n // len(times)), extra])
-    return rng.uniform(lo, lo + 60.0, size=n)
+    return np.minimum(rng.uniform(lo, lo + 60.0, size=n), last)
 
 
 def build_workload(

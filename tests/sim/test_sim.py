@@ -354,3 +354,18 @@ def test_requests_per_minute_is_refused_with_the_new_keys_named(tmp_path):
     data["trace"]["requests_per_minute"] = 325
     with pytest.raises(ScenarioError, match="trace.requests_per_minute: no longer exists.*mean_requests_per_minute"):
         parse_scenario(data)
+
+
+@pytest.mark.parametrize("how", ["uniform", "poisson"])
+def test_a_draw_just_under_one_stays_in_its_minute(how):
+    """60 x 0.9999999999999999 added to the last minute of a day rounds to 86,400 s: the request
+    would land in a minute the trace never gave it; it is kept in its own minute."""
+    from faas_gpu.sim.trace import _spread
+
+    class Edge:  # the largest draw a generator can return, at every call
+        def uniform(self, low=0.0, high=1.0, size=None):
+            u = np.nextafter(1.0, 0.0)
+            return low + (high - low) * (u if size is None else np.full(size, u))
+
+    times = _spread(Edge(), how, 3, 1439, None)  # type: ignore[arg-type]
+    assert len(times) == 3 and (times // 60 == 1439).all()
