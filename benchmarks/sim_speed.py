@@ -22,7 +22,8 @@ The day-long figure is also measured, not only projected from the median: one ru
 (workload build + simulate), and extrapolated linearly to 10 M requests (a day of a busy trace;
 run time is linear in the requests, issue 18). `--day-requests 0` skips it.
 
-Last line: one JSON object, `{"us_per_request_lalb_o3_ws35": ..., ...}`.
+Last line: one JSON object, `{"us_per_request_lalb_o3_ws35": ..., ...}`, with the machine's load
+average (1 min) at the start and the end: on a shared machine a figure means little without it.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main() -> int:
         print(json.dumps(worker(args.worker, args.policy, args.requests, args.minutes)))
         return 0
 
+    load_before = os.getloadavg()  # the machine's load: a figure taken under load says so in its JSON
     with tempfile.TemporaryDirectory() as tmp:
         old_root = None if args.no_baseline else baseline_tree(args.baseline_ref, Path(tmp))
         new, old, lb = [], [], []
@@ -167,6 +169,12 @@ def main() -> int:
             "day_run_projected_10M_s": round(projected, 1),
             "day_run_under_2_min": projected < 120,
         }
+    load_after = os.getloadavg()
+    print(
+        f"  load average (1 min) {load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end "
+        f"on {os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
     figures = {
         "us_per_request_lalb_o3_ws35": round(us_new, 3),
         "us_per_request_lalb_o3_ws35_baseline": None if us_old is None else round(us_old, 3),
@@ -184,6 +192,9 @@ def main() -> int:
         "runs_us_lalb_o3": [round(r["us_per_request"], 3) for r in new],
         "runs_us_lalb_o3_baseline": [round(r["us_per_request"], 3) for r in old],
         **day_figures,
+        "load_average_1m_start": round(load_before[0], 2),
+        "load_average_1m_end": round(load_after[0], 2),
+        "cpus": os.cpu_count(),
     }
     print(json.dumps(figures))
     return 0 if identical is not False else 1
