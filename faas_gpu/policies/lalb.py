@@ -394,7 +394,9 @@ class LALBScheduler(_Base):
             other = min(idle_holders, key=_BY_DISPATCHES)
             self._take(request)
             out.append(self._dispatch(request, other, now))
-            return False
+            # `unit` itself may be that holder: with a unit preference, `_candidate` can pass over a
+            # request that the preference, asked again once its units are taken, leaves to locality
+            return other is unit
         model = self.models[request.model]
         # the holder that frees up first (then the lowest id), each estimate computed once
         best, soonest = min(((units[i], self._finish_estimate(units[i], now)) for i in holders), key=_BY_ESTIMATE)

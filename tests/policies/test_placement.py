@@ -88,6 +88,21 @@ def test_request_goes_to_the_other_idle_unit_that_holds_its_model():
     assert ds["c"].unit == 0 and not ds["c"].hit
 
 
+def test_a_unit_that_took_a_hit_through_algorithm_2_gets_nothing_more_in_that_round():
+    """With a unit preference, unit 0 passes over b (wanted on unit 1), then b's preference falls
+    away once unit 1 is taken and Algorithm 2 finds unit 0 an idle holder of b: unit 0 is busy from
+    then on, and c (cached nowhere) must not be dispatched to it as well (found by the PROTEAN
+    simulator at 8,000 req/s: two jobs on one slice in one round)."""
+    s = LALBScheduler(cluster(2), MODELS, o3_limit=25)
+    cache(s, 0, "b")
+    s.unit_preference = lambda request, idle: {1} if request.model in ("a", "b") else None
+    submit(s, "a", "b", "c")
+    ds = s.schedule(0.0)
+    assert len({d.unit for d in ds}) == len(ds)  # one job per unit and round
+    assert {d.request.model: d.unit for d in ds} == {"a": 1, "b": 0}
+    assert [r.model for r in s.queue.values()] == ["c"]
+
+
 def test_out_of_order_dispatch_promotes_a_later_hit():
     s = LALBScheduler(cluster(2), MODELS, o3_limit=25)
     occupy(s, 1, "d", busy_for=100.0)
