@@ -220,8 +220,11 @@ class ClusterStack:
         st = self.swarm.manager.call(requests.get, f"{SCHEDULER}/v1/status", headers=headers, timeout=5)
         return sorted(st.json()["units"])
 
-    def function_status(self, name: str) -> dict[str, Any]:
-        r = self.swarm.manager.call(requests.get, f"{GATEWAY}/system/function/{name}", auth=self.auth, timeout=5)
+    def function_status(self, name: str, usage: bool = False) -> dict[str, Any]:
+        params = {"usage": "1"} if usage else None
+        r = self.swarm.manager.call(
+            requests.get, f"{GATEWAY}/system/function/{name}", params=params, auth=self.auth, timeout=10
+        )
         return r.json() if r.status_code == 200 else {}
 
     def wait_available(self, name: str, n: int, timeout_s: float = 180) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import sys
 import pytest
 import requests
 
+from faas_gpu.contract.labels import ENGINE
 from tests.e2e.classify_project import classify_stack, write_project
 from tests.e2e.cluster_stack import GATEWAY, ClusterStack, build_classify
 
@@ -35,6 +36,8 @@ def cluster(swarm3, tmp_path_factory):
     fn["constraints"] = ["node.labels.gpu==true"]
     fn["labels"] = {"com.openfaas.scale.min": "2"}
     write_project(project, stack_file)
+    for w in swarm3.workers:  # where the provider reads the usage of the tasks on each worker
+        swarm3.label(w, **{ENGINE: w.base_url})
     stack = ClusterStack(swarm3)
     try:
         build_classify(swarm3, project, stack.home)
@@ -71,6 +74,8 @@ def test_classify_runs_on_the_workers_and_reaches_gpu_managers_on_both(cluster):
     again = _invoke(stack, 1)
     assert again.status_code == 200 and again.json()["predictions"] == body["predictions"]
     assert any(k.lower().startswith("x-faas-gpu") for k in again.headers), dict(again.headers)
+    usage = stack.function_status("classify", usage=True)["usage"]  # read from each worker's engine
+    assert usage["totalMemoryBytes"] > 0 and "faasGpuUnmeasured" not in usage, usage
     logs = stack.cli("logs", "classify", "--tail", "50", "--no-follow", "--gateway", GATEWAY, cwd=project, timeout=60)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stdout + logs.stderr  # through service logs
 
