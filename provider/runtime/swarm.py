@@ -287,14 +287,18 @@ class SwarmRuntime(WatchedRuntime):
             except Exception as exc:  # noqa: BLE001 — that node's engine is unreachable
                 down[address] = f"its engine at {address} did not answer: {str(exc)[:200]}"
                 return None, down[address]
+        import docker.errors
+
         try:
             stats = api.stats(cid, stream=False, one_shot=True)
-        except Exception as exc:  # noqa: BLE001 — the task went meanwhile, or its engine did
+        except docker.errors.NotFound:
+            return None, "its container went while it was read (a replica being replaced)"
+        except Exception as exc:  # noqa: BLE001 — its engine went
             if address is not None:
                 self._engine_clients.pop(address, None)
                 down[address] = f"its engine at {address} did not answer: {str(exc)[:200]}"
                 return None, down[address]
-            return None, f"its container is gone: {str(exc)[:200]}"
+            return None, f"the manager's engine did not answer: {str(exc)[:200]}"
         mem = stats.get("memory_stats") or {}
         cache = (mem.get("stats") or {}).get("inactive_file", 0)
         return max(0, int(mem.get("usage", 0)) - int(cache)), ""
