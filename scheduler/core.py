@@ -78,7 +78,7 @@ class Scheduler:
             self.view, self.catalog, self._wake, self._now, be_max_wait_s, be_share, metrics=self.metrics
         )
         self.metrics.read_queues(lambda: list(self.admission.jobs.values()), self._wake)
-        self.model_states = ModelStates()  # each model's cold start, for /v1/status
+        self.model_states = ModelStates(self._now)  # each model's cold start, for /v1/status
         self.client = ManagerClient(store, token, on_copy=self.model_states.copying, on_loaded=self.model_states.loaded)
         self.http = self.client.http
         self.loop = PlacementLoop(

@@ -25,8 +25,9 @@ KEEP = 64
 
 
 class ModelStates:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
-        self.clock, self.wall = clock, wall
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        """`clock`: the scheduler's (durations only)."""
+        self.clock = clock
         self._lock = threading.Lock()
         self._models: OrderedDict[str, dict[str, Any]] = OrderedDict()  # digest -> its record
         self._uploads: dict[int, dict[str, Any]] = {}  # uploads in flight (their digest is not known yet)
@@ -44,7 +45,6 @@ class ModelStates:
                     "bytes": 0,
                     "total": total,
                     "started": self.clock(),
-                    "at": self.wall(),
                 }
             record = self._uploads.get(uid)
         return _Counted(stream, record, lambda: self._end_upload(uid))
@@ -78,14 +78,14 @@ class ModelStates:
             record = self._models.pop(digest, None) or {"digest": digest}
             if not fields.get("function"):
                 fields.pop("function", None)  # a second replica's upload, or a copy: keep who uploaded it
-            record.update(fields, at=self.wall())
+            record.update(fields)
             self._models[digest] = record  # the newest last
             while len(self._models) > KEEP:
                 self._models.popitem(last=False)
 
     def status(self) -> dict[str, list[dict[str, Any]]]:
         """{"uploading": [{function, bytes, total, s}], "models": [{digest, function, state, size,
-        unit, load_s, upload_s, at}]}: uploads in flight, then every model known, oldest first."""
+        unit, load_s, upload_s}]}: uploads in flight, then every model known, oldest first."""
         now = self.clock()
         with self._lock:
             uploading = [

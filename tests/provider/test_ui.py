@@ -98,7 +98,6 @@ def scheduler_status(leader: bool = True) -> dict:
                 "unit": "node-1/cpu-0",
                 "load_s": 1.5,
                 "upload_s": 0.2,
-                "at": 1.0,
             },
             "not a record",
         ],
