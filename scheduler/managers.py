@@ -42,7 +42,8 @@ class ManagerClient:
     ):
         """Told of a cold start only (`scheduler.model_states`): `on_copy(digest, unit key)` before a
         model is sent to a manager that lacks it, `on_loaded(digest, unit key, load s)` when a job
-        was answered after its model was loaded (a cache miss)."""
+        was answered after its model was loaded (a cache miss; the placement loop tells it, having
+        read the answer's cache header already)."""
         self.store, self.token = store, token
         self.http = http or requests.Session()
         self.on_copy, self.on_loaded = on_copy, on_loaded
@@ -63,8 +64,6 @@ class ManagerClient:
                 up.raise_for_status()
                 continue
             break
-        if self.on_loaded is not None and r.status_code == 200 and r.headers.get(h.CACHE) == "miss":
-            self.on_loaded(job.digest, unit.key, float(r.headers.get(h.LOAD_SECONDS) or 0))
         if r.headers.get(h.UNIT_STATE) in h.UNIT_STATES:
             raise UnitUnavailable(f"unit {unit.key}: {r.headers[h.UNIT_STATE]} ({r.text.strip()[:200]})")
         if r.status_code >= 500 and r.status_code != 507:
