@@ -23,7 +23,7 @@ def test_up_runtime_swarm_passes_the_runtime_and_builds_and_pushes(tmp_path, mon
     monkeypatch.setattr(up, "credentials", lambda *a: ("admin", "pw"))
     monkeypatch.setattr(up, "docker_build", lambda spec, **kw: builds.append((spec.image, kw)))
     monkeypatch.setattr(up, "deploy_specs", lambda client, specs: [s.name for s in specs])
-    monkeypatch.setattr(up, "wait_ready", lambda *a: True)
+    monkeypatch.setattr(up, "wait_ready", lambda *a, **kw: True)
     monkeypatch.setattr(up, "_profile_missing", lambda *a: None)
     argv = ["-f", "stack.yml", "--runtime", "swarm", "--docker-host", "unix:///tmp/m.sock", "--bind", "10.77.0.1",
             "--build-arg", "BASE_IMAGE=faas-gpu/base:latest"]  # fmt: skip
