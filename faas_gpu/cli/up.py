@@ -51,6 +51,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--runtime", args.runtime]
     if args.docker_host:
         stack_args += ["--docker-host", args.docker_host]
+    for namespace in args.namespace or ():
+        stack_args += ["--namespace", namespace]
     if not args.no_gpu:
         out.append(
             Daemon(
@@ -132,6 +134,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--build-arg", action="append", help="KEY=VALUE for the docker builds (e.g. BASE_IMAGE=faas-gpu/base:latest)"
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        help="a namespace functions may be deployed to (repeatable; the list replaces the default openfaas-fn, "
+        "as the provider's --namespace: the certifier's CERTIFIER_NAMESPACES runs need openfaas-fn and theirs)",
     )
     p.add_argument("--no-deploy", action="store_true", help="only start the stack")
     p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
