@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # checkout the virtual environment was installed from).
 LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-.PHONY: up down test test-fast lint bench servers base-image clean
+.PHONY: up down test test-fast lint bench servers base-image certify-docker clean
 
 up: $(STAMP)
 	$(PY) functions/classify/make_weights.py
@@ -75,6 +75,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/provider_overhead.py
+
+# OpenFaaS's certifier against `faas-gpu up --runtime docker` on a dockerd in a network namespace of
+# its own (never `make test`'s): CERTIFIER=<the openfaas/certifier source tree>; CERTIFY_ARGS passes
+# run_docker.py's options (e.g. --namespace certifier-test, --run Test_Invoke). docs/DOCKER-RUNTIME.md.
+certify-docker: $(STAMP) servers
+	@test -n "$(CERTIFIER)" || { echo "make certify-docker CERTIFIER=<openfaas/certifier source tree>"; exit 2; }
+	tests/certifier/run_docker.sh "$(CERTIFIER)" out/certifier-docker -- $(CERTIFY_ARGS)
 
 clean:
 	rm -rf build template .pytest_cache .ruff_cache .import_linter_cache

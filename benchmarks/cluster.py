@@ -24,7 +24,6 @@ Last line: one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import contextlib
 import json
 import os
@@ -35,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import requests
@@ -234,30 +232,9 @@ def node_loss(swarm, stack, root: Path, seconds: float) -> dict:
     placed = sorted(stack.function_hosts("classify").values())
     first = m.call(requests.post, f"{GATEWAY}/function/classify", json={"seed": 1}, timeout=120)
     assert first.status_code == 200, first.text
-    stop = time.monotonic() + seconds
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
-
-    def caller(seed: int) -> None:
-        s = requests.Session()
-        while time.monotonic() < stop:
-            try:
-                code = s.post(f"{GATEWAY}/function/classify", json={"seed": seed}, timeout=120).status_code
-            except requests.RequestException as exc:
-                code = type(exc).__name__
-            with lock:
-                outcomes[code] += 1
-
-    with cf.ThreadPoolExecutor(4) as pool:
-        futs = [pool.submit(m.call, caller, i) for i in range(4)]
-        time.sleep(seconds / 4)
-        lost.stop_dockerd()
-        for f in futs:
-            f.result()
+    outcomes = stack.calls_through_node_loss(lost, seconds=seconds, lose_after_s=seconds / 4)
     total = sum(outcomes.values())
-    deadline = time.monotonic() + 60
-    while any(u.startswith(f"{lost.name}/") for u in stack.scheduler_units()) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    stack.wait_units_gone(lost)
     return {
         "node_loss_placed_on": placed,
         "node_loss_requests": total,

@@ -122,21 +122,26 @@ def create_app(
                 "abandoned_running": scheduler.abandoned_running,
                 "units": [u.key for u in scheduler._units],
                 "distribution": "protean" if scheduler.distributor is not None else "off",
+                **scheduler.model_states.status(),  # "uploading", "models": each model's cold start
                 **({"reconfigurator": reconfig.status()} if reconfig is not None else {}),
             }
         )
 
     @app.put("/v1/models")
     def upload():
+        body = scheduler.model_states.receiving(request.stream, credentials.caller().label, request.content_length)
         try:
-            a = scheduler.store.put(request.stream, request.headers.get(h.MODEL_DIGEST))
+            a = scheduler.store.put(body, request.headers.get(h.MODEL_DIGEST))
         except ArtifactTooLarge as exc:
             return _text(str(exc), 413)
         except ArtifactError as exc:
             return _text(str(exc), 400)
+        finally:
+            body.close()  # no longer in flight, whatever the outcome
         refused = credentials.record_upload(resolver, a.digest)
         if refused is not None:
             return refused
+        scheduler.model_states.uploaded(body, a.digest, a.size)
         return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
 
     def leader_and_owner(digest: str) -> Response | None:

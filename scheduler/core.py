@@ -42,6 +42,7 @@ from .leases import lease_unit
 from .loop import PlacementLoop
 from .managers import ManagerClient
 from .metrics import SchedulerMetrics
+from .model_states import ModelStates
 from .residency import Gpu
 from .units import NO_UNITS_TIMEOUT_S, Refresh, UnitRef, UnitView
 
@@ -77,7 +78,8 @@ class Scheduler:
             self.view, self.catalog, self._wake, self._now, be_max_wait_s, be_share, metrics=self.metrics
         )
         self.metrics.read_queues(lambda: list(self.admission.jobs.values()), self._wake)
-        self.client = ManagerClient(store, token)
+        self.model_states = ModelStates(self._now)  # each model's cold start, for /v1/status
+        self.client = ManagerClient(store, token, on_copy=self.model_states.copying, on_loaded=self.model_states.loaded)
         self.http = self.client.http
         self.loop = PlacementLoop(
             self.view,

@@ -173,6 +173,8 @@ class PlacementLoop:
         r = self.client.run_job(unit, job)
         if r.status_code == 200:
             cache_hit, load_s, exec_s = measured(r)
+            if not cache_hit and self.client.on_loaded is not None:  # a cold start: shown in /v1/status
+                self.client.on_loaded(job.digest, unit.key, load_s)
             with self._wake:
                 self.catalog.observe(job.digest, self.view.policy, cache_hit, load_s, exec_s)
         return job_outcome(r, self.clock() - job.arrival)

@@ -13,6 +13,7 @@ Reconfigurator decide on outcomes, never on status codes and headers:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -31,9 +32,21 @@ class UnitUnavailable(requests.RequestException):
 
 
 class ManagerClient:
-    def __init__(self, store: ModelStore, token: str, http: requests.Session | None = None):
+    def __init__(
+        self,
+        store: ModelStore,
+        token: str,
+        http: requests.Session | None = None,
+        on_copy: Callable[[str, str], None] | None = None,
+        on_loaded: Callable[[str, str, float], None] | None = None,
+    ):
+        """Told of a cold start only (`scheduler.model_states`): `on_copy(digest, unit key)` before a
+        model is sent to a manager that lacks it, `on_loaded(digest, unit key, load s)` when a job
+        was answered after its model was loaded (a cache miss; the placement loop tells it, having
+        read the answer's cache header already)."""
         self.store, self.token = store, token
         self.http = http or requests.Session()
+        self.on_copy, self.on_loaded = on_copy, on_loaded
 
     def run_job(self, unit: UnitRef, job: Job) -> requests.Response:
         """The manager's answer to `job` on `unit` (200, or a 4xx or 507 the caller is told)."""
@@ -44,6 +57,8 @@ class ManagerClient:
             r = self.http.post(url, params={"unit": unit.unit}, data=job.payload, headers=headers, timeout=300)
             if r.status_code == 404 and code_of(r.headers) == ModelNotUploaded.code:
                 artifact = self.store.get(job.digest)
+                if self.on_copy is not None:
+                    self.on_copy(job.digest, unit.key)
                 with open(artifact.path, "rb") as fh:
                     up = self.http.put(f"{unit.url}/v1/models", data=fh, headers=auth, timeout=300)
                 up.raise_for_status()

@@ -59,8 +59,17 @@ class BuildProgress:
     Why steps and not pip's own output: pip runs quiet (its tail is shown when it fails), and an
     install that takes minutes should say that it is the one running."""
 
-    def __init__(self, name: str):
-        self._bar = tqdm(total=None, desc=name, unit="step", disable=None, file=sys.stderr, leave=False, mininterval=0)
+    def __init__(self, name: str, enabled: bool = True):
+        """`enabled` False: never shown (`up --no-progress`)."""
+        self._bar = tqdm(
+            total=None,
+            desc=name,
+            unit="step",
+            disable=None if enabled else True,
+            file=sys.stderr,
+            leave=False,
+            mininterval=0,
+        )
         self._begun = False
 
     def __call__(self, label: str, total: int) -> None:

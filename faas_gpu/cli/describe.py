@@ -53,6 +53,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
         rows.append(("RAM", f"{usage['totalMemoryBytes'] / 1024 / 1024:.2f} MB"))
     if usage.get("cpu") is not None and usage:
         rows.append(("CPU", f"{usage['cpu']:.0f} Mi"))
+    for gap in usage.get("faasGpuUnmeasured") or []:  # the Swarm runtime: a replica whose node's engine it cannot read
+        rows.append(("Not measured", f"{gap.get('instance')} on {gap.get('node')}: {gap.get('reason')}"))
     for k, v in rows:
         print(f"{k + ':':<20} {v}")
     ns_only = {"namespace": args.namespace} if args.namespace else {}

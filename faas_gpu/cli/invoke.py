@@ -16,6 +16,7 @@ from .common import (
     message_of,
     stack_of,
 )
+from .progress import Progress, status_fetcher
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:
@@ -31,15 +32,17 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         headers["X-Callback-Url"] = args.callback_url
     route = "async-function" if args.async_ else "function"
     path = f"/{route}/{args.name}.{args.namespace or DEFAULT_NAMESPACE}"
-    resp = client.request(
-        args.method.upper(),
-        path,
-        system=False,
-        data=data,
-        headers=headers,
-        params=query,
-        timeout=(CONNECT_TIMEOUT_S, None),
-    )
+    with Progress(args.name, enabled=not args.no_progress and not args.async_) as progress:
+        progress.watch(status_fetcher(client), args.namespace)  # a cold start's stages, on a terminal only
+        resp = client.request(
+            args.method.upper(),
+            path,
+            system=False,
+            data=data,
+            headers=headers,
+            params=query,
+            timeout=(CONNECT_TIMEOUT_S, None),
+        )
     if args.async_:
         if resp.status_code != 202:
             raise CliError(f"invoke {args.name}: unexpected status {resp.status_code}: {message_of(resp)}")
@@ -63,4 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--method", default="POST")
     p.add_argument("--content-type")
     p.add_argument("--callback-url", help="X-Callback-Url for --async")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress line on a terminal while a first call loads its model (never shown in a pipe)",
+    )
     p.set_defaults(func=cmd_invoke)

@@ -25,6 +25,7 @@ from .build import BuildProgress, build_args_of
 from .common import Client, CliError, credentials, json_of
 from .deploy import deploy_specs
 from .down import main as down_main
+from .progress import Progress, replicas_stage
 
 
 def daemons(args: argparse.Namespace) -> list[Daemon]:
@@ -50,6 +51,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--runtime", args.runtime]
     if args.docker_host:
         stack_args += ["--docker-host", args.docker_host]
+    for namespace in args.namespace or ():
+        stack_args += ["--namespace", namespace]
     if not args.no_gpu:
         out.append(
             Daemon(
@@ -132,8 +135,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--build-arg", action="append", help="KEY=VALUE for the docker builds (e.g. BASE_IMAGE=faas-gpu/base:latest)"
     )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        help="a namespace functions may be deployed to (repeatable; the list replaces the default openfaas-fn, "
+        "as the provider's --namespace: the certifier's CERTIFIER_NAMESPACES runs need openfaas-fn and theirs)",
+    )
     p.add_argument("--no-deploy", action="store_true", help="only start the stack")
     p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress lines on a terminal for builds and replicas starting (never shown in a pipe)",
+    )
     return p
 
 
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         docker = None
         if runtime in ("docker", "swarm"):  # swarm: pushed too, so every node can pull it
             docker = DockerBuild(args.docker_host, build_args_of(args.build_arg or []), push=runtime == "swarm")
-        deployed = up_deploy(args.yaml, gateway_url, docker=docker)
+        deployed = up_deploy(args.yaml, gateway_url, docker=docker, progress=not args.no_progress)
     secrets = paths.secrets_dir()
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
     print(f"  gateway:      {gateway_url}")
@@ -190,14 +204,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- what `up` runs once the daemons serve ------------------------------------------------
-def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float) -> bool:
+def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float, *, progress: bool = True) -> bool:
+    """Until a replica of `name` serves; on a terminal, a line says how many are ready (`progress`)."""
     deadline = time.monotonic() + timeout_s
     params = {"namespace": namespace} if namespace else {}
-    while time.monotonic() < deadline:
-        resp = client.request("GET", f"/system/function/{name}", params=params)
-        if resp.status_code == 200 and (json_of(resp, "ready").get("availableReplicas") or 0) > 0:
-            return True
-        time.sleep(0.2)
+    with Progress(name, enabled=progress) as line:
+        while time.monotonic() < deadline:
+            resp = client.request("GET", f"/system/function/{name}", params=params)
+            if resp.status_code == 200:
+                body = json_of(resp, "ready")
+                available = int(body.get("availableReplicas") or 0)
+                line.show(replicas_stage(available, int(body.get("replicas") or 1)))
+                if available > 0:
+                    return True
+            time.sleep(0.2)
     return False
 
 
@@ -212,10 +232,15 @@ class DockerBuild:
 
 
 def up_deploy(
-    yaml_path: str | None, gateway: str, ready_timeout_s: float = 180, docker: DockerBuild | None = None
+    yaml_path: str | None,
+    gateway: str,
+    ready_timeout_s: float = 180,
+    docker: DockerBuild | None = None,
+    progress: bool = True,
 ) -> list[str]:
     """Build and deploy every function of the stack file, then wait until each serves (for `up`);
-    `docker`: build each image with the engine (the docker runtime runs images), not into the store."""
+    `docker`: build each image with the engine (the docker runtime runs images), not into the store;
+    `progress`: lines on a terminal for each build and wait (never in a pipe)."""
     path = find_stack_file(yaml_path)
     if path is None:
         return []
@@ -233,12 +258,12 @@ def up_deploy(
                     push=docker.push,
                 )
                 continue
-            with BuildProgress(spec.name) as progress:
-                build_image(spec, stack_dir=stack.stack_dir, on_step=progress)
+            with BuildProgress(spec.name, enabled=progress) as step:
+                build_image(spec, stack_dir=stack.stack_dir, on_step=step)
     _profile_missing(path, stack)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():
-        if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s):
+        if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s, progress=progress):
             raise CliError(
                 f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
             )

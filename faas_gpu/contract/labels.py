@@ -22,4 +22,11 @@ PORT = "com.faas-gpu.port"
 INSTANCE = "com.faas-gpu.instance"
 """A Swarm service's instance id (r0, r1, ..., or an INFless plan's instance)."""
 
+ENGINE = "com.faas-gpu.engine"
+"""A Swarm *node* label the operator sets (`docker node update --label-add
+com.faas-gpu.engine=tcp://10.0.0.2:2376 <node>`): where that node's own Engine API is reached. The
+Engine API gives a container's stats only on the node that runs it, so the Swarm runtime reads the
+usage of tasks on other nodes there (TLS settings as the manager's: DOCKER_TLS_VERIFY,
+DOCKER_CERT_PATH). Not a runtime label: nothing the runtimes start carries it."""
+
 RUNTIME_LABELS = frozenset({OWNER, REPLICA, DIGEST, SLOT, PORT, INSTANCE})

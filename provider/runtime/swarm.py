@@ -32,10 +32,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,8 @@ from .launch import check_record
 log = logging.getLogger(__name__)
 
 LABEL_INSTANCE = runtime_labels.INSTANCE  # the service's instance id (r0.., or an INFless plan's)
+LABEL_ENGINE = runtime_labels.ENGINE  # a node label: that node's own Engine API address
+ENGINE_TIMEOUT_S = 3.0  # a node's engine asked for a task's stats: a lost node must not hold describe
 PORT_RANGE = (20000, 29998)  # even ports: P is the watchdog's, P+1 the http-mode function's
 SUPERVISE_EVERY_S = 0.5
 FAILED_STATES = ("failed", "rejected")
@@ -118,6 +122,15 @@ def probe(url: str, timeout_s: float = 0.5) -> bool:
     return watchdog_ready(host, int(port), timeout_s)
 
 
+def engine_client(base_url: str) -> Any:
+    """A docker SDK client on one node's Engine API (`com.faas-gpu.engine`), with the TLS settings
+    of the environment (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) as the manager's client has them."""
+    import docker
+
+    env = {**os.environ, "DOCKER_HOST": base_url}
+    return docker.from_env(environment=env, version="auto", timeout=ENGINE_TIMEOUT_S)
+
+
 class SwarmRuntime(WatchedRuntime):
     def __init__(
         self,
@@ -131,11 +144,13 @@ class SwarmRuntime(WatchedRuntime):
         stack: str = "faas-gpu",
         network: str | None = None,
         supervise_every_s: float = SUPERVISE_EVERY_S,
+        engines: Callable[[str], Any] = engine_client,
     ):
         """`client`: a docker SDK DockerClient on a Swarm manager. `gpu_env`: how replicas reach
         the scheduler (an address every node can reach, not loopback); `credentials`: each
         function's own token (FAAS_GPU_TOKEN). `stack` labels this provider's services, so two
-        stacks on one swarm keep apart."""
+        stacks on one swarm keep apart. `engines`: a client on a node's own engine, given the
+        address its `com.faas-gpu.engine` label names (usage of the tasks on that node)."""
         self.client, self.api = client, client.api
         self.secrets, self.logs = secrets, logs
         self.gpu_env = dict(gpu_env or {})
@@ -149,6 +164,8 @@ class SwarmRuntime(WatchedRuntime):
         self._closed = threading.Event()
         self._secret_ids: dict[str, str] = {}
         self._following: set[str] = set()  # services whose logs a thread copies into the log store
+        self._engines: Callable[[str], Any] = engines
+        self._engine_clients: dict[str, Any] = {}  # a node's engine address -> its client
         self._started_at = time.monotonic()
         self._supervisor = threading.Thread(target=self._supervise, name="swarm-supervisor", daemon=True)
         self._supervisor.start()
@@ -211,31 +228,90 @@ class SwarmRuntime(WatchedRuntime):
         return out
 
     def usage(self, namespace: str, name: str) -> dict | None:
-        """Memory of the function's running tasks as their engine counts it (cgroup usage less
-        page cache). The Engine API gives a container's stats only on its own node, and this
-        provider holds the manager's engine: tasks on other nodes are not counted (None when no
-        task runs here). A per-node agent (cAdvisor, as faas-swarm's users run) is what sees them."""
+        """Memory of the function's running tasks as their engines count it (cgroup usage less
+        page cache). The Engine API gives a container's stats only on the node that runs it: a
+        task on the manager's node is read through this provider's engine, a task elsewhere
+        through its node's engine at the address the node's `com.faas-gpu.engine` label names.
+        A running task that cannot be read is listed in `faasGpuUnmeasured` ({instance, node,
+        reason}: no label on its node, its node down, its engine not answering) beside the total
+        of those that were; None when no task runs."""
         if (namespace, name) not in self._fns:
             return None
         try:
             here = self.api.info()["Swarm"]["NodeID"]
+            nodes = {n["ID"]: n for n in self.api.nodes()}
         except Exception:  # noqa: BLE001 — no engine, no figure
             return None
-        total, counted = 0, 0
+        total, counted, unmeasured = 0, 0, []
+        down: dict[str, str] = {}  # engine address -> why it did not answer, once per call
         for svc in self._services(namespace, name):
-            for t in self.api.tasks(filters={"service": svc["ID"], "desired-state": "running", "node": here}):
+            instance = svc["Spec"]["Labels"].get(LABEL_INSTANCE, "")
+            for t in self.api.tasks(filters={"service": svc["ID"], "desired-state": "running"}):
                 cid = ((t.get("Status") or {}).get("ContainerStatus") or {}).get("ContainerID")
                 if not cid or t["Status"]["State"] != "running":
                     continue
-                try:
-                    stats = self.api.stats(cid, stream=False, one_shot=True)
-                except Exception:  # noqa: BLE001 — the task went meanwhile
-                    continue
-                mem = stats.get("memory_stats") or {}
-                cache = (mem.get("stats") or {}).get("inactive_file", 0)
-                total += max(0, int(mem.get("usage", 0)) - int(cache))
-                counted += 1
-        return {"cpu": 0.0, "totalMemoryBytes": float(total)} if counted else None
+                node = nodes.get(t.get("NodeID", "")) or {}
+                host = (node.get("Description") or {}).get("Hostname") or t.get("NodeID", "?")
+                memory, reason = self._task_memory(cid, t.get("NodeID") == here, node, down)
+                if memory is None:
+                    unmeasured.append({"instance": instance, "node": host, "reason": reason})
+                else:
+                    total, counted = total + memory, counted + 1
+        if not counted and not unmeasured:
+            return None
+        out: dict[str, Any] = {"cpu": 0.0, "totalMemoryBytes": float(total)}
+        if unmeasured:
+            out["faasGpuUnmeasured"] = sorted(unmeasured, key=lambda u: (u["instance"], u["node"]))
+        return out
+
+    def _task_memory(self, cid: str, local: bool, node: dict, down: dict[str, str]) -> tuple[int | None, str]:
+        """(the container's memory less page cache, "") from the engine of the node it runs
+        on, or (None, why not)."""
+        hostname = (node.get("Description") or {}).get("Hostname", "?")
+        if local:
+            api, address = self.api, None
+        else:
+            state = (node.get("Status") or {}).get("State", "unknown")
+            if state != "ready":
+                return None, f"node {hostname} is {state}"
+            address = ((node.get("Spec") or {}).get("Labels") or {}).get(LABEL_ENGINE)
+            if not address:
+                return None, (
+                    f"the manager's engine has no stats of other nodes' containers, and node {hostname} "
+                    f"has no {LABEL_ENGINE} label naming its own engine"
+                )
+            if address in down:
+                return None, down[address]
+            try:
+                api = self._engine_api(address)
+            except Exception as exc:  # noqa: BLE001 — that node's engine is unreachable
+                down[address] = f"its engine at {address} did not answer: {str(exc)[:200]}"
+                return None, down[address]
+        import docker.errors
+
+        try:
+            stats = api.stats(cid, stream=False, one_shot=True)
+        except docker.errors.NotFound:
+            return None, "its container went while it was read (a replica being replaced)"
+        except Exception as exc:  # noqa: BLE001 — its engine went
+            if address is not None:
+                self._engine_clients.pop(address, None)
+                down[address] = f"its engine at {address} did not answer: {str(exc)[:200]}"
+                return None, down[address]
+            return None, f"the manager's engine did not answer: {str(exc)[:200]}"
+        mem = stats.get("memory_stats") or {}
+        cache = (mem.get("stats") or {}).get("inactive_file", 0)
+        return max(0, int(mem.get("usage", 0)) - int(cache)), ""
+
+    def _engine_api(self, address: str) -> Any:
+        """The low-level API of a node's engine (one client per address, made on first use)."""
+        with self._lock:
+            client = self._engine_clients.get(address)
+        if client is None:
+            client = self._engines(address)
+            with self._lock:
+                self._engine_clients[address] = client
+        return client.api
 
     # -- logs: the engine's service logs into the provider's log store ---------------------
     def _follow_logs(self, record: FunctionRecord, instance: str, service: str, since: float | None) -> None:

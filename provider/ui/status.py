@@ -298,6 +298,39 @@ def scheduler_view(status: dict | None, cluster: Cluster) -> dict[str, Any]:
         "deadlineMisses": _num(status.get("deadline_misses")),
         "lateDropped": _num(status.get("late_dropped")),
         "distribution": _str(status.get("distribution", "")),
+        "uploading": [upload_view(u) for u in _dicts(status.get("uploading"))],
+        "models": [model_state_view(m, cluster.owners) for m in _dicts(status.get("models"))],
+    }
+
+
+def _dicts(value: object, limit: int = 100) -> list[dict]:
+    return [v for v in value[-limit:] if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def upload_view(u: dict) -> dict[str, Any]:
+    """An upload the scheduler is receiving from a function's GPU client (`scheduler.model_states`)."""
+    return {
+        "function": _str(u.get("function", "")),
+        "bytes": _num(u.get("bytes")),
+        "total": _num(u.get("total")),
+        "seconds": _num(u.get("s")),
+    }
+
+
+def model_state_view(m: dict, owners: dict[str, list[str]]) -> dict[str, Any]:
+    """Where a model's cold start stands on the scheduler: uploaded, copying to a unit's manager,
+    loaded (with its load time); the functions that uploaded it."""
+    model = _model(m.get("digest", ""), owners)
+    function = _str(m.get("function", ""))
+    if function and function not in model["functions"]:
+        model["functions"] = [*model["functions"], function]
+    return {
+        **model,
+        "state": _str(m.get("state", "")),
+        "size": _num(m.get("size")),
+        "unit": _str(m["unit"]) if m.get("unit") else None,
+        "loadS": _num(m.get("load_s")),
+        "uploadS": _num(m.get("upload_s")),
     }
 
 

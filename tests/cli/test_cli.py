@@ -202,6 +202,17 @@ def test_list_and_describe(project, stub, capsys):
     assert "No such function: missing" in capsys.readouterr().err
 
 
+def test_describe_names_the_replicas_whose_memory_is_not_counted(project, stub, capsys):
+    assert run("deploy") == 0
+    gap = {"instance": "r1", "node": "worker2", "reason": "node worker2 is down"}  # the Swarm runtime's
+    stub.functions["echo"]["usage"] = {"cpu": 0.0, "totalMemoryBytes": 2 * 1024 * 1024, "faasGpuUnmeasured": [gap]}
+    capsys.readouterr()
+    assert run("describe", "echo") == 0
+    out = capsys.readouterr().out
+    assert "RAM:                 2.00 MB" in out
+    assert "Not measured:        r1 on worker2: node worker2 is down" in out
+
+
 # -- invoke ------------------------------------------------------------------------------
 def test_invoke_posts_stdin_to_function_dot_namespace_without_credentials(project, stub, capsys, monkeypatch):
     creds(project)

@@ -23,7 +23,7 @@ def test_up_runtime_swarm_passes_the_runtime_and_builds_and_pushes(tmp_path, mon
     monkeypatch.setattr(up, "credentials", lambda *a: ("admin", "pw"))
     monkeypatch.setattr(up, "docker_build", lambda spec, **kw: builds.append((spec.image, kw)))
     monkeypatch.setattr(up, "deploy_specs", lambda client, specs: [s.name for s in specs])
-    monkeypatch.setattr(up, "wait_ready", lambda *a: True)
+    monkeypatch.setattr(up, "wait_ready", lambda *a, **kw: True)
     monkeypatch.setattr(up, "_profile_missing", lambda *a: None)
     argv = ["-f", "stack.yml", "--runtime", "swarm", "--docker-host", "unix:///tmp/m.sock", "--bind", "10.77.0.1",
             "--build-arg", "BASE_IMAGE=faas-gpu/base:latest"]  # fmt: skip
@@ -36,3 +36,23 @@ def test_up_runtime_swarm_passes_the_runtime_and_builds_and_pushes(tmp_path, mon
     [(image, kw)] = builds
     assert image == "10.77.0.1:5000/fn:latest" and kw["push"] is True
     assert kw["docker_host"] == "unix:///tmp/m.sock" and kw["build_args"] == {"BASE_IMAGE": "faas-gpu/base:latest"}
+
+
+def test_up_passes_each_namespace_to_the_provider(tmp_path, monkeypatch):
+    """`faas-gpu up --namespace openfaas-fn --namespace certifier-test`: the provider allows both (the
+    certifier's CERTIFIER_NAMESPACES run lists exactly these; the provider's own --namespace)."""
+    monkeypatch.setenv("FAAS_GPU_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    started: list = []
+    monkeypatch.setattr(up, "start_stack", lambda home, daemons: started.extend(daemons) or {"faas-gpu": 1})
+    monkeypatch.setattr(up.running, "record_stack", lambda *a: tmp_path / "record")
+    argv = ["--no-deploy", "--no-gpu", "--runtime", "docker",
+            "--namespace", "openfaas-fn", "--namespace", "certifier-test"]  # fmt: skip
+    assert up.main(argv) == 0
+    [provider] = [d for d in started if d.name == "faas-gpu"]
+    given = [provider.args[i + 1] for i, a in enumerate(provider.args) if a == "--namespace"]
+    assert given == ["openfaas-fn", "certifier-test"]
+    started.clear()
+    assert up.main(["--no-deploy", "--no-gpu"]) == 0  # none given: the provider's default (openfaas-fn)
+    [provider] = [d for d in started if d.name == "faas-gpu"]
+    assert "--namespace" not in provider.args

@@ -16,13 +16,16 @@ Managers are the part that must be on every GPU node, which is what a global ser
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +220,11 @@ class ClusterStack:
         st = self.swarm.manager.call(requests.get, f"{SCHEDULER}/v1/status", headers=headers, timeout=5)
         return sorted(st.json()["units"])
 
-    def function_status(self, name: str) -> dict[str, Any]:
-        r = self.swarm.manager.call(requests.get, f"{GATEWAY}/system/function/{name}", auth=self.auth, timeout=5)
+    def function_status(self, name: str, usage: bool = False) -> dict[str, Any]:
+        params = {"usage": "1"} if usage else None
+        r = self.swarm.manager.call(
+            requests.get, f"{GATEWAY}/system/function/{name}", params=params, auth=self.auth, timeout=10
+        )
         return r.json() if r.status_code == 200 else {}
 
     def wait_available(self, name: str, n: int, timeout_s: float = 180) -> dict[str, Any]:
@@ -240,6 +246,43 @@ class ClusterStack:
                 if t["Status"]["State"] == "running":
                     out[svc["Spec"]["Name"]] = names.get(t.get("NodeID", ""), t.get("NodeID", "?"))
         return out
+
+    def calls_through_node_loss(
+        self, lost: DockerHost, seconds: float, lose_after_s: float, name: str = "classify", callers: int = 4
+    ) -> Counter:
+        """`callers` threads (in the manager's namespace) calling `name` through the gateway for
+        `seconds`, `lost`'s dockerd stopped `lose_after_s` in (its replica and GPU Manager go with
+        it): every call's outcome, its status code or the name of the exception it raised."""
+        stop = time.monotonic() + seconds
+        outcomes: Counter = Counter()
+        lock = threading.Lock()
+
+        def caller(seed: int) -> None:
+            s = requests.Session()
+            while time.monotonic() < stop:
+                try:
+                    code = s.post(f"{GATEWAY}/function/{name}", json={"seed": seed}, timeout=120).status_code
+                except requests.RequestException as exc:
+                    code = type(exc).__name__
+                with lock:
+                    outcomes[code] += 1
+
+        with cf.ThreadPoolExecutor(callers) as pool:
+            futs = [pool.submit(self.swarm.manager.call, caller, i) for i in range(callers)]
+            time.sleep(lose_after_s)
+            lost.stop_dockerd()
+            for f in futs:
+                f.result()
+        return outcomes
+
+    def wait_units_gone(self, host: DockerHost, timeout_s: float = 60) -> bool:
+        """Whether the scheduler dropped every unit of `host` within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while any(u.startswith(f"{host.name}/") for u in self.scheduler_units()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
 
     def diagnose(self, chars: int = 2500) -> str:
         """The tails of the stack's logs and of the GPU Managers' and functions' service logs

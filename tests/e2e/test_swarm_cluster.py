@@ -11,15 +11,12 @@ lost host's units.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import sys
-import threading
-import time
-from collections import Counter
 
 import pytest
 import requests
 
+from faas_gpu.contract.labels import ENGINE
 from tests.e2e.classify_project import classify_stack, write_project
 from tests.e2e.cluster_stack import GATEWAY, ClusterStack, build_classify
 
@@ -39,6 +36,8 @@ def cluster(swarm3, tmp_path_factory):
     fn["constraints"] = ["node.labels.gpu==true"]
     fn["labels"] = {"com.openfaas.scale.min": "2"}
     write_project(project, stack_file)
+    for w in swarm3.workers:  # where the provider reads the usage of the tasks on each worker
+        swarm3.label(w, **{ENGINE: w.base_url})
     stack = ClusterStack(swarm3)
     try:
         build_classify(swarm3, project, stack.home)
@@ -75,6 +74,8 @@ def test_classify_runs_on_the_workers_and_reaches_gpu_managers_on_both(cluster):
     again = _invoke(stack, 1)
     assert again.status_code == 200 and again.json()["predictions"] == body["predictions"]
     assert any(k.lower().startswith("x-faas-gpu") for k in again.headers), dict(again.headers)
+    usage = stack.function_status("classify", usage=True)["usage"]  # read from each worker's engine
+    assert usage["totalMemoryBytes"] > 0 and "faasGpuUnmeasured" not in usage, usage
     logs = stack.cli("logs", "classify", "--tail", "50", "--no-follow", "--gateway", GATEWAY, cwd=project, timeout=60)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stdout + logs.stderr  # through service logs
 
@@ -83,33 +84,11 @@ def test_a_lost_worker_costs_no_accepted_call(cluster):
     swarm, stack, _ = cluster
     lost = swarm.workers[1]
     stack.wait_available("classify", 2)
-    stop = time.monotonic() + 24
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
-
-    def caller(seed: int) -> None:
-        s = requests.Session()
-        while time.monotonic() < stop:
-            try:
-                code = s.post(f"{GATEWAY}/function/classify", json={"seed": seed}, timeout=120).status_code
-            except requests.RequestException as exc:
-                code = type(exc).__name__
-            with lock:
-                outcomes[code] += 1
-
-    with cf.ThreadPoolExecutor(4) as pool:
-        futs = [pool.submit(swarm.manager.call, caller, i) for i in range(4)]
-        time.sleep(6)
-        lost.stop_dockerd()  # the host goes: its replica and its GPU Manager with it
-        for f in futs:
-            f.result()
+    outcomes = stack.calls_through_node_loss(lost, seconds=24, lose_after_s=6)
     # classify on the cpu back end takes seconds a call on two shared cores: a few calls per caller
     assert outcomes[200] >= 4, f"{outcomes}\n{stack.diagnose()}"
     assert set(outcomes) == {200}, f"{outcomes}\n{stack.diagnose()}"  # every accepted call answered, none lost or 502
-    deadline = time.monotonic() + 60
-    while any(u.startswith("worker2/") for u in stack.scheduler_units()):
-        assert time.monotonic() < deadline, stack.scheduler_units()
-        time.sleep(0.5)
+    assert stack.wait_units_gone(lost), stack.scheduler_units()
     assert stack.scheduler_units() == ["worker1/cpu-0", "worker1/cpu-1"]
     stack.wait_available("classify", 2, timeout_s=120)  # Swarm put the lost replica on worker1
     assert set(stack.function_hosts("classify").values()) == {"worker1"}

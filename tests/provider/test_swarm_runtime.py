@@ -234,6 +234,50 @@ def test_usage_counts_the_tasks_on_the_managers_node(rt):
     assert sorted(e.get("FAAS_GPU_MAX_BATCH", "-") for e in envs) == ["-", "8"]  # each instance its own env
 
 
+class FakeEngine:
+    """A node's own engine (`com.faas-gpu.engine`): the stats of the containers it runs."""
+
+    def __init__(self, api: FakeAPI, answers: bool = True):
+        self.api = self
+        self.fake, self.answers, self.asked = api, answers, 0
+
+    def stats(self, cid: str, stream: bool, one_shot: bool) -> dict:
+        self.asked += 1
+        if not self.answers:
+            raise ConnectionError("connection refused")
+        return self.fake.stats(cid, stream, one_shot)
+
+
+def test_usage_reads_each_tasks_node_engine_and_names_the_replicas_it_cannot_read(rt, monkeypatch):
+    fake = rt.fake
+    fake.nodes_["n2"]["Spec"] = {"Labels": {"com.faas-gpu.engine": "tcp://10.0.0.2:2376"}}
+    for n, state in (("n3", "ready"), ("n4", "down")):
+        fake.nodes_[n] = {"ID": n, "Status": {"State": state, "Addr": f"10.0.0.{n[1]}"}, "Description": {"Hostname": n}}
+    fake.nodes_["n4"]["Spec"] = {"Labels": {"com.faas-gpu.engine": "tcp://10.0.0.4:2376"}}  # n3 has no label
+    engines = {"tcp://10.0.0.2:2376": FakeEngine(fake)}
+    monkeypatch.setattr(rt, "_engines", lambda address: engines[address])
+    rt.apply(record(replicas=4))
+    wait_for(lambda: len(fake.services()) == 4)
+    on = {"r0": "n1", "r1": "n2", "r2": "n3", "r3": "n4"}  # n1 is the manager's own node
+    for svc in fake.services():
+        for t in fake.tasks(filters={"service": svc["ID"]}):
+            t["NodeID"] = on[svc["Spec"]["Labels"]["com.faas-gpu.instance"]]
+            fake.stats_[t["Status"]["ContainerStatus"]["ContainerID"]] = 1000
+    usage = rt.usage("openfaas-fn", "classify")
+    assert usage["cpu"] == 0.0 and usage["totalMemoryBytes"] == 2000.0  # r0 here, r1 through n2's engine
+    assert engines["tcp://10.0.0.2:2376"].asked == 1
+    gaps = {u["instance"]: (u["node"], u["reason"]) for u in usage["faasGpuUnmeasured"]}
+    assert set(gaps) == {"r2", "r3"}
+    assert gaps["r2"][0] == "n3" and "no com.faas-gpu.engine label" in gaps["r2"][1]
+    assert gaps["r3"] == ("n4", "node n4 is down")
+    engines["tcp://10.0.0.2:2376"] = FakeEngine(fake, answers=False)  # n2's engine goes
+    rt._engine_clients.clear()
+    usage = rt.usage("openfaas-fn", "classify")
+    assert usage["totalMemoryBytes"] == 1000.0
+    r1 = next(u for u in usage["faasGpuUnmeasured"] if u["instance"] == "r1")
+    assert r1["node"] == "n2" and r1["reason"].startswith("its engine at tcp://10.0.0.2:2376 did not answer")
+
+
 def test_a_new_spec_rolls_and_remove_removes(rt):
     rt.apply(record())
     first = only_service(rt)

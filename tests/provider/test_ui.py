@@ -88,6 +88,19 @@ def scheduler_status(leader: bool = True) -> dict:
         "deadline_misses": 5,
         "late_dropped": 0,
         "distribution": "protean",
+        "uploading": [{"function": "other.openfaas-fn", "bytes": 10, "total": 40, "s": 0.5, "state": "uploading"}],
+        "models": [
+            {
+                "digest": "sha256:" + "ab" * 32,
+                "function": "classify.openfaas-fn",
+                "state": "loaded",
+                "size": 1024,
+                "unit": "node-1/cpu-0",
+                "load_s": 1.5,
+                "upload_s": 0.2,
+            },
+            "not a record",
+        ],
         "reconfigurator": {
             "recent": [
                 {"gpu": "node-1/0", "from": ["7g.80gb"], "to": ["4g.40gb", "3g.40gb"], "status": "done", "detail": ""},
@@ -191,6 +204,18 @@ def test_status_aggregates_functions_units_scheduler_and_procurement(cluster):
     sched = s["scheduler"]
     assert sched["leaderId"] == "sched-a" and sched["members"] == [SCHED] and sched["answeredByLeader"]
     assert sched["queues"] == {"strict": 1.0, "bestEffort": 2.0} and sched["deadlineMisses"] == 5.0
+    assert sched["uploading"] == [{"function": "other.openfaas-fn", "bytes": 10.0, "total": 40.0, "seconds": 0.5}]
+    assert sched["models"] == [  # each model's cold start (the CLI's progress line reads it)
+        {
+            "digest": "sha256:" + "ab" * 32,
+            "functions": ["classify.openfaas-fn"],
+            "state": "loaded",
+            "size": 1024.0,
+            "unit": "node-1/cpu-0",
+            "loadS": 1.5,
+            "uploadS": 0.2,
+        }
+    ]
     assert session.calls == [(f"{SCHED}/v1/status", {"Authorization": "Bearer cluster-token"})]  # asked once
     assert [r["status"] for r in s["reconfigurations"]] == ["failed", "done"]  # newest first
     assert s["cordons"] == [{"node": "node-3", "reason": "spot eviction"}]

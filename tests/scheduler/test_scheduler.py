@@ -55,6 +55,12 @@ def test_jobs_are_placed_by_lalb_and_hit_the_cache(cluster):
     assert r1.headers["X-Faas-Gpu-Cache"] == "miss" and r1.headers["X-Faas-Gpu-Unit"].startswith("cpu-")
     r2 = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(x), headers=auth, timeout=60)
     assert r2.headers["X-Faas-Gpu-Cache"] == "hit" and r2.headers["X-Faas-Gpu-Unit"] == r1.headers["X-Faas-Gpu-Unit"]
+    # the cold start as /v1/status tells it (the CLI's progress line reads it): loaded where the miss ran
+    status = requests.get(f"{sched.url}/v1/status", headers=auth, timeout=10).json()
+    (state,) = [m for m in status["models"] if m["digest"] == digest]
+    assert state["state"] == "loaded" and state["unit"] == f"n1/{r1.headers['X-Faas-Gpu-Unit']}"
+    assert state["size"] == len(data) and state["load_s"] == round(float(r1.headers["X-Faas-Gpu-Load-Seconds"]), 3)
+    assert state["function"] == "cluster" and status["uploading"] == []
     bad = requests.post(
         f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 4, 32, 32)), headers=auth, timeout=60
     )

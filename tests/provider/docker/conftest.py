@@ -11,11 +11,8 @@ the gateway through `host.call` (a thread that entered the namespace).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from docker.errors import NotFound
 from faas_gpu.build import docker_build
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.stack import load_stack
-from tests.stack_process import free_port
+from tests.stack_process import StackProcess
 
 BASE_IMAGE = "faas-gpu/base:latest"
 
@@ -42,84 +39,26 @@ def handle(event, context):
 '''
 
 
-class NsStack:
-    """A faas-gpu stack process inside `host`'s namespace (docker runtime, that host's engine)."""
+class NsStack(StackProcess):
+    """A faas-gpu stack process inside `host`'s namespace (docker runtime, that host's engine):
+    StackProcess started through `host.popen` and reached through `host.call`."""
+
+    stop_wait_s = 60
+    ready_timeout_s = 90  # a container replica: the engine starts it, the watchdog comes up
 
     def __init__(self, host, home: Path, *extra_args: str):
-        self.host = host
-        self.home = home
         # the ports are free here and the namespace has nothing else listening but the replicas
-        self.gateway_port, self.provider_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.extra_args = list(extra_args)
-        self.proc: subprocess.Popen | None = None
-        self.log_path = home / "stack-test.log"
+        super().__init__(home, "--runtime", "docker", "--docker-host", host.base_url, *extra_args)
+        self.host = host
         self.session = requests.Session()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return self.host.popen(argv, **kwargs)
 
-    @property
-    def auth(self) -> tuple[str, str]:
-        secrets = self.home / "secrets"
-        return (
-            (secrets / "basic-auth-user").read_text().strip(),
-            (secrets / "basic-auth-password").read_text().strip(),
-        )
-
-    def start(self, timeout_s: float = 60) -> NsStack:
-        self.home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FAAS_GPU_HOME": str(self.home)}
-        argv = [
-            sys.executable, "-m", "provider.server", "--home", str(self.home),
-            "--gateway-port", str(self.gateway_port), "--provider-port", str(self.provider_port),
-            "--metrics-port", str(self.metrics_port),
-            "--runtime", "docker", "--docker-host", self.host.base_url, *self.extra_args,
-        ]  # fmt: skip
-        with open(self.log_path, "ab") as log:
-            self.proc = self.host.popen(
-                argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"stack exited at start:\n{self.log_tail()}")
-            try:
-                if self.get("/healthz", auth=None, timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"stack did not start:\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.proc = None
+    def send(self, method: str, url: str, **kwargs) -> requests.Response:
+        return self.host.call(self.session.request, method, url, **kwargs)
 
     # -- HTTP from inside the namespace ---------------------------------------------------
-    def request(self, method: str, path: str, *, auth: object = "system", **kwargs) -> requests.Response:
-        kwargs.setdefault("timeout", 60)
-        if auth == "system":
-            auth = self.auth
-        return self.host.call(self.session.request, method, self.url + path, auth=auth, **kwargs)
-
     def get(self, path: str, **kwargs) -> requests.Response:
         return self.request("GET", path, **kwargs)
 
@@ -150,13 +89,6 @@ class NsStack:
                 return last
             time.sleep(every_s)
         raise AssertionError(f"{what}: not within {timeout_s}s (last: {last})\n{self.log_tail()}")
-
-    def wait_ready(self, name: str, replicas: int = 1, timeout_s: float = 90) -> dict:
-        def ready():
-            s = self.status(name)
-            return s if s["availableReplicas"] >= replicas else None
-
-        return self.wait_until(f"{name} ready with {replicas}", ready, timeout_s)
 
     def logs(self, name: str) -> list[dict]:
         r = self.get("/system/logs", params={"name": name, "follow": "false"})

@@ -1,0 +1,3 @@
+module handler
+
+go 1.16
