@@ -156,7 +156,6 @@ class BatchQueue:
         for c in batch:
             c.done.set()
 
-
     def _traced_run(self, x: torch.Tensor, batch: list[_Call]) -> tuple[torch.Tensor, dict[str, str]]:
         """`_run` inside the batch's span: its parent the first call's span, a link to every
         call's; each call's wait for the batch is a span of its own trace."""

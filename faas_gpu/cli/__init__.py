@@ -57,7 +57,19 @@ DELEGATED = {
 """Commands that parse their own arguments: module, function, help."""
 
 COMMANDS = (
-    build, deploy, listing, describe, invoke, logs, remove, secret, new, template, export, version, base_image,
+    build,
+    deploy,
+    listing,
+    describe,
+    invoke,
+    logs,
+    remove,
+    secret,
+    new,
+    template,
+    export,
+    version,
+    base_image,
 )
 """The command modules, in the order `faas-gpu --help` lists them."""
 

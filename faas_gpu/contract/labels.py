@@ -30,3 +30,5 @@ usage of tasks on other nodes there (TLS settings as the manager's: DOCKER_TLS_V
 DOCKER_CERT_PATH). Not a runtime label: nothing the runtimes start carries it."""
 
 RUNTIME_LABELS = frozenset({OWNER, REPLICA, DIGEST, SLOT, PORT, INSTANCE})
+NODE_LABELS = frozenset({ENGINE})
+"""Labels of Swarm nodes, set by the operator; like the runtime labels, never a deployment's."""

@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from faas_gpu.contract.labels import RUNTIME_LABELS
+from faas_gpu.contract.labels import NODE_LABELS, RUNTIME_LABELS
 from faas_gpu.policies.protean.classes import MAX_SLO_MS, parse_slo_ms
 from provider.types import FunctionDeployment
 from provider.validation import (
@@ -105,9 +105,10 @@ def test_the_table_covers_every_key_the_code_reads():
         text=True,
         check=True,
     ).stdout.split()
-    # the runtimes' own labels on containers and services share the prefix; a deployment may set none
-    assert set(out) - set(ANNOTATIONS) - RUNTIME_LABELS == set()
-    assert not RUNTIME_LABELS & set(ANNOTATIONS)
+    # the runtimes' own labels on containers and services, and the operator's on Swarm nodes, share
+    # the prefix; a deployment may set none
+    assert set(out) - set(ANNOTATIONS) - RUNTIME_LABELS - NODE_LABELS == set()
+    assert not (RUNTIME_LABELS | NODE_LABELS) & set(ANNOTATIONS)
 
 
 def test_faas_gpu_keys_in_labels_follow_the_same_rules():
@@ -188,7 +189,7 @@ def test_slo_header_is_bounded(raw):
     assert parse_slo_ms(str(MAX_SLO_MS)) == MAX_SLO_MS
 
 
-@pytest.mark.parametrize("key", sorted(RUNTIME_LABELS))
+@pytest.mark.parametrize("key", sorted(RUNTIME_LABELS | NODE_LABELS))
 def test_a_deployment_cannot_set_a_runtime_label(key):
     """A function labelled as another provider's replica would be adopted or removed by it."""
     refused(f"labels: {key}", labels={key: "x"})
