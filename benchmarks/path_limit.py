@@ -191,6 +191,39 @@ def cpu_ticks(roots: list[int]) -> dict[int, int]:
     return out
 
 
+ROLES = (
+    ("index.py", "handler"),
+    ("fwatchdog", "watchdog"),
+    ("provider.server", "gateway"),
+    ("-m scheduler", "scheduler"),
+    ("-m gpu_manager", "gpu_manager"),
+)
+"""How a process's command line names its part of the path (first match); others inherit their parent's."""
+
+
+def roles(roots: list[int]) -> dict[int, str]:
+    """Each process under `roots` by its part of the path (a worker is its GPU Manager's `…/child`)."""
+    out: dict[int, str] = {}
+    for p in _tree(roots):  # parents before their children
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parent = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        named = next((role for key, role in ROLES if key in cmd), None)
+        out[p] = named or (f"{out[parent].split('/')[0]}/child" if parent in out else "other")
+    return out
+
+
+def cpu_ms_by_role(start: dict[int, int], end: dict[int, int], names: dict[int, str], requests: float) -> dict:
+    """CPU ms per request of each part of the path between two `cpu_ticks` readings."""
+    by: Counter[str] = Counter()
+    for p, t in end.items():
+        by[names.get(p, "other")] += max(0, t - start.get(p, 0))
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    return {role: round(ticks * tick_ms / max(1.0, requests), 2) for role, ticks in sorted(by.items())}
+
+
 def cpu_seconds_between(start: dict[int, int], end: dict[int, int]) -> float:
     """CPU seconds spent between two `cpu_ticks` readings (a process that ended in between is missed)."""
     return sum(t - start.get(p, 0) for p, t in end.items() if t >= start.get(p, 0)) / os.sysconf("SC_CLK_TCK")
@@ -306,8 +339,10 @@ def faas_gpu_runs(args: argparse.Namespace) -> dict:
             closed_loop(url, clients, w)  # the autoscaler re-plans for this load
             c0 = cpu_ticks(roots)
             r = closed_loop(url, clients, args.seconds)
-            cpu = cpu_seconds_between(c0, cpu_ticks(roots))
+            c1 = cpu_ticks(roots)
+            cpu = cpu_seconds_between(c0, c1)
             r["cpu_ms_per_request"] = 1000 * cpu / max(1, r["rps"] * args.seconds)
+            r["cpu_ms_by_part"] = cpu_ms_by_role(c0, c1, roles(roots), r["rps"] * args.seconds)
             r["plan"] = capacity(stack)
             after[clients] = r
             print(f"after, {clients} clients: {r}")
@@ -359,7 +394,14 @@ def ray_serve(clients: int, seconds: float, batch: int) -> float | None:
             body = await request.json()
             return await self.run(int(body.get("seed", 0)))
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the replica's process imports ResNetMini and the weights' generator as this one does
+    paths = os.pathsep.join([str(REPO), str(REPO / "functions" / "classify"), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": paths.rstrip(os.pathsep)}},
+    )
     try:
         serve.run(Classify.bind(), route_prefix="/classify")
         url = "http://127.0.0.1:8000/classify"
@@ -402,6 +444,7 @@ def main() -> None:
         "ray_serve_rps_32": None if ray_rps is None else round(ray_rps, 1),
         "ray_serve_batch": None if ray_rps is None else ray_batch,
         "cpu_ms_per_request_batch8": round(after[8]["cpu_ms_per_request"], 2),
+        "cpu_ms_by_part_batch8": after[8]["cpu_ms_by_part"],
         "batch_at_8_clients": round(after[8]["mean_batch"], 2),
         "open_loop_slo_pct_50_80_100": [round(after["open"][f]["slo_pct"], 1) for f in (0.5, 0.8, 1.0)],
         "overload_slo_pct": round(after["open_at_today_max"]["slo_pct"], 1),
