@@ -1,7 +1,7 @@
 """The real faas-cli and the real OpenFaaS gateway against our stack.
 
 Neither ships through a package registry, so these run only where binaries are given:
-`FAAS_CLI=/path/to/faas-cli` (0.18.x) and `OPENFAAS_GATEWAY=/path/to/gateway` (0.27.x, which
+`FAAS_CLI=/path/to/faas-cli` (0.18.x; 0.16.x too) and `OPENFAAS_GATEWAY=/path/to/gateway` (0.27.x, which
 binds :8080 and :8082 itself, so that test needs both ports free). Without them they skip.
 """
 
@@ -52,12 +52,14 @@ def test_real_faas_cli_drives_the_stack(project):
     try:
         run("faas-gpu", "template", "pull")
         run("new", "myfn", "--lang", "python3-gpu")
-        (root / "stack.yaml").write_text((root / "stack.yaml").read_text().replace("127.0.0.1:8080", stack.url[7:]))
-        run("build", "--shrinkwrap", "-f", "stack.yaml")
+        # faas-cli 0.17+ writes stack.yaml; 0.16 wrote myfn.yml
+        stack_file = next(p for p in ("stack.yaml", "stack.yml", "myfn.yml") if (root / p).is_file())
+        (root / stack_file).write_text((root / stack_file).read_text().replace("127.0.0.1:8080", stack.url[7:]))
+        run("build", "--shrinkwrap", "-f", stack_file)
         assert (root / "build" / "myfn" / "function" / "handler.py").is_file()
-        run("faas-gpu", "build", "-f", "stack.yaml")
+        run("faas-gpu", "build", "-f", stack_file)
         run("login", *gw, "-u", "admin", "--password-stdin", input=stack.auth[1].encode())
-        run("deploy", "-f", "stack.yaml")
+        run("deploy", "-f", stack_file)
         stack.wait_ready("myfn")
         assert b"myfn" in run("list", *gw).stdout
         assert b"Status:             Ready" in run("describe", "myfn", *gw).stdout
