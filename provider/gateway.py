@@ -251,12 +251,22 @@ class InvocationApp:
         to a ready replica, so that a lost node loses no accepted call. Once only, so a call that
         kills every replica it reaches is not replayed across the fleet; never for a function
         annotated `com.faas-gpu.retry-on-reset: "false"` (one whose call must not run twice),
-        which gets OpenFaaS's 502."""
+        which gets OpenFaaS's 502. A replica whose watchdog answers its own 500 for a function
+        process that had gone (`lost_its_function`: a container being killed loses its handler
+        first) is the same loss, under the same rule."""
         deadline = time.monotonic() + self.invoker.ready_timeout_s
         resent = False
         while True:
             try:
-                return self.invoker.forward(url, method, path, query, headers, body)
+                result = self.invoker.forward(url, method, path, query, headers, body)
+                if result.status != 500 or resent or not lost_its_function(result) or not self._retry_on_reset(key):
+                    return result
+                # the replica's watchdog answered, but its function process had gone (a container
+                # being killed stops the handler before the watchdog): the same loss as a reset
+                resent = True
+                log.info("%s.%s: %s lost its function process; sending the call once more", key[1], key[0], url)
+                time.sleep(0.05)
+                url = self.invoker.pick(key, headers) or url
             except urllib3.exceptions.ProtocolError:
                 if resent or not self._retry_on_reset(key):
                     raise
@@ -343,6 +353,13 @@ def _async_header_problem(headers: dict[str, str], annotations: dict[str, str]) 
         if app not in apps:
             return f"{APP_HEADER}: {app[:40]!r} is not an app of this function ({', '.join(apps)})"
     return None
+
+
+def lost_its_function(result: Result) -> bool:
+    """A watchdog's own 500 saying it could not reach its function process (of-watchdog's
+    `X-OpenFaaS-Internal: of-watchdog`, "Can't reach service for: ..."), not the function's 500."""
+    internal = next((v for k, v in result.headers if k.lower() == "x-openfaas-internal"), None)
+    return internal == "of-watchdog" and result.body.startswith(b"Can't reach service for")
 
 
 def _error(code: int, message: str) -> Result:
