@@ -70,8 +70,9 @@ def _project(root: Path, name: str, image: str, **fn: object) -> Path:
 
     root.mkdir(parents=True, exist_ok=True)
     if name == "classify":
-        # an SLO these shared cores meet: a 504 would be the scheduler's SLO miss, not a lost call
-        stack = classify_stack(image, {"com.faas-gpu.slo-ms": "60000"})
+        # an SLO these shared cores meet: a 504 would be the scheduler's SLO miss, not a lost call;
+        # a short batch timeout, or batches wait a quarter of that SLO (15 s) for callers to fill them
+        stack = classify_stack(image, {"com.faas-gpu.slo-ms": "60000", "com.faas-gpu.batch-timeout-ms": "20"})
         stack["functions"]["classify"].update(fn)
         write_project(root, stack)
     else:
@@ -241,6 +242,7 @@ def node_loss(swarm, stack, root: Path, seconds: float) -> dict:
         "node_loss_lost_requests": total - outcomes[200],
         "node_loss_outcomes": {str(k): v for k, v in outcomes.items()},
         "units_after_loss": stack.scheduler_units(),
+        "node_loss_calls": stack.call_log,  # (sent at s into the window, took s, outcome)
     }
 
 

@@ -79,6 +79,7 @@ class ClusterStack:
         max_inflight: int = 64,
     ):
         self.swarm = swarm
+        self.call_log: list[tuple] = []  # calls_through_node_loss's (sent at s, took s, outcome, why not 200)
         self.root = Path(tempfile.mkdtemp(prefix="fgs-"))
         self.token = secrets.token_urlsafe(32)
         self.backend, self.units, self.manager_args = backend, units, manager_args
@@ -253,19 +254,33 @@ class ClusterStack:
         """`callers` threads (in the manager's namespace) calling `name` through the gateway for
         `seconds`, `lost`'s dockerd stopped `lose_after_s` in (its replica and GPU Manager go with
         it): every call's outcome, its status code or the name of the exception it raised."""
-        stop = time.monotonic() + seconds
         outcomes: Counter = Counter()
         lock = threading.Lock()
+        # every replica warm first (its first call exports, uploads and loads the model: seconds
+        # here), so that the window counts calls of a serving function, not its cold starts
+        with cf.ThreadPoolExecutor(2 * callers) as pool:
+            warm = [
+                pool.submit(self.swarm.manager.call, requests.post, f"{GATEWAY}/function/{name}",
+                            json={"seed": i}, timeout=120)
+                for i in range(2 * callers)
+            ]  # fmt: skip
+            cold = [f.result().status_code for f in warm]
+        assert cold == [200] * len(cold), f"warming {name}: {cold}"
+        stop = time.monotonic() + seconds
 
         def caller(seed: int) -> None:
             s = requests.Session()
             while time.monotonic() < stop:
+                sent, why = time.monotonic(), ""
                 try:
-                    code = s.post(f"{GATEWAY}/function/{name}", json={"seed": seed}, timeout=120).status_code
+                    r = s.post(f"{GATEWAY}/function/{name}", json={"seed": seed}, timeout=120)
+                    code, why = r.status_code, ("" if r.status_code == 200 else r.text[:300])
                 except requests.RequestException as exc:
                     code = type(exc).__name__
                 with lock:
                     outcomes[code] += 1
+                    took = round(time.monotonic() - sent, 3)
+                    self.call_log.append((round(sent - stop + seconds, 2), took, code, why))
 
         with cf.ThreadPoolExecutor(callers) as pool:
             futs = [pool.submit(self.swarm.manager.call, caller, i) for i in range(callers)]

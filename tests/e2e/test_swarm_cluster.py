@@ -31,7 +31,9 @@ def cluster(swarm3, tmp_path_factory):
     timeouts = {"exec_timeout": "120s", "read_timeout": "120s", "write_timeout": "120s"}
     # an SLO this machine's two shared cores always meet: a 504 here would be the scheduler's SLO
     # miss (an answer, not a lost call), which is not what the node-loss test is about
-    stack_file = classify_stack("10.77.0.1:5000/classify:latest", {"com.faas-gpu.slo-ms": "60000"}, timeouts)
+    # a batch timeout of its own: by default a quarter of the SLO (15 s), which a few callers never fill
+    slo = {"com.faas-gpu.slo-ms": "60000", "com.faas-gpu.batch-timeout-ms": "20"}
+    stack_file = classify_stack("10.77.0.1:5000/classify:latest", slo, timeouts)
     fn = stack_file["functions"]["classify"]
     fn["constraints"] = ["node.labels.gpu==true"]
     fn["labels"] = {"com.openfaas.scale.min": "2"}
