@@ -87,8 +87,9 @@ def test_a_lost_worker_costs_no_accepted_call(cluster):
     lost = swarm.workers[1]
     stack.wait_available("classify", 2)
     outcomes = stack.calls_through_node_loss(lost, seconds=24, lose_after_s=6)
-    # classify on the cpu back end takes seconds a call on two shared cores: a few calls per caller
-    assert outcomes[200] >= 4, f"{outcomes}\n{stack.diagnose()}"
+    # under load: a warm call takes tens of ms here (1,932 calls in 24 s in benchmarks/cluster.py);
+    # a bar far below that, for a loaded machine
+    assert outcomes[200] >= 100, f"{outcomes}\n{stack.diagnose()}"
     assert set(outcomes) == {200}, f"{outcomes}\n{stack.diagnose()}"  # every accepted call answered, none lost or 502
     assert stack.wait_units_gone(lost), stack.scheduler_units()
     assert stack.scheduler_units() == ["worker1/cpu-0", "worker1/cpu-1"]
