@@ -91,9 +91,12 @@ class GPUManager:
         nvml: Any | None = None,
         mps: MPSControl | None = None,
         mps_thread_percentage: int | None = None,
+        mig_privilege: Callable[[], mig.MigPrivilege] | None = None,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
+        mig_privilege: whether this process may change MIG geometry (default `mig.probe_privilege`,
+        asked of the OS; an NVML stand-in with its own `mig_privilege`, the tests' fake, answers it).
         worker_factory(artifact, device) builds a worker; for cuda units it is also given
         env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process."""
         if not units and nvml is None:
@@ -111,6 +114,11 @@ class GPUManager:
         self.mps_thread_percentage = None if mps_thread_percentage is None else thread_percentage(mps_thread_percentage)
         self._model_pct: dict[str, int] = {}  # per model (digest): its MPS active thread percentage
         self._reconfiguring = threading.Lock()
+        self._probe = mig_privilege or getattr(nvml, "mig_privilege", None) or mig.probe_privilege
+        self._nvml_refused: str | None = None  # NVML's own NO_PERMISSION, once seen: the probe was wrong
+        self.privilege = self._probe() if nvml is not None else mig.MigPrivilege(False, "no GPU control")
+        if nvml is not None:
+            log.info("MIG geometry control: %s (%s)", "yes" if self.privilege.allowed else "no", self.privilege.reason)
         self.on_units_changed: list[Callable[[], None]] = []  # e.g. the status reporter, at once
         self.metrics = DaemonMetrics(m.Daemon.GPU_MANAGER)
         self._hits = self.metrics.counter(m.MODEL_CACHE_HITS)
@@ -330,15 +338,30 @@ class GPUManager:
                 s.info.id for s in self.units.values() if s.info.kind != "cpu" and s.info.index == gpu["index"]
             ]
             gpu["mps"] = self.mps is not None
+            gpu.update(self.mig_privilege().to_json())
         return out
+
+    def mig_privilege(self) -> mig.MigPrivilege:
+        """May this manager change MIG geometry now: the OS's answer, asked again each time (a
+        capability may be granted while it runs), unless NVML itself has refused it already."""
+        if self.nvml is None:
+            return self.privilege
+        if self._nvml_refused is not None:
+            return mig.MigPrivilege(False, self._nvml_refused)
+        self.privilege = self._probe()
+        return self.privilege
 
     def reconfigure(self, index: int, profiles: list[str], drain_timeout_s: float = 30.0) -> dict:
         """Slice GPU `index` into `profiles` (MIG profile names): {"gpu", "geometry", "units"} after.
 
         Refuses before touching anything: an invalid geometry (mig.InvalidGeometry), MIG mode off
-        (mig.MigModeOff), no such GPU (mig.UnknownGPU). Then drains the GPU's units: no new jobs,
+        (mig.MigModeOff), no such GPU (mig.UnknownGPU), no privilege to change geometry
+        (mig.MigNotPermitted: not root, no mig-config capability). Then drains the GPU's units: no new jobs,
         running ones waited for up to `drain_timeout_s` (else mig.UnitsBusy, and the units serve
         again), workers and MPS daemons stopped; applies the geometry; discovers the GPU's units.
+        A destroy NVML refuses as in use with no process visible (mig.InstancesInUse) is undone
+        before it is raised; an NVML NO_PERMISSION (mig.MigNotPermitted) is remembered, so the next
+        attempt is refused before draining.
 
         Counted in `faas_gpu_mig_reconfigurations_total`: done when the geometry changed, refused
         when nothing was touched, failed when NVML failed mid-way; a GPU this node does not have is
@@ -346,7 +369,13 @@ class GPUManager:
         """
         try:
             result, changed = self._reconfigure(index, profiles, drain_timeout_s)
-        except (mig.InvalidGeometry, mig.MigModeOff, mig.UnitsBusy):
+        except mig.MigNotPermitted as exc:
+            self._reconfigurations.labels(str(index), "refused").inc()
+            if self._nvml_refused is None and self.privilege.allowed:
+                self._nvml_refused = f"NVML refused: {exc}"
+                log.warning("MIG geometry control: no (%s)", self._nvml_refused)
+            raise
+        except (mig.InvalidGeometry, mig.MigModeOff, mig.UnitsBusy, mig.InstancesInUse):
             self._reconfigurations.labels(str(index), "refused").inc()
             raise
         except mig.MigError:
@@ -365,6 +394,9 @@ class GPUManager:
             states = [s for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index]
             if not plan.changes:
                 return self._gpu_status(index, [i.profile for i in sorted(plan.keep, key=lambda i: i.start)]), False
+            privilege = self.mig_privilege()
+            if not privilege.allowed:  # before draining: nothing stopped for a change that cannot happen
+                raise mig.MigNotPermitted(index, privilege.reason)
             held = self._drain(index, states, drain_timeout_s)
             try:
                 for s in states:
