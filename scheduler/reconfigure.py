@@ -49,7 +49,7 @@ from faas_gpu.policies.protean.reconfigurator import (
     Reconfigurator,
 )
 
-from .gpus import GpuView, gpu_key, read_gpus
+from .gpus import GpuView, gpu_key, read_gpus, slice_memory
 from .managers import set_geometry
 from .residency import CountKey, Gpu, Residency, ResidencyMeter, resident_counts
 
@@ -149,6 +149,8 @@ class ReconfigController:
                 log.info("reconfigurator: leaving GPU %s/%d alone: %s", gpu[0], gpu[1], why)
         with self._lock:
             self._views, self._skipped = views, skipped
+            # Alg. 2's thresholds over the slice sizes the managers report, not the nominal ones
+            self.reconfigurator.slice_memory_mb = slice_memory(views.values())
         return views
 
     def _known(self, model: str | None) -> str | None:

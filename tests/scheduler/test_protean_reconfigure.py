@@ -462,3 +462,13 @@ def test_the_scheduler_daemon_runs_the_reconfigurator_with_the_flag(tmp_path):
         assert "reconfigurator" not in status
     finally:
         plain.kill()
+
+
+def test_alg2_sizes_slice_sets_by_what_the_managers_report(node):
+    """Finding 7: the live Reconfigurator's thresholds use NVML's slice sizes (4864 MiB for the
+    A100's 1g.5gb), the simulator's the nominal ones (5120) where no manager reports."""
+    node.controller.refresh()
+    r = node.controller.reconfigurator
+    assert r.slice_memory_mb == {"4g": 20096.0, "2g": 9856.0, "1g": 4864.0}
+    assert r.set_memory_mb(("2g", "1g")) == 9856 + 4864
+    assert r.set_memory_mb(("3g",)) == r.gpu.memory_mb("3g") == 20480  # no 3g reports: nominal
