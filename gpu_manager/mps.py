@@ -209,10 +209,8 @@ class MPSDaemon:
         if len(str(self.pipe_dir / "control")) > SOCKET_PATH_MAX:
             log.warning("mps %s: pipe directory %s is long for a socket path", self.unit, self.pipe_dir)
         if (self.pipe_dir / "control").exists():  # a daemon a previous manager left behind: ours to end
-            try:
-                self.control("quit")
-            except MPSError as exc:
-                log.info("mps %s: no stale daemon to quit (%s)", self.unit, exc)
+            self.running = True  # as ours: the same escalation (MPSError if it will not go)
+            self.stop()
         r = self._run([CONTROL, "-d"])
         if r.returncode != 0:
             raise MPSError(

@@ -120,7 +120,14 @@ def test_a_stale_daemon_from_a_previous_manager_is_quit_first(tmp_path):
     (daemon.pipe_dir / "control").touch()
     runner.up.add(str(daemon.pipe_dir))
     daemon.start()
-    assert runner.commands() == ["quit", "-d", "get_server_list"] and daemon.running and daemon.answering
+    assert runner.commands() == ["get_server_list", "quit", "get_server_list", "-d", "get_server_list"]
+    assert daemon.running and daemon.answering
+    (daemon.pipe_dir / "control").unlink()
+    daemon.stop()
+    (daemon.pipe_dir / "control").touch()  # a socket left over, no daemon behind it
+    runner.calls.clear()
+    daemon.start()
+    assert runner.commands() == ["get_server_list", "quit", "get_server_list", "-d", "get_server_list"]
 
 
 def test_active_thread_percentage_in_the_env_and_through_the_control_pipe(tmp_path):
