@@ -91,6 +91,13 @@ class MPSSession:
             raise MPSError(f"{CONTROL} -d failed ({rc}): {out or 'no output'}")
         self.running = True
 
+    def control(self, command: str) -> str:
+        """One command through the control pipe (`get_server_list`, ...); MPSError if it fails."""
+        rc, out = self._run([CONTROL], command + "\n")
+        if rc != 0:
+            raise MPSError(f"{command!r} failed ({rc}): {out}")
+        return out
+
     def stop(self) -> None:
         """`quit`; if the control pipe is still there after stop_wait_s, `quit -t 5` (terminate clients)."""
         if not self.running:
