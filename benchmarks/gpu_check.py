@@ -63,6 +63,7 @@ class Context:
     scratch: Path
     seconds: float = 4.0
     slo_ms: float = 100.0
+    backend: str = "cuda"  # the GPU Manager's back end ("cpu": a smoke test of the serving parts)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def figure(self, part: str, key: str) -> Any:
@@ -388,7 +389,7 @@ def serve(ctx: Context, model: Any, example: Any) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="serve-", dir=ctx.scratch))
     token = ensure_token(home / "secrets")
     auth = {"Authorization": f"Bearer {token}"}
-    manager = Daemon("gpu_manager", home, "--backend", "cuda")
+    manager = Daemon("gpu_manager", home, "--backend", ctx.backend)
     scheduler = Daemon("scheduler", home)
     saved = {k: os.environ.get(k) for k in ("FAAS_GPU_SCHEDULER_URL", "FAAS_GPU_TOKEN", "FAAS_GPU_MAX_BATCH",
                                             "FAAS_GPU_BATCH_TIMEOUT_MS")}  # fmt: skip

@@ -188,9 +188,7 @@ def seven_g_sms(gpu: Any, device_name: str, nvml: Any | None = None) -> tuple[in
     return (sms or None), f"the package's {gpu.name} MIG table"
 
 
-def whole_baseline_s(
-    plan: dict[str, Any], runs: dict[str, Run], nvml: Any | None = None
-) -> tuple[float, str | None]:
+def whole_baseline_s(plan: dict[str, Any], runs: dict[str, Run], nvml: Any | None = None) -> tuple[float, str | None]:
     """Solo(7g) for the RDFs: the 7g device's median, scaled by SMs when it is a whole GPU with more
     SMs than the 7g profile (time ~ 1/SMs for a batch that fills the GPU, an approximation; a 7g
     MIG slice in --devices needs none). Returns (seconds, a note of the scaling or None)."""
