@@ -145,7 +145,6 @@ class GPUManager:
         self.max_workers_per_unit, self.charge_measured_cpu = max_workers_per_unit, charge_measured_cpu
         # measured cost (MB) per (model digest, device kind): the largest seen, peak activations included
         self.costs: dict[tuple[str, str], float] = {}
-        self._context_mb: dict[tuple[str, str], float] = {}  # per worker: its CUDA context (NVML's figure)
         self._accounted: dict[tuple[str, str], float] = {}  # per worker: the peak last charged
         self._reconfiguring = threading.Lock()
         self.on_units_changed: list[Callable[[], None]] = []  # e.g. the status reporter, at once
@@ -349,6 +348,7 @@ class GPUManager:
         state.cache.load(artifact.digest, size)
         self.workers[(artifact.digest, state.info.id)] = worker
         self._account(state, artifact.digest, worker)
+        self._accounted[(artifact.digest, state.info.id)] = -1.0  # measured again after its first batch
         return worker
 
     def _victims(self, state: _UnitState, size: float) -> list[str]:
@@ -386,7 +386,7 @@ class GPUManager:
         cache where the unit charges measured costs: a cost grown past what was reserved evicts
         the least recently used other models (their workers stopped)."""
         key = (digest, state.info.id)
-        measured = self._measure(state, key, worker)
+        measured = self._measure(state, worker)
         if measured is None:
             return
         self._accounted[key] = getattr(worker, "peak_mb", 0.0)
@@ -399,22 +399,21 @@ class GPUManager:
             self._drop((victim, state.info.id), state)
             self._evictions.labels(state.info.id).inc()
 
-    def _measure(self, state: _UnitState, key: tuple[str, str], worker: Worker) -> float | None:
+    def _measure(self, state: _UnitState, worker: Worker) -> float | None:
         """The worker's cost in MB: cpu, its memory growth since before the load, at its peak;
-        cuda, its CUDA context (NVML's per-process figure after the load less torch's reserved
-        memory then, else `CUDA_CONTEXT_MB`) plus torch's peak reserved memory. None for workers
-        without a process (the sim back end)."""
+        cuda, its CUDA context (NVML's per-process figure now less torch's reserved memory now,
+        else `CUDA_CONTEXT_MB`) plus torch's peak reserved memory. Read after the load and after
+        the first batch (lazy module loading and cuBLAS grow the context then), and whenever the
+        peak grew. None for workers without a process (the sim back end)."""
         info, pid = getattr(worker, "info", None), pid_of(worker)
         if info is None or pid is None:
             return None
         peak = max(getattr(worker, "peak_mb", 0.0), info.memory_mb)
         if state.info.kind == "cpu":
             return peak + overhead_mb("cpu")
-        context = self._context_mb.get(key)
-        if context is None:
-            used = self._nvml_used_mb(state.info, pid)
-            context = CUDA_CONTEXT_MB if used is None else max(0.0, used - info.memory_mb)
-            self._context_mb[key] = context
+        used = self._nvml_used_mb(state.info, pid)
+        now = getattr(worker, "now_mb", info.memory_mb)
+        context = CUDA_CONTEXT_MB if used is None else max(0.0, used - now)
         return context + peak
 
     def _nvml_used_mb(self, info: UnitInfo, pid: int) -> float | None:
@@ -435,7 +434,6 @@ class GPUManager:
             self.nvml.nvmlShutdown()
 
     def _drop(self, key: tuple[str, str], state: _UnitState) -> None:
-        self._context_mb.pop(key, None)
         self._accounted.pop(key, None)
         worker = self.workers.pop(key, None)
         if worker is not None:
@@ -458,8 +456,11 @@ class GPUManager:
                 "used_mb": s.cache.used_mb,
                 # per cached model: what it is charged (measured where known) and what was measured
                 "model_mb": s.cache.sizes,
+                # per model measured on this kind of unit, where the unit charges it (the scheduler learns these)
                 "measured_mb": {
-                    d: c for (d, k), c in list(self.costs.items()) if k == device_kind(s.info.kind, s.info.gpu_name)
+                    d: c
+                    for (d, k), c in list(self.costs.items())
+                    if self.charges_measured(s.info) and k == device_kind(s.info.kind, s.info.gpu_name)
                 },
                 # charged per model before its first measurement, on top of its artifact
                 "overhead_mb": overhead_mb(s.info.kind) if self.charges_measured(s.info) else 0.0,

@@ -109,7 +109,7 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
 
 def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
     """Batches until the pipe closes. Each answer carries the model's peak cost so far (its
-    activations grow with the batch). An input error answers `er` and serves on; out of memory
+    activations grow with the batch) and what it holds now. An input error answers `er` and serves on; out of memory
     answers `om` (the allocator's cache emptied first); a device fault answers `df` and ends the
     process, since its CUDA context is lost for good."""
     from faas_gpu.contract.wire import decode, encode
@@ -126,7 +126,7 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
             if isinstance(y, tuple | list):
                 y = y[0]
             out = encode(y)
-            conn.send_bytes(b"ok" + struct.pack("<d", meter.cost_mb()[1]) + out)
+            conn.send_bytes(b"ok" + struct.pack("<dd", *meter.cost_mb()) + out)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".encode()
             kind = faults.classify(exc)
@@ -150,6 +150,7 @@ class Worker:
         self.conn: Connection | None = None
         self.info: LoadedInfo | None = None
         self.peak_mb = 0.0  # the model's peak cost so far, as the worker last measured it
+        self.now_mb = 0.0  # and what it holds now (cuda: torch's reserved memory)
 
     def start(self, timeout_s: float = 120) -> LoadedInfo:
         parent, child = _CTX.Pipe()
@@ -176,7 +177,7 @@ class Worker:
             self.stop()
             raise ModelLoadError(f"model {self.artifact.digest[:12]}: {value}")
         self.info = value
-        self.peak_mb = value.memory_mb
+        self.peak_mb = self.now_mb = value.memory_mb
         return value
 
     @property
@@ -198,8 +199,9 @@ class Worker:
             raise WorkerDied("worker died mid-job") from None
         tag = reply[:2]
         if tag == b"ok":
-            self.peak_mb = max(self.peak_mb, struct.unpack_from("<d", reply, 2)[0])
-            return reply[10:]
+            now, peak = struct.unpack_from("<dd", reply, 2)
+            self.now_mb, self.peak_mb = now, max(self.peak_mb, peak)
+            return reply[18:]
         message = reply[2:].decode("utf-8", "replace")
         if tag == b"df":
             self.stop()

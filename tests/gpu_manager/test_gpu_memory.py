@@ -50,7 +50,7 @@ class CudaLikeWorker:
         self.weights_mb, self.act_mb_per_row = weights_mb, act_mb_per_row
         self.proc = SimpleNamespace(pid=next(self.pids))
         self.info: LoadedInfo | None = None
-        self.peak_mb = 0.0
+        self.peak_mb = self.now_mb = 0.0  # torch's reserved memory at its peak and now (it keeps its peak)
         self.alive = False
 
     def _need(self, extra_mb: float) -> None:
@@ -60,7 +60,8 @@ class CudaLikeWorker:
     def start(self, timeout_s: float = 120) -> LoadedInfo:
         self._need(CONTEXT_MB + self.weights_mb)
         self.nvml.run_process(UUID, self.proc.pid, CONTEXT_MB + self.weights_mb)
-        self.info, self.peak_mb, self.alive = LoadedInfo(0, 0.01, self.weights_mb), self.weights_mb, True
+        self.info, self.alive = LoadedInfo(0, 0.01, self.weights_mb), True
+        self.peak_mb = self.now_mb = self.weights_mb
         return self.info
 
     def run(self, payload: bytes, timeout_s: float = 60) -> bytes:
@@ -71,7 +72,7 @@ class CudaLikeWorker:
         reserved = self.weights_mb + rows * self.act_mb_per_row
         if reserved > self.peak_mb:
             self._need(reserved - self.peak_mb)
-            self.peak_mb = reserved
+            self.peak_mb = self.now_mb = reserved
             self.nvml.run_process(UUID, self.proc.pid, CONTEXT_MB + reserved)
         return b"ok"
 
