@@ -16,13 +16,13 @@ batch sizes it serves. Two sources, read where they can be:
   context is the stated `CUDA_CONTEXT_MB`.
 
 On the `cpu` back end the unit is an emulated GPU budget, and the worker's interpreter and torch
-(~200 MB of host memory, `process_mb`) are not on that device: the model's cost there is the
+(~145 MB of host memory, `process_mb`) are not on that device: the model's cost there is the
 growth of the worker's private memory (USS, from `/proc/self/smaps_rollup`) from before the load
 to after it, and its peak (the high-water RSS growth) after batches.
 
-Sources: a CUDA context is ~300-500 MiB (A100, CUDA 11/12 with lazy loading) and up to ~700 MiB
-by users' reports on H100s (pytorch/pytorch#20532-style reports, "CUDA context memory per
-process"); `CUDA_MODULE_LOADING=LAZY` (default since CUDA 11.7/12.2) keeps it at the low end.
+Sources: a CUDA context is ~300-400 MiB with CUDA >= 11.7's lazy module loading
+(pytorch/pytorch#107667, #109888), 200-700 MiB by GPU in users' reports (#20532, #28113), ~700 MiB
+on H100s (issue 19); docs/GPU-MEMORY.md has the figures.
 """
 
 from __future__ import annotations
@@ -83,12 +83,6 @@ def process_rss_mb(pid: int | str = "self") -> tuple[float, float]:
     """(RSS now, its high-water mark VmHWM) of a process, in MB."""
     got = _proc_kb(f"/proc/{pid}/status", ("VmRSS", "VmHWM"))
     return got.get("VmRSS", 0) / 1024, got.get("VmHWM", 0) / 1024
-
-
-def read_cpu() -> MemoryReading:
-    """This process on the cpu back end: USS now, and the RSS high-water mark as its peak."""
-    _, hwm = process_rss_mb()
-    return MemoryReading(process_uss_mb(), hwm)
 
 
 def read_cuda(torch: Any) -> MemoryReading:

@@ -45,8 +45,11 @@ class CudaLikeWorker:
 
     pids = itertools.count(41000)
 
-    def __init__(self, nvml: ProcessMemoryNVML, device_mb: float, weights_mb: float, act_mb_per_row: float):
+    def __init__(
+        self, nvml: ProcessMemoryNVML, device_mb: float, weights_mb: float, act_mb_per_row: float, lazy_mb: float = 0
+    ):
         self.nvml, self.device_mb = nvml, device_mb
+        self.context_mb, self.lazy_mb = CONTEXT_MB, lazy_mb  # lazy: kernels loaded at the first batch
         self.weights_mb, self.act_mb_per_row = weights_mb, act_mb_per_row
         self.proc = SimpleNamespace(pid=next(self.pids))
         self.info: LoadedInfo | None = None
@@ -58,8 +61,8 @@ class CudaLikeWorker:
             raise OutOfDeviceMemory(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {extra_mb} MiB")
 
     def start(self, timeout_s: float = 120) -> LoadedInfo:
-        self._need(CONTEXT_MB + self.weights_mb)
-        self.nvml.run_process(UUID, self.proc.pid, CONTEXT_MB + self.weights_mb)
+        self._need(self.context_mb + self.weights_mb)
+        self.nvml.run_process(UUID, self.proc.pid, self.context_mb + self.weights_mb)
         self.info, self.alive = LoadedInfo(0, 0.01, self.weights_mb), True
         self.peak_mb = self.now_mb = self.weights_mb
         return self.info
@@ -70,10 +73,12 @@ class CudaLikeWorker:
             raise DeviceFault("AcceleratorError: CUDA error: an illegal memory access was encountered")
         rows = int(payload) if payload.isdigit() else 1  # a wire-format batch from the API: one row
         reserved = self.weights_mb + rows * self.act_mb_per_row
-        if reserved > self.peak_mb:
-            self._need(reserved - self.peak_mb)
-            self.peak_mb = self.now_mb = reserved
-            self.nvml.run_process(UUID, self.proc.pid, CONTEXT_MB + reserved)
+        if reserved > self.peak_mb or self.lazy_mb:
+            self._need(reserved - self.peak_mb + self.lazy_mb)
+            self.context_mb += self.lazy_mb
+            self.peak_mb = self.now_mb = max(reserved, self.peak_mb)
+            self.lazy_mb = 0.0
+            self.nvml.run_process(UUID, self.proc.pid, self.context_mb + self.peak_mb)
         return b"ok"
 
     def stop(self) -> None:
@@ -100,7 +105,9 @@ class SpyMPS:
         self.events.append(("stop_all", ""))
 
 
-def _setup(tmp_path, *, unit_mb: float, device_mb: float, weights: dict[str, float], act: float = 2.0, **kw):
+def _setup(
+    tmp_path, *, unit_mb: float, device_mb: float, weights: dict[str, float], act: float = 2.0, lazy_mb=0.0, **kw
+):
     """A manager over one H100 unit of `unit_mb` on a fake NVML whose device has `device_mb`;
     models by tag with their weights (MB). Returns (manager, nvml, digests by tag, workers made)."""
     nvml = ProcessMemoryNVML([{"uuid": UUID, "name": "NVIDIA H100 80GB HBM3", "mem": int(device_mb) * 2**20}])
@@ -110,7 +117,7 @@ def _setup(tmp_path, *, unit_mb: float, device_mb: float, weights: dict[str, flo
     made: list[CudaLikeWorker] = []
 
     def factory(artifact, device, env=None):
-        made.append(CudaLikeWorker(nvml, device_mb, by_digest[artifact.digest], act))
+        made.append(CudaLikeWorker(nvml, device_mb, by_digest[artifact.digest], act, lazy_mb))
         return made[-1]
 
     unit = UnitInfo(UUID, "gpu", "NVIDIA H100 80GB HBM3", unit_mb, 0)
@@ -151,6 +158,14 @@ def test_a_model_is_charged_its_measured_cost_not_its_file_size(tmp_path):
     assert mgr.status()[0]["used_mb"] == pytest.approx(nvml.processes[UUID][pid] / 2**20) == CONTEXT_MB + 1200
     # the next load of this model on this kind of unit is charged what was measured, not the estimate
     assert mgr.cost_mb(artifact, mgr.units[UUID].info) == pytest.approx(CONTEXT_MB + 1200)
+
+
+def test_the_context_is_read_again_after_the_first_batch(tmp_path):
+    """Lazy module loading (and cuBLAS's handle) grow the context at the first batch, outside torch's allocator."""
+    mgr, nvml, d, made = _setup(tmp_path, unit_mb=80_000, device_mb=80_000, weights={"a": 1000}, act=0.0, lazy_mb=150)
+    mgr.run(d["a"], UUID, b"1")
+    assert mgr.status()[0]["used_mb"] == pytest.approx(nvml.processes[UUID][made[0].proc.pid] / 2**20)
+    assert mgr.status()[0]["used_mb"] == pytest.approx(CONTEXT_MB + 150 + 1000)
 
 
 def test_a_cost_that_grows_past_its_reservation_evicts_the_least_recently_used(tmp_path):
