@@ -99,7 +99,7 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
         model = _load(path, device)
         tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
         size = sum(t.numel() * t.element_size() for t in tensors)
-    except BaseException as exc:  # reported to the manager, which answers the caller
+    except Exception as exc:  # reported to the manager, which answers the caller (MemoryError too)
         kind = "oom" if faults.classify(exc) == faults.OOM else "error"
         conn.send((kind, f"{type(exc).__name__}: {exc}"))
         return
