@@ -17,6 +17,13 @@ list the GPUs and change a GPU's MIG geometry.
 - `POST /v1/jobs/<digest>?unit=<id>` on a unit that is draining (503) or not a unit of this node
   (404) answers `X-Faas-Gpu-Unit-State: draining | unknown`, so the scheduler places it again.
 
+- `POST /v1/jobs/<digest>` and memory: out of memory is never the caller's error. A load or a
+  batch that runs out evicts the unit's other models and is tried once more; then 507 (it does
+  not fit even alone) or 503 (it was measured to fit: memory held elsewhere, retry later). A
+  device fault (a lost CUDA context) replaces the worker (and under MPS the unit's daemon and
+  workers) and retries once, else 503. Each answer carries `X-Faas-Gpu-Model-Mb`, the model's
+  measured cost on the unit.
+
 - `GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`: Triton's `nv_gpu_*` per
   unit, the model cache per unit, MIG reconfigurations), with the cluster token like `/v1/`.
 
@@ -48,9 +55,17 @@ from faas_gpu.contract.wire import TENSOR_TYPE, check
 from faas_gpu.serving import bearer_token, require_bearer_token
 
 from . import mig
-from .manager import GPUManager, ModelDoesNotFit, NotResident, UnitDraining, UnknownModel, UnknownUnit
+from .manager import (
+    DeviceMemoryBusy,
+    GPUManager,
+    ModelDoesNotFit,
+    NotResident,
+    UnitDraining,
+    UnknownModel,
+    UnknownUnit,
+)
 from .mps import MPSError
-from .worker import ModelInputError, ModelLoadError, WorkerDied
+from .worker import ModelInputError, ModelLoadError, OutOfDeviceMemory, WorkerDied
 
 
 def _text(message: str, status: int) -> Response:
@@ -141,8 +156,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return resp
         except NotResident as exc:  # a lease never loads a model: the instance goes to the scheduler
             return _text(str(exc), 409)
-        except ModelDoesNotFit as exc:
+        except ModelDoesNotFit as exc:  # also a batch out of memory with its model alone on the unit
             return _text(str(exc), 507)
+        except (DeviceMemoryBusy, OutOfDeviceMemory) as exc:  # memory held elsewhere: the scheduler places it again
+            return _text(str(exc), 503)
         except ModelLoadError as exc:
             return _text(str(exc), 400)
         except WorkerDied as exc:
@@ -161,6 +178,7 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
                 h.CACHE: "hit" if result.hit else "miss",
                 h.LOAD_SECONDS: f"{result.load_s:.6f}",
                 h.EXECUTE_SECONDS: f"{result.execute_s:.6f}",
+                h.MODEL_MB: f"{result.model_mb:.1f}",
             }
         )
         return resp

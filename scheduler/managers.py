@@ -80,6 +80,14 @@ def measured(r: requests.Response) -> tuple[bool, float, float]:
     return r.headers.get(h.CACHE) == "hit", load_s, exec_s
 
 
+def model_mb(r: requests.Response) -> float | None:
+    """The model's measured cost on the unit, as the manager charges it (None from an older manager)."""
+    try:
+        return float(r.headers[h.MODEL_MB])
+    except (KeyError, ValueError):
+        return None
+
+
 def job_outcome(r: requests.Response, queue_s: float) -> JobOutcome:
     """The caller's answer: the manager's status, body and `X-Faas-Gpu-*` headers, and the time
     the job spent with the scheduler."""

@@ -656,3 +656,48 @@ class MigNVML:
             self.privileged = privileged
             self.nvmlShutdown()
         self.log.clear()
+
+
+# -- per-process memory (the accounting's tests) ----------------------------------------------
+
+
+class ProcessMemoryNVML(FakeNVML):
+    """`FakeNVML` whose devices (whole GPUs, MIG devices) run processes, each with its used memory,
+    listed as pynvml lists them: `nvmlDeviceGetComputeRunningProcesses` and
+    `nvmlDeviceGetMPSComputeRunningProcesses` return objects with `pid`, `usedGpuMemory` (bytes;
+    None where the driver reports NVML_VALUE_NOT_AVAILABLE), `gpuInstanceId`, `computeInstanceId`.
+    With `mps=True` clients of an MPS server are listed by the MPS call only, as the driver does.
+    `nvmlDeviceGetMemoryInfo` counts the processes' memory as used."""
+
+    def __init__(self, gpus, driver=True, *, mps: bool = False):
+        super().__init__(gpus, driver)
+        self.mps = mps
+        self.processes: dict[str, dict[int, int | None]] = {}  # device uuid -> pid -> used bytes
+
+    def run_process(self, uuid: str, pid: int, used_mb: float | None) -> None:
+        """A process on the device now uses `used_mb` (None: NVML does not report its figure)."""
+        self.processes.setdefault(uuid, {})[pid] = None if used_mb is None else int(used_mb * MIB)
+
+    def end_process(self, uuid: str, pid: int) -> None:
+        self.processes.get(uuid, {}).pop(pid, None)
+
+    def used_mb(self, uuid: str) -> float:
+        return sum(b or 0 for b in self.processes.get(uuid, {}).values()) / MIB
+
+    def _listed(self, h, mps: bool) -> list[SimpleNamespace]:
+        if mps != self.mps:
+            return []
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+            for pid, used in self.processes.get(h["uuid"], {}).items()
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
+        return self._listed(h, mps=False)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):  # noqa: N802
+        return self._listed(h, mps=True)
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+        used = int(self.used_mb(h["uuid"]) * MIB) + h.get("used", 0)
+        return SimpleNamespace(total=h["mem"], free=h["mem"] - used, used=used)
