@@ -52,6 +52,7 @@ from faas_gpu.contract import headers as h
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError, error_headers
 from faas_gpu.contract.lease import LeaseError, verify
 from faas_gpu.contract.wire import TENSOR_TYPE, check
+from faas_gpu.mps import MPSError
 from faas_gpu.serving import bearer_token, require_bearer_token
 
 from . import mig
@@ -64,7 +65,6 @@ from .manager import (
     UnknownModel,
     UnknownUnit,
 )
-from .mps import MPSError
 from .worker import ModelInputError, ModelLoadError, OutOfDeviceMemory, WorkerDied
 
 

@@ -20,9 +20,8 @@ from faas_gpu.contract.keys import UNITS
 from faas_gpu.contract.keys import unit as unit_key
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
+from faas_gpu.mps import MPSError, thread_percentage
 from faas_gpu.serving import OneWorkerServer
-
-from .mps import thread_percentage
 
 log = logging.getLogger("gpu-manager")
 STATUS_PREFIX = UNITS  # where each unit's status goes (the scheduler reads the same key)
@@ -96,7 +95,7 @@ class _Daemon:
         from .api import create_app
         from .discovery import cpu_units, discover_units, gpu_count
         from .manager import GPUManager
-        from .mps import MPSControl, MPSError
+        from .mps import MPSControl
 
         a = self.args
         home = a.home

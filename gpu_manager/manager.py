@@ -26,13 +26,14 @@ from faas_gpu import tracing
 from faas_gpu.contract import metrics as m
 from faas_gpu.contract.errors import ModelNotUploaded
 from faas_gpu.models import Artifact, ModelStore
+from faas_gpu.mps import thread_percentage
 from faas_gpu.observability import DaemonMetrics
 from faas_gpu.policies import ModelCache, ModelTooLarge
 
 from . import mig
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
 from .memory import CUDA_CONTEXT_MB, device_kind, nvml_process_mb, overhead_mb, pid_of, unit_handle
-from .mps import MPSControl, thread_percentage
+from .mps import MPSControl
 from .worker import DeviceFault, OutOfDeviceMemory, Worker, WorkerDied
 
 log = logging.getLogger(__name__)

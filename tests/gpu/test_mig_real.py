@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from faas_gpu.mps import MPSDaemon, control_daemon_pid, pid_alive
 from gpu_manager import mig
 from gpu_manager.discovery import discover_units, memory_info
-from gpu_manager.mps import MPSDaemon, control_daemon_pid, pid_alive
 
 
 @pytest.fixture

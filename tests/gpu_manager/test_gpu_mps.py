@@ -11,69 +11,16 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.models import ModelStore
+from faas_gpu.mps import CONTROL, PID_FILE, MPSDaemon, MPSError, RunResult, control_daemon_pid, subprocess_runner
 from gpu_manager import mig
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager
-from gpu_manager.mps import (
-    CONTROL,
-    PID_FILE,
-    MPSControl,
-    MPSDaemon,
-    MPSError,
-    Processes,
-    RunResult,
-    Timeouts,
-    control_daemon_pid,
-    subprocess_runner,
-)
+from gpu_manager.mps import MPSControl
 from gpu_manager.worker import Worker
+from tests.fake_mps import FAST, NO_PIDS, FakePids, FakeRunner
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker, stored_program
 from tests.torchscript import torchscript_bytes
-
-
-class FakeRunner:
-    """nvidia-cuda-mps-control faked at the subprocess boundary, per pipe directory as the real one:
-    `-d` starts a control daemon; a command through the pipe reaches it only while it runs (else it
-    fails as the client does when no daemon answers); `quit` ends it unless `stubborn` (clients that
-    do not exit: `quit -t` ends it unless `stubborn == "always"`); `silent` pipes never answer.
-    `reply`, when set, answers every command instead. Records each command (argv, the MPS part of
-    its env, its stdin) in `calls` and `events`."""
-
-    def __init__(self, events: list | None = None):
-        self.calls: list[tuple[list[str], dict[str, str], str | None]] = []
-        self.events = events if events is not None else []
-        self.reply: RunResult | None = None
-        self.up: set[str] = set()  # pipe directories with a control daemon
-        self.servers = ""  # get_server_list's answer
-        self.stubborn: bool | str = False
-        self.silent = False
-
-    def __call__(self, argv, env, input=None):
-        mine = {k: v for k, v in env.items() if k.startswith("CUDA_")}
-        self.calls.append((argv, mine, input))
-        self.events.append(("mps", mine.get("CUDA_VISIBLE_DEVICES"), input or " ".join(argv[1:])))
-        if self.reply is not None:
-            return self.reply
-        pipe = mine["CUDA_MPS_PIPE_DIRECTORY"]
-        if argv[1:] == ["-d"]:
-            if pipe in self.up:
-                return RunResult(1, "", "An instance of this daemon is already running")
-            self.up.add(pipe)
-            return RunResult(0)
-        if pipe not in self.up or self.silent:
-            return RunResult(1, "", "Cannot find MPS control daemon process")
-        command = (input or "").strip()
-        if command == "quit" and not self.stubborn or command.startswith("quit -t") and self.stubborn != "always":
-            self.up.discard(pipe)
-        return RunResult(0, self.servers + "\n" if command == "get_server_list" else "")
-
-    def commands(self) -> list[str]:
-        return [c[2].strip() if c[2] else " ".join(c[0][1:]) for c in self.calls]
-
-
-NO_PIDS = Processes(find=lambda _pipe: None)  # these tests' daemons are the fake's: no pid in /proc
-
 
 MIG_A = "MIG-11111111-2222-3333-4444-555555555555"
 MIG_B = "MIG-66666666-7777-8888-9999-000000000000"
@@ -157,29 +104,9 @@ def test_the_real_runner_runs_a_process_and_names_a_missing_program():
 
 # -- the daemon's lifecycle: started is not answering, quit is not gone ----------------------
 
-FAST = Timeouts(answer_s=0.05, quit_wait_s=0.01, quit_timeout_s=0.02, kill_wait_s=0.01, poll_s=0.001)
-
-
-class FakePids(Processes):
-    """The control daemon as a process: pid 777 lives while the fake runner's daemon is up;
-    a signal ends it (and its servers) unless `unkillable`."""
-
-    def __init__(self, runner: FakeRunner, pipe_dir):
-        super().__init__(find=lambda _pipe: 777, alive=self._alive, kill=self._kill, sleep=lambda _s: None)
-        self.runner, self.pipe, self.unkillable = runner, str(pipe_dir), False
-        self.signals: list[tuple[int, int]] = []
-
-    def _alive(self, pid: int) -> bool:
-        return self.pipe in self.runner.up
-
-    def _kill(self, pid: int, sig: int) -> None:
-        self.signals.append((pid, sig))
-        if pid == 777 and not self.unkillable:
-            self.runner.up.discard(self.pipe)
-
 
 def _daemon(tmp_path, runner):
-    pids = FakePids(runner, MPSDaemon(MIG_A, tmp_path).pipe_dir)
+    pids = FakePids(runner)
     return MPSControl(tmp_path, runner, pids, FAST), pids
 
 
