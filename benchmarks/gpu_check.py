@@ -16,7 +16,7 @@ soft (its error goes in the report and the rest still run):
   against NVML's own per-process figures of its workers (goal: within 10%), and the best
   closed-loop throughput whose p99 meets the SLO with the client's batching (max batch 16) and
   without (max batch 1): `batching_speedup` (goal >= 3x, Triton's dynamic batcher reaches ~3.7x);
-- mps: an MPS control daemon with its own pipe and log folders (faas_gpu.profiling.mps_session)
+- mps: an MPS control daemon with its own pipe and log folders (faas_gpu.mps.MPSSession)
   on the first GPU (or MIG device), a CUDA client served by it, and the daemon stopped again;
 - colocation: `faas-gpu profile-colocation` on the whole GPU (the classify model beside copies of
   itself under MPS), its FBR or why it was refused.
@@ -49,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from faas_gpu.profiling.mps_session import MPSError, MPSSession  # noqa: E402
+from faas_gpu.mps import MPSError, MPSSession  # noqa: E402
 
 SPEEDUP_GOAL = 3.0
 MEMORY_TOLERANCE = 0.10
@@ -512,7 +512,7 @@ def mps_part(
         out["client_ok"] = done.returncode == 0
         out["client_output"] = (done.stdout + done.stderr).strip()[-300:]
         try:
-            out["server_pids"] = [int(t) for t in mps.control("get_server_list").split() if t.isdigit()]
+            out["server_pids"] = mps.servers()
         except MPSError as exc:
             out["server_pids"] = f"unreadable: {exc}"
     out["stopped"] = not mps.running

@@ -31,10 +31,10 @@ from typing import Any
 
 import yaml
 
+from ..mps import MPSError, MPSSession
 from .cli import UsageError, load_model, parse_shape
 from .colocation import Fit, Measurement, fit_fbr, fit_rdf, median_s, merge_overlays, overlay
 from .colocation_runner import Device, Run, RunnerError, Workload, co_located_times
-from .mps_session import MPSError, MPSSession
 from .operators import DTYPES
 
 PROG = "faas-gpu profile-colocation"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from faas_gpu.mps import MPSSession
 from faas_gpu.paths import REPO_ROOT
-from faas_gpu.profiling.mps_session import MPSSession
+from tests.fake_mps import NO_PIDS, FakeRunner
 from tests.fake_nvml import FakeGPU, MigNVML
-from tests.profiling.test_colocation_device import FakeControl
 
 
 @pytest.fixture(scope="module")
@@ -136,12 +136,13 @@ def test_discovery_reads_nvml_and_the_units_without_changing_anything(bench, tmp
 
 
 def _mps(tmp_path, control):
-    return lambda device: MPSSession(device, root=tmp_path, runner=control)
+    return lambda device: MPSSession(device, root=tmp_path, runner=control, processes=NO_PIDS)
 
 
 def test_the_mps_part_starts_serves_and_stops_its_own_daemon(bench, tmp_path):
     ctx = bench.Context(tmp_path, results={"discovery": {"cuda_device": "GPU-1"}})
-    control = FakeControl()
+    control = FakeRunner()
+    control.servers = "4242"
     seen = {}
 
     def client(env):
@@ -151,22 +152,24 @@ def test_the_mps_part_starts_serves_and_stops_its_own_daemon(bench, tmp_path):
     out = bench.mps_part(ctx, _mps(tmp_path, control), client)
     assert out["client_ok"] and out["stopped"] and seen["CUDA_VISIBLE_DEVICES"] == "GPU-1"
     assert seen["CUDA_MPS_PIPE_DIRECTORY"] == out["pipe_dir"] and not Path(out["pipe_dir"]).exists()
-    assert [c[2] for c in control.calls] == [None, "get_server_list\n", "quit\n"]
+    assert out["server_pids"] == [4242] and control.commands()[:2] == ["-d", "get_server_list"]
+    assert "quit" in control.commands() and control.up == set()
 
 
 def test_the_mps_daemon_is_stopped_when_its_client_fails_or_raises(bench, tmp_path):
     ctx = bench.Context(tmp_path, results={"discovery": {"cuda_device": "GPU-1"}})
-    control = FakeControl()
+    control = FakeRunner()
     with pytest.raises(RuntimeError, match="client under MPS failed"):
         bench.mps_part(ctx, _mps(tmp_path, control), lambda env: subprocess.CompletedProcess([], 1, "", "no CUDA"))
-    assert control.calls[-1][2] == "quit\n"
+    assert "quit" in control.commands() and control.up == set()
+    control.calls.clear()
 
     def interrupted(env):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         bench.mps_part(ctx, _mps(tmp_path, control), interrupted)
-    assert control.calls[-1][2] == "quit\n" and list(tmp_path.glob("mps-*")) == []
+    assert "quit" in control.commands() and control.up == set() and list(tmp_path.glob("mps-*")) == []
 
 
 def test_colocation_is_skipped_with_mig_on(bench, tmp_path):

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from faas_gpu.mps import MPSSession
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.profiling.colocation_runner import Device, Workload, co_located_times, worker_env
-from faas_gpu.profiling.mps_session import MPSSession
 
 
 def _nvml_first() -> tuple[str, str, bool]:

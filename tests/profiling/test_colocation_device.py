@@ -8,79 +8,92 @@ numbers devices in another order than NVML.
 from __future__ import annotations
 
 import argparse
+import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from faas_gpu.mps import CONTROL, MPSError, MPSSession, RunResult
 from faas_gpu.policy_data.protean import gpu_model
 from faas_gpu.profiling import colocation_cli
 from faas_gpu.profiling.colocation_runner import Device, Run, worker_env
-from faas_gpu.profiling.mps_session import CONTROL, MPSError, MPSSession
+from tests.fake_mps import FAST, NO_PIDS, FakePids, FakeRunner
 from tests.fake_nvml import FakeGPU, MigNVML
 
 
-# -- the MPS daemon ----------------------------------------------------------------------------------
-class FakeControl:
-    """nvidia-cuda-mps-control: `-d` makes the control pipe, `quit` removes it (unless stuck)."""
-
-    def __init__(self, start_rc: int = 0, stuck: int = 0) -> None:
-        self.calls: list[tuple[list[str], dict[str, str], str | None]] = []
-        self.start_rc, self.stuck = start_rc, stuck
-
-    def __call__(self, argv: list[str], env: dict[str, str], stdin: str | None = None) -> tuple[int, str]:
-        self.calls.append((argv, env, stdin))
-        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
-        if argv == [CONTROL, "-d"]:
-            if self.start_rc:
-                return self.start_rc, "An instance of this daemon is already running"
-            (pipe / "control").write_text("")
-            return 0, ""
-        if self.stuck > 0:
-            self.stuck -= 1
-            return 0, ""
-        (pipe / "control").unlink(missing_ok=True)
-        return 0, ""
+# -- the MPS daemon (faas_gpu.mps.MPSSession over the manager's MPSDaemon) ------------------------------
+def _session(device, tmp_path, runner, processes=NO_PIDS, **kw) -> MPSSession:
+    return MPSSession(device, root=tmp_path, runner=runner, processes=processes, timeouts=FAST, **kw)
 
 
 def test_mps_starts_with_its_own_pipe_and_log_folders_and_stops(tmp_path):
-    control = FakeControl()
-    with MPSSession("GPU-abc", root=tmp_path, runner=control) as mps:
+    control = FakeRunner()
+    with _session("GPU-abc", tmp_path, control) as mps:
         env = mps.client_env()
         pipe, log = Path(env["CUDA_MPS_PIPE_DIRECTORY"]), Path(env["CUDA_MPS_LOG_DIRECTORY"])
-        assert pipe.is_dir() and log.is_dir() and pipe.parent.parent == tmp_path
-        assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"
+        assert pipe.is_dir() and log.is_dir() and pipe.is_relative_to(tmp_path) and pipe.parent == log.parent
+        assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         argv, daemon_env, _ = control.calls[0]
-        assert argv == [CONTROL, "-d"] and daemon_env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
-    assert [c[2] for c in control.calls[1:]] == ["quit\n"]
-    assert not mps.running and not pipe.exists()
+        assert argv == [CONTROL, "-d"] and daemon_env == env  # the daemon sees what its clients see
+        assert control.commands() == ["-d", "get_server_list"]  # started means answering
+    assert control.commands()[2:4] == ["get_server_list", "quit"] and control.up == set()
+    assert not mps.running and not pipe.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_mps_is_stopped_when_the_measurement_fails(tmp_path):
-    control = FakeControl()
-    with pytest.raises(RuntimeError, match="boom"), MPSSession(None, root=tmp_path, runner=control) as mps:
+    control = FakeRunner()
+    with pytest.raises(RuntimeError, match="boom"), _session(None, tmp_path, control) as mps:
         raise RuntimeError("boom")
-    assert control.calls[-1][2] == "quit\n" and not mps.running
-    assert "CUDA_VISIBLE_DEVICES" not in mps.client_env()
+    assert "quit" in control.commands() and control.up == set() and not mps.running
+    env = mps.client_env()  # the devices this process sees: none named, no order imposed
+    assert "CUDA_VISIBLE_DEVICES" not in env and "CUDA_DEVICE_ORDER" not in env
 
 
-def test_a_daemon_that_does_not_quit_is_terminated_then_named(tmp_path):
-    control = FakeControl(stuck=1)
-    with MPSSession("GPU-abc", root=tmp_path, runner=control, stop_wait_s=0.05):
+def test_a_daemon_that_does_not_quit_is_forced_then_signalled_then_named(tmp_path):
+    control = FakeRunner()
+    control.stubborn = True  # clients that do not exit: quit -t ends it
+    with _session("GPU-abc", tmp_path, control):
         pass
-    assert [c[2] for c in control.calls[1:]] == ["quit\n", "quit -t 5\n"]
-    stuck = FakeControl(stuck=5)
+    assert [c for c in control.commands() if c.startswith("quit")] == ["quit", "quit -t 0.02"]
+    assert control.up == set()
+
+    control = FakeRunner()
+    pids = FakePids(control)
+    control.stubborn, control.servers = "always", "4242"
+    with _session("GPU-abc", tmp_path, control, pids):  # the profiling run gets the manager's escalation
+        pass
+    assert pids.signals == [(4242, signal.SIGTERM), (777, signal.SIGTERM)] and control.up == set()
+
+    stuck = FakeRunner()
+    pids = FakePids(stuck)
+    stuck.stubborn, pids.unkillable = "always", True
     with (
-        pytest.raises(MPSError, match="did not stop"),
-        MPSSession("GPU-x", root=tmp_path, runner=stuck, stop_wait_s=0.05),
+        pytest.raises(MPSError, match="GPU-x: the control daemon .* still there after quit, quit -t 0.02, SIGTERM"),
+        _session("GPU-x", tmp_path, stuck, pids) as mps,
     ):
         pass
+    assert mps.running and mps.pipe_dir.is_dir()  # still tracked, its pipes kept to stop it again
+    pids.unkillable = False
+    mps.stop()
+    assert not mps.running and list(tmp_path.iterdir()) == []
 
 
 def test_a_daemon_that_does_not_start_is_an_error_and_leaves_nothing(tmp_path):
+    control = FakeRunner()
+    control.reply = RunResult(1, "", "An instance of this daemon is already running")
     with pytest.raises(MPSError, match="already running"):
-        MPSSession("GPU-abc", root=tmp_path, runner=FakeControl(start_rc=1)).start()
+        _session("GPU-abc", tmp_path, control).start()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_daemon_that_never_answers_is_stopped_and_leaves_nothing(tmp_path):
+    control = FakeRunner()
+    control.silent = True  # -d exits 0, the control pipe never answers
+    pids = FakePids(control)
+    with pytest.raises(MPSError, match="does not answer get_server_list"):
+        _session("GPU-abc", tmp_path, control, pids).start()
+    assert (777, signal.SIGTERM) in pids.signals and control.up == set() and list(tmp_path.iterdir()) == []
 
 
 # -- devices by UUID ----------------------------------------------------------------------------------
@@ -158,7 +171,7 @@ def fake_runs(tmp_path, monkeypatch):
 
     class Session(MPSSession):
         def __init__(self, device):
-            super().__init__(device, root=tmp_path, runner=FakeControl())
+            super().__init__(device, root=tmp_path, runner=FakeRunner(), processes=NO_PIDS, timeouts=FAST)
             sessions.append(self)
 
     monkeypatch.setattr(colocation_cli, "co_located_times", times)
@@ -198,7 +211,9 @@ def test_no_mps_time_slices_and_cpu_never_starts_a_daemon(fake_runs):
 def test_a_daemon_that_does_not_start_is_exit_1_naming_it(fake_runs, monkeypatch, capsys):
     class Broken(MPSSession):
         def __init__(self, device):
-            super().__init__(device, runner=FakeControl(start_rc=1))
+            runner = FakeRunner()
+            runner.reply = RunResult(1, "", "An instance of this daemon is already running")
+            super().__init__(device, runner=runner)
 
     monkeypatch.setattr(colocation_cli, "MPSSession", Broken)
     assert _run([*ARGS, "--devices", "7g=GPU-a", "--max-corunners", "1"]) == 1
