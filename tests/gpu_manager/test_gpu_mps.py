@@ -127,6 +127,23 @@ def test_started_means_its_control_pipe_answers_not_only_that_d_exited_0(tmp_pat
     assert control2.daemons == {} and runner2.up == set()
 
 
+def test_a_start_interrupted_while_waiting_for_the_answer_stops_the_daemon(tmp_path):
+    runner = FakeRunner()
+    runner.silent = True  # -d exits 0, the pipe has yet to answer when the interrupt comes
+    pids = FakePids(runner)
+    interrupts = [KeyboardInterrupt()]
+
+    def sleep(_s):
+        if interrupts:
+            raise interrupts.pop()
+
+    pids.sleep = sleep
+    daemon = MPSDaemon(MIG_A, tmp_path, runner, pids, FAST)
+    with pytest.raises(KeyboardInterrupt):
+        daemon.start()
+    assert (777, signal.SIGTERM) in pids.signals and runner.up == set() and not daemon.running
+
+
 def test_stop_escalates_quit_then_quit_t_then_signals_by_pid(tmp_path):
     runner = FakeRunner()
     control, pids = _daemon(tmp_path, runner)
