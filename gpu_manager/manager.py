@@ -32,7 +32,8 @@ from faas_gpu.policies import ModelCache, ModelTooLarge
 from . import mig
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
 from .mps import MPSControl, thread_percentage
-from .worker import Worker, WorkerDied
+from .pool import WorkerPool
+from .worker import Worker, WorkerDied, spawn_pooled
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,14 @@ class GPUManager:
         nvml: Any | None = None,
         mps: MPSControl | None = None,
         mps_thread_percentage: int | None = None,
+        warm_workers: int = 0,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
         worker_factory(artifact, device) builds a worker; for cuda units it is also given
-        env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process."""
+        env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process.
+        warm_workers: idle worker processes kept per unit environment for the default (torch)
+        workers, so a miss skips the interpreter's start and torch's import (`pool.py`); 0: none."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
@@ -103,8 +107,9 @@ class GPUManager:
         self.units = {u.id: self._state(u) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
         # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
+        self.pool = WorkerPool(warm_workers if worker_factory is None else 0, self.threads, spawn_pooled)
         self.worker_factory = worker_factory or (
-            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env)
+            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env, pool=self.pool)
         )
         self._exec_s: dict[str, float] = {}  # per model, for the estimated finish time
         self.nvml, self.mps = nvml, mps
@@ -122,6 +127,9 @@ class GPUManager:
         self._busy_seen: dict[str, tuple[float, float]] = {}  # unit -> (time, busy_s) at the last scrape
         self._scraping = threading.Lock()  # scrapes only: never taken on a job's path
         self.metrics.add_reader(self._readings)
+        if mps is None:  # with MPS a unit's environment comes with its daemon: its pool fills at its first miss
+            for env in {tuple(sorted(self.worker_env(s.info, "").items())) for s in self.units.values()}:
+                self.pool.refill(dict(env))
 
     @staticmethod
     def _state(info: UnitInfo) -> _UnitState:
@@ -420,7 +428,9 @@ class GPUManager:
     def _stop_unit(self, state: _UnitState) -> None:
         for key in [k for k in list(self.workers) if k[1] == state.info.id]:  # list(): jobs elsewhere add workers
             self._drop(key, state)
-        if self.mps is not None:
+        if self.mps is None:  # its idle pooled workers would hold a device that may not exist after
+            self.pool.discard(self.worker_env(state.info, ""))
+        else:
             self.mps.stop(state.info.id)
 
     def _replace_units(self, old: list[_UnitState], found: list[UnitInfo]) -> None:
@@ -446,6 +456,7 @@ class GPUManager:
                 log.warning("units-changed listener failed: %s", exc)
 
     def close(self) -> None:
+        self.pool.close()
         for worker in self.workers.values():
             worker.stop()
         self.workers.clear()
