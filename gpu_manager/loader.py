@@ -84,6 +84,19 @@ def _cached_type_hints() -> Iterator[None]:
         typing.get_type_hints = original
 
 
+def _read_ahead(path: str) -> None:
+    """Ask the kernel to start reading the whole file now: on a cold page cache the disk reads
+    while the archive is checked and the graph parsed, not only when torch reaches the weights."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):  # no fadvise here: the reads are merely not overlapped
+        pass
+
+
 def load(path: str, device: str) -> Loaded:
     """Checked before torch opens it (the format comes from the file, not from the caller), and
     the loaded graphs checked before the first call; no `weights_only=False` path exists here."""
@@ -93,6 +106,7 @@ def load(path: str, device: str) -> Loaded:
     from faas_gpu.models import safe_formats
 
     t0 = time.perf_counter()
+    _read_ahead(path)
     with zipfile.ZipFile(path) as z:
         fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
     if fmt == "torchscript":  # an old artifact its owner chose: torch's deprecation is theirs, not this log's

@@ -67,6 +67,7 @@ class JobResult:
     hit: bool
     load_s: float
     execute_s: float
+    load_split: dict[str, float] | None = None  # on a miss: spawn / read / to_device / warmup seconds
 
 
 @dataclass
@@ -79,6 +80,14 @@ class _UnitState:
     draining: bool = False  # no new jobs: a reconfiguration is waiting for this unit
     retired: bool = False  # the unit no longer exists (its GPU was sliced anew)
     busy_s: float = 0.0  # time spent running jobs, for the emulated utilization figure
+
+
+def load_split(worker: Worker) -> dict[str, float] | None:
+    """A loaded worker's split (None for back ends whose workers report none, like the sim's)."""
+    info = getattr(worker, "info", None)
+    if info is None or not hasattr(info, "read_s"):
+        return None
+    return {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
 
 
 class GPUManager:
@@ -209,13 +218,14 @@ class GPUManager:
         for attempt in (1, 2):
             worker = self.workers.get(key)
             hit = worker is not None and worker.alive
-            load_s = 0.0
+            load_s, split = 0.0, None
             if not hit:
                 self._misses.labels(state.info.id).inc()
                 t0 = time.perf_counter()
                 with tracing.span("gpu_manager.load", attributes={"faas_gpu.unit": state.info.id}):
                     worker = self._load(state, artifact)
                 load_s = time.perf_counter() - t0
+                split = load_split(worker)
                 self._loads.labels(state.info.id).inc()
                 self._load_seconds.labels(state.info.id).observe(load_s)
             else:
@@ -233,7 +243,7 @@ class GPUManager:
                 continue
             execute_s = time.perf_counter() - t0
             self._exec_s[artifact.digest] = 0.7 * self._exec_s.get(artifact.digest, execute_s) + 0.3 * execute_s
-            return JobResult(out, state.info.id, hit, load_s, execute_s)
+            return JobResult(out, state.info.id, hit, load_s, execute_s, split)
         raise AssertionError("unreachable")
 
     def _load(self, state: _UnitState, artifact: Artifact) -> Worker:
