@@ -290,9 +290,15 @@ class GPUManager:
                 "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
                 "running": s.running,  # the digest of the model running now (the operator's status page)
+                "warm_workers": self._warm_workers(s.info),  # pooled processes ready for this unit's next miss
             }
             for s in self.units.values()
         ]
+
+    def _warm_workers(self, info: UnitInfo) -> int:
+        if self.pool.size == 0 or (self.mps is not None and info.kind != "cpu"):
+            return 0  # under MPS the unit's environment names its daemon: not asked for here (it may start it)
+        return self.pool.ready(self.worker_env(info, ""))
 
     def _readings(self) -> dict[m.MetricSpec, list]:
         """The units as a scrape sees them: Triton's GPU figures (NVML's on GPUs, the emulated

@@ -114,6 +114,11 @@ class WorkerPool:
         with self._lock:
             return sum(1 for p in self._idle.get(env_key(env), []) if p.proc.is_alive())
 
+    def ready(self, env: dict[str, str] | None = None) -> int:
+        """Idle processes that finished warming (torch imported, loader warmed)."""
+        with self._lock:
+            return sum(1 for p in self._idle.get(env_key(env), []) if p.proc.is_alive() and p.conn.poll(0))
+
     def discard(self, env: dict[str, str] | None) -> None:
         """Stop the environment's idle processes (its unit is gone or being reconfigured)."""
         with self._lock:

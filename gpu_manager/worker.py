@@ -128,6 +128,7 @@ def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
             loader.prewarm()
         except Exception as exc:  # a warm-up that fails costs the load its first-use set-up, nothing more
             log.warning("pooled worker: prewarm failed: %s", exc)
+    conn.send(("warm", None))  # the pool counts it ready (`WorkerPool.ready`)
     try:
         kind, path, device = conn.recv()
     except (EOFError, OSError):  # the pool closed
@@ -193,15 +194,17 @@ class Worker:
             self.proc.start()
             child.close()
             self.conn = parent
-        parent = self.conn
-        if not parent.poll(timeout_s):
-            self.stop()
-            raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
-        try:
-            kind, value = parent.recv()
-        except (EOFError, OSError):
-            self.stop()
-            raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
+        parent, deadline = self.conn, time.monotonic() + timeout_s
+        kind, value = "warm", None
+        while kind == "warm":  # a pooled process says when it finished warming; the load's answer follows
+            if not parent.poll(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
+            try:
+                kind, value = parent.recv()
+            except (EOFError, OSError):
+                self.stop()
+                raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
         if kind == "error":
             self.stop()
             raise ModelLoadError(f"model {self.artifact.digest[:12]}: {value}")

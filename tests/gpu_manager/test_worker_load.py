@@ -68,6 +68,7 @@ def _eventually(check, timeout_s: float = 120.0) -> bool:
 def test_the_pool_gives_a_ready_worker_and_refills(pool, store, program_bytes):
     pool.refill({}, wait=True)
     assert pool.idle({}) == 1
+    assert _eventually(lambda: pool.ready({}) == 1)  # torch imported, the export loader warmed
     artifact = store.put(program_bytes)
     worker = Worker(artifact, "cpu", pool=pool)
     try:
@@ -119,6 +120,7 @@ def test_move_to_device_rewrites_devices_burnt_into_the_graph():
     """`.module().to(device)` moves parameters only; the pass rewrites the nodes' device kwargs,
     the weights and the example inputs too (finding 3)."""
     _, program = exported()
+    assert loader.move_to_device(program, "cpu") is program  # already all on the cpu: the pass is skipped
     burnt = [n for n in program.graph.nodes if "device" in n.kwargs]
     assert burnt and all(str(n.kwargs["device"]) == "cpu" for n in burnt)
     moved = loader.move_to_device(program, "meta")
@@ -170,6 +172,7 @@ def test_the_manager_keeps_a_warm_worker_per_unit_environment(tmp_path, program_
     mgr = GPUManager(cpu_units(2, memory_mb=64), store, warm_workers=1)
     try:
         assert _eventually(lambda: mgr.pool.idle({}) == 1)  # cpu units share one environment
+        assert _eventually(lambda: [u["warm_workers"] for u in mgr.status()] == [1, 1])
         mgr.run(digest, "cpu-0", encode(torch.randn(1, 4)))
         assert mgr.workers[(digest, "cpu-0")].info.pooled
     finally:
