@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # checkout the virtual environment was installed from).
 LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-.PHONY: up down test test-fast lint bench servers base-image certify-docker clean
+.PHONY: up down test test-fast lint bench gpu-check servers base-image certify-docker clean
 
 up: $(STAMP)
 	$(PY) functions/classify/make_weights.py
@@ -75,6 +75,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/provider_overhead.py
+
+# The GPU suite, on a machine with an NVIDIA GPU: `pytest -m gpu tests/gpu` and the GPU benchmark
+# (discovery, cuda serving, memory, batching, loads, MPS, profile-colocation), into docs/GPU.md and
+# one JSON line. Read-only on the device (never MIG mode, clocks, compute mode, persistence, reset).
+# Without a GPU it says so, writes nothing and fails (exit 2): a skip must not read as a pass.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out docs/GPU.md
 
 # OpenFaaS's certifier against `faas-gpu up --runtime docker` on a dockerd in a network namespace of
 # its own (never `make test`'s): CERTIFIER=<the openfaas/certifier source tree>; CERTIFY_ARGS passes

@@ -4,13 +4,25 @@ list the GPUs and change a GPU's MIG geometry.
 - `GET /v1/gpus`: [{index, uuid, name, memory_mb, mig_mode ("enabled" | "disabled" |
   "unsupported"), geometry: ["4g.20gb", "3g.20gb"], instances: [{id, profile, placement:
   {start, size}, compute_instances}], profiles: [{name, id, nvml_profile, slices, memory_mb,
-  max_count, multiprocessors, placements}], units: [unit ids], mps: bool}]
+  max_count, multiprocessors, placements}], units: [unit ids], mps: bool, mig_control: bool,
+  mig_control_reason}]; `memory_mb` is NVML v2's usable memory (total - reserved), null where
+  NVML refuses it (a MIG-mode GPU's own figure needs privilege; its units' figures do not).
 - `POST /v1/gpus/<index>/geometry` {"profiles": ["4g.20gb", "2g.10gb", "1g.5gb"],
   "drain_timeout_s": 30}: 200 {gpu, geometry, units: [unit status]}; 400 {error,
   valid_profiles: {name: max count}, valid_geometries: [[...]]} for a geometry the GPU cannot
-  take; 409 when MIG mode is off or the units did not drain in time; 404 for no such GPU.
+  take; 403 when this manager may not change MIG geometry (not root, no mig-config capability:
+  checked before anything is drained; the scheduler does not retry it); 409 when MIG mode is off,
+  the units did not drain in time, or NVML refused a destroy as in use with no process visible
+  (undone, with `Retry-After`); 404 for no such GPU.
 - `POST /v1/jobs/<digest>?unit=<id>` on a unit that is draining (503) or not a unit of this node
   (404) answers `X-Faas-Gpu-Unit-State: draining | unknown`, so the scheduler places it again.
+
+- `POST /v1/jobs/<digest>` and memory: out of memory is never the caller's error. A load or a
+  batch that runs out evicts the unit's other models and is tried once more; then 507 (it does
+  not fit even alone) or 503 (it was measured to fit: memory held elsewhere, retry later). A
+  device fault (a lost CUDA context) replaces the worker (and under MPS the unit's daemon and
+  workers) and retries once, else 503. Each answer carries `X-Faas-Gpu-Model-Mb`, the model's
+  measured cost on the unit.
 
 - `GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`: Triton's `nv_gpu_*` per
   unit, the model cache per unit, MIG reconfigurations), with the cluster token like `/v1/`.
@@ -43,9 +55,17 @@ from faas_gpu.contract.wire import TENSOR_TYPE, check
 from faas_gpu.serving import bearer_token, require_bearer_token
 
 from . import mig
-from .manager import GPUManager, ModelDoesNotFit, NotResident, UnitDraining, UnknownModel, UnknownUnit
+from .manager import (
+    DeviceMemoryBusy,
+    GPUManager,
+    ModelDoesNotFit,
+    NotResident,
+    UnitDraining,
+    UnknownModel,
+    UnknownUnit,
+)
 from .mps import MPSError
-from .worker import ModelInputError, ModelLoadError, WorkerDied
+from .worker import ModelInputError, ModelLoadError, OutOfDeviceMemory, WorkerDied
 
 
 def _text(message: str, status: int) -> Response:
@@ -136,8 +156,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return resp
         except NotResident as exc:  # a lease never loads a model: the instance goes to the scheduler
             return _text(str(exc), 409)
-        except ModelDoesNotFit as exc:
+        except ModelDoesNotFit as exc:  # also a batch out of memory with its model alone on the unit
             return _text(str(exc), 507)
+        except (DeviceMemoryBusy, OutOfDeviceMemory) as exc:  # memory held elsewhere: the scheduler places it again
+            return _text(str(exc), 503)
         except ModelLoadError as exc:
             return _text(str(exc), 400)
         except WorkerDied as exc:
@@ -156,6 +178,7 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
                 h.CACHE: "hit" if result.hit else "miss",
                 h.LOAD_SECONDS: f"{result.load_s:.6f}",
                 h.EXECUTE_SECONDS: f"{result.execute_s:.6f}",
+                h.MODEL_MB: f"{result.model_mb:.1f}",
             }
         )
         if result.load_split:
@@ -191,6 +214,12 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return jsonify(exc.to_json()), 400
         except mig.UnknownGPU as exc:
             return _text(str(exc), 404)
+        except mig.MigNotPermitted as exc:  # nothing drained (or NVML refused: it will not be again)
+            return _text(str(exc), 403)
+        except mig.InstancesInUse as exc:  # put back as it was; worth a try later, not at once
+            resp = _text(str(exc), 409)
+            resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+            return resp
         except (mig.MigModeOff, mig.UnitsBusy) as exc:
             return _text(str(exc), 409)
         except mig.MigError as exc:

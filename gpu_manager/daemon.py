@@ -134,6 +134,8 @@ class _Daemon:
             mps=mps,
             mps_thread_percentage=a.mps_thread_percentage,
             warm_workers=a.warm_workers,
+            max_workers_per_unit=a.max_workers_per_unit,
+            charge_measured_cpu=a.charge_measured_memory,
         )
         try:
             self.manager.start_mps()
@@ -195,6 +197,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=thread_percentage,
         default=None,
         help="with --mps: each model worker's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (1-100; default: unlimited)",
+    )
+    p.add_argument(
+        "--max-workers-per-unit",
+        type=int,
+        default=None,
+        help="most model workers (cached models) per unit; with --mps also the MPS client limit "
+        "(48 per GPU, scaled by a MIG slice's share); at the cap a load evicts the least recently used",
+    )
+    p.add_argument(
+        "--charge-measured-memory",
+        action="store_true",
+        help="cpu back end: charge units each model's measured memory (its worker's growth) rather than "
+        "its artifact's size (GPU units always are charged what was measured)",
     )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")

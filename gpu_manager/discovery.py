@@ -45,6 +45,47 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+NVML_MEMORY_V2 = 0x02000028  # pynvml's nvmlMemory_v2: the struct's version, passed as `version=`
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A device's memory as a job can have it: `total` without what the driver and firmware reserve."""
+
+    total: int  # bytes: NVML v2's total - reserved (v1's total where v2 is not there)
+    used: int  # bytes allocated, the reserved part left out
+    reserved: int  # bytes; 0 where only v1 answered
+    version: int  # 2 or 1: which call answered
+
+
+def memory_info(nvml: Any, handle: Any) -> Memory:
+    """One memory figure for discovery, usage and the API: `nvmlDeviceGetMemoryInfo_v2`.
+
+    v1's `total` includes memory the driver reserves (hundreds of MiB on an H100), so a unit sized
+    by it promises more than a job can allocate. v2 reports `reserved` apart; usable = total -
+    reserved. The docs disagree on whether v2's `used` includes `reserved` (R525 and cuda-python: it
+    does; later NVML references say nothing), so it is read from the figures: free + used = total
+    means it does, free + used + reserved = total that it does not.
+    Falls back to v1 where v2 is unsupported (NVML_ERROR_FUNCTION_NOT_FOUND from a driver older
+    than R510, NOT_SUPPORTED, or a binding without `version=`); any other error is raised, e.g.
+    NVML_ERROR_NO_PERMISSION for a MIG-mode parent GPU's memory without privilege."""
+    try:
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=getattr(nvml, "nvmlMemory_v2", NVML_MEMORY_V2))
+    except TypeError:  # a binding without version=
+        mem = None
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) not in (nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NOT_SUPPORTED):
+            raise
+        mem = None
+    if mem is None or not hasattr(mem, "reserved"):
+        mem = mem or nvml.nvmlDeviceGetMemoryInfo(handle)
+        return Memory(int(mem.total), int(mem.used), 0, 1)
+    total, reserved, used, free = int(mem.total), int(mem.reserved), int(mem.used), int(mem.free)
+    if abs(free + used - total) <= abs(free + used + reserved - total):  # used counts the reserved part
+        used -= reserved
+    return Memory(max(0, total - reserved), max(0, used), reserved, 2)
+
+
 def _mig_enabled(nvml: Any, handle: Any) -> bool:
     try:
         current, _pending = nvml.nvmlDeviceGetMigMode(handle)
@@ -68,7 +109,7 @@ def discover_units(nvml: ModuleType | Any | None = None) -> list[UnitInfo]:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid, name = _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))
             if not _mig_enabled(nvml, handle):
-                mem = nvml.nvmlDeviceGetMemoryInfo(handle).total / MIB
+                mem = memory_info(nvml, handle).total / MIB
                 units.append(UnitInfo(uuid, "gpu", name, mem, index))
                 continue
             for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
@@ -76,7 +117,7 @@ def discover_units(nvml: ModuleType | Any | None = None) -> list[UnitInfo]:
                     mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
                 except nvml.NVMLError:  # an empty slot (NVMLError_NotFound)
                     continue
-                mem = nvml.nvmlDeviceGetMemoryInfo(mig).total / MIB
+                mem = memory_info(nvml, mig).total / MIB
                 mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig))
                 units.append(UnitInfo(mig_uuid, "mig", _text(nvml.nvmlDeviceGetName(mig)), mem, index, uuid))
         return units
@@ -107,6 +148,8 @@ def cpu_units(count: int, memory_mb: float) -> list[UnitInfo]:
 
 @dataclass(frozen=True)
 class UnitUsage:
+    """NVML's figures for a unit: `total_bytes` is the usable memory (v2's total - reserved), as in discovery."""
+
     total_bytes: float
     used_bytes: float
     utilization: float | None  # 0.0-1.0; None where NVML has no figure (MIG devices)
@@ -140,7 +183,7 @@ def read_usage(nvml: ModuleType | Any, units: list[UnitInfo]) -> dict[str, UnitU
                     handles[mig_uuid] = mig
         out: dict[str, UnitUsage] = {}
         for uuid, handle in handles.items():
-            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            mem = memory_info(nvml, handle)
             try:
                 utilization: float | None = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
             except nvml.NVMLError:

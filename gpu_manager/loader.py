@@ -184,7 +184,12 @@ def warm_up(loaded: Loaded, device: str) -> Loaded:
             loaded.model(*loaded.example)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-    except Exception as exc:  # the example itself fails: the first real batch will tell the caller
+    except Exception as exc:
+        from . import faults
+
+        if faults.classify(exc) in (faults.OOM, faults.DEVICE):  # the load fails as such (507/503, replaced)
+            raise
+        # the example itself fails (an input error): the first real batch will tell the caller
         loaded.warmup_skipped = f"the example input failed: {type(exc).__name__}: {exc}"
         log.warning("worker: warm-up batch failed: %s", exc)
     loaded.warmup_s = time.perf_counter() - t0

@@ -31,11 +31,25 @@ from faas_gpu.policies import ModelCache, ModelTooLarge
 
 from . import mig
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
+from .memory import CUDA_CONTEXT_MB, device_kind, nvml_process_mb, overhead_mb, pid_of, unit_handle
 from .mps import MPSControl, thread_percentage
 from .pool import WorkerPool
-from .worker import Worker, WorkerDied, spawn_pooled
+from .worker import DeviceFault, OutOfDeviceMemory, Worker, WorkerDied, spawn_pooled
 
 log = logging.getLogger(__name__)
+MPS_MAX_CLIENTS = 48  # client processes per MPS server (CUDA's MPS guide, Volta and later)
+GPU_SLICES = 7  # compute slices of a whole A100/H100: a MIG slice's share of the clients
+
+
+def mps_client_cap(info: UnitInfo) -> int:
+    """Most MPS clients (workers) a unit's server takes: 48 on a whole GPU, scaled by a MIG
+    compute instance's share of the GPU's slices (6 on a 1g slice, 20 on a 3g one)."""
+    profile = info.profile
+    if info.kind != "mig" or not profile:
+        return MPS_MAX_CLIENTS
+    head = profile.split("g.", 1)[0]
+    slices = int(head) if head.isdigit() else 1
+    return max(1, MPS_MAX_CLIENTS * min(slices, GPU_SLICES) // GPU_SLICES)
 
 
 class UnknownModel(ModelNotUploaded):
@@ -60,6 +74,15 @@ class UnitDraining(RuntimeError):
     """The unit is being drained for a reconfiguration, or is gone (answered 503: place it again)."""
 
 
+class BatchDoesNotFit(ModelDoesNotFit):
+    """The batch ran out of memory even with the model alone on its unit (507: a smaller batch may fit)."""
+
+
+class DeviceMemoryBusy(RuntimeError):
+    """Out of memory at load with the unit emptied, though the model was measured to fit it:
+    memory someone else holds (a worker still exiting, another tenant). Answered 503: retry later."""
+
+
 @dataclass
 class JobResult:
     payload: bytes
@@ -68,6 +91,7 @@ class JobResult:
     load_s: float
     execute_s: float
     load_split: dict[str, float] | None = None  # on a miss: spawn / read / to_device / warmup seconds
+    model_mb: float = 0.0  # what the model is charged on its unit now (measured where known)
 
 
 @dataclass
@@ -102,13 +126,22 @@ class GPUManager:
         mps: MPSControl | None = None,
         mps_thread_percentage: int | None = None,
         warm_workers: int = 0,
+        mig_privilege: Callable[[], mig.MigPrivilege] | None = None,
+        max_workers_per_unit: int | None = None,
+        charge_measured_cpu: bool = False,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
+        mig_privilege: whether this process may change MIG geometry (default `mig.probe_privilege`,
+        asked of the OS; an NVML stand-in with its own `mig_privilege`, the tests' fake, answers it).
         worker_factory(artifact, device) builds a worker; for cuda units it is also given
         env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process.
         warm_workers: idle worker processes kept per unit environment for the default (torch)
-        workers, so a miss skips the interpreter's start and torch's import (`pool.py`); 0: none."""
+        workers, so a miss skips the interpreter's start and torch's import (`pool.py`); 0: none.
+        max_workers_per_unit: most workers (cached models) per unit; with MPS also at most the
+        server's client limit (`mps_client_cap`). At the cap a load evicts the least recently used.
+        charge_measured_cpu: charge cpu units the measured cost too (GPU units always are); off,
+        an emulated cpu unit's budget is in artifact megabytes, as its operator sized it."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
@@ -124,7 +157,18 @@ class GPUManager:
         self.nvml, self.mps = nvml, mps
         self.mps_thread_percentage = None if mps_thread_percentage is None else thread_percentage(mps_thread_percentage)
         self._model_pct: dict[str, int] = {}  # per model (digest): its MPS active thread percentage
+        if max_workers_per_unit is not None and max_workers_per_unit < 1:
+            raise ValueError(f"max_workers_per_unit: at least 1, got {max_workers_per_unit}")
+        self.max_workers_per_unit, self.charge_measured_cpu = max_workers_per_unit, charge_measured_cpu
+        # measured cost (MB) per (model digest, device kind): the largest seen, peak activations included
+        self.costs: dict[tuple[str, str], float] = {}
+        self._accounted: dict[tuple[str, str], float] = {}  # per worker: the peak last charged
         self._reconfiguring = threading.Lock()
+        self._probe = mig_privilege or getattr(nvml, "mig_privilege", None) or mig.probe_privilege
+        self._nvml_refused: str | None = None  # NVML's own NO_PERMISSION, once seen: the probe was wrong
+        self.privilege = self._probe() if nvml is not None else mig.MigPrivilege(False, "no GPU control")
+        if nvml is not None:
+            log.info("MIG geometry control: %s (%s)", "yes" if self.privilege.allowed else "no", self.privilege.reason)
         self.on_units_changed: list[Callable[[], None]] = []  # e.g. the status reporter, at once
         self.metrics = DaemonMetrics(m.Daemon.GPU_MANAGER)
         self._hits = self.metrics.counter(m.MODEL_CACHE_HITS)
@@ -174,8 +218,26 @@ class GPUManager:
 
     @staticmethod
     def model_mb(artifact: Artifact) -> float:
-        """Memory a model takes on a unit: its artifact's size (weights dominate it)."""
+        """The artifact's size: a model's weights, not what its worker takes (`cost_mb` is)."""
         return artifact.size / (1024 * 1024)
+
+    def charges_measured(self, info: UnitInfo) -> bool:
+        return info.kind != "cpu" or self.charge_measured_cpu
+
+    def cost_mb(self, artifact: Artifact, info: UnitInfo) -> float:
+        """What a model is charged on a unit: its measured cost on that kind of unit where known,
+        before that its artifact plus the stated per-process overhead (a CUDA context)."""
+        if not self.charges_measured(info):
+            return self.model_mb(artifact)
+        known = self.costs.get((artifact.digest, device_kind(info.kind, info.gpu_name)))
+        return known if known is not None else self.model_mb(artifact) + overhead_mb(info.kind)
+
+    def worker_cap(self, info: UnitInfo) -> int | None:
+        """Most workers on a unit: the configured cap, and with MPS the server's client limit."""
+        caps = [self.max_workers_per_unit] if self.max_workers_per_unit is not None else []
+        if self.mps is not None and info.kind != "cpu":
+            caps.append(mps_client_cap(info))
+        return min(caps) if caps else None
 
     def run(
         self, digest: str, unit_id: str, payload: bytes, timeout_s: float = 60, resident_only: bool = False
@@ -235,37 +297,170 @@ class GPUManager:
             try:
                 with tracing.span("gpu_manager.execute", attributes={"faas_gpu.unit": state.info.id}):
                     out = worker.run(payload, timeout_s)
+            except DeviceFault as exc:  # not the input's fault: the context is gone, and under MPS the server's
+                log.error("device fault under %s on %s (%s); replacing it", artifact.digest[:12], state.info.id, exc)
+                self._device_fault(state, key)
+                if attempt == 2:
+                    raise
+                continue
             except WorkerDied as exc:
                 log.warning("worker for %s on %s died (%s); replacing it", artifact.digest[:12], state.info.id, exc)
                 self._drop(key, state)
                 if attempt == 2:
                     raise
                 continue
+            except OutOfDeviceMemory as exc:  # the batch's activations: room from the other models, once
+                others = [d for d in state.cache.models if d != artifact.digest]
+                if attempt == 2 or not others:
+                    raise BatchDoesNotFit(
+                        f"unit {state.info.id}: the batch does not fit with the model alone on it ({exc})"
+                    ) from None
+                log.warning(
+                    "batch of %s on %s out of memory; evicting %d models",
+                    artifact.digest[:12],
+                    state.info.id,
+                    len(others),
+                )
+                self._evict(state, others)
+                continue
             execute_s = time.perf_counter() - t0
             self._exec_s[artifact.digest] = 0.7 * self._exec_s.get(artifact.digest, execute_s) + 0.3 * execute_s
-            return JobResult(out, state.info.id, hit, load_s, execute_s, split)
+            if getattr(worker, "peak_mb", 0.0) > self._accounted.get(key, 0.0):  # a larger batch grew it
+                self._account(state, artifact.digest, worker)
+            charged = state.cache.size_of(artifact.digest) if artifact.digest in state.cache else 0.0
+            return JobResult(out, state.info.id, hit, load_s, execute_s, load_split=split, model_mb=charged)
         raise AssertionError("unreachable")
 
+    def _device_fault(self, state: _UnitState, key: tuple[str, str]) -> None:
+        """Replace a faulted worker; under MPS a fatal fault poisons every client of the unit's
+        server until all exit, so all the unit's workers and its daemon are restarted."""
+        if self.mps is None or state.info.kind == "cpu":
+            self._drop(key, state)
+            return
+        log.error("unit %s: restarting its MPS daemon and %d workers", state.info.id, len(state.cache))
+        self._stop_unit(state)  # the next worker's environment starts the daemon again (mps.ensure)
+
+    def _evict(self, state: _UnitState, digests: list[str]) -> None:
+        for digest in digests:
+            self._drop((digest, state.info.id), state)
+            self._evictions.labels(state.info.id).inc()
+
     def _load(self, state: _UnitState, artifact: Artifact) -> Worker:
-        size = self.model_mb(artifact)
+        """Make room (memory, and the unit's worker cap), start the worker, then charge what it
+        measured. Out of memory at load evicts the unit's other models and tries once more; then
+        507 (it does not fit) or 503 (it was measured to fit: memory held elsewhere, retry later)."""
+        size = self.cost_mb(artifact, state.info)
         try:
-            victims = state.cache.victims_for(size)
+            victims = self._victims(state, size)
         except ModelTooLarge:
             raise ModelDoesNotFit(
                 f"model: {size:.0f} MB does not fit unit {state.info.id} ({state.info.memory_mb:.0f} MB)"
             ) from None
-        for victim in victims:
-            self._drop((victim, state.info.id), state)
-            self._evictions.labels(state.info.id).inc()
+        self._evict(state, victims)
+        try:
+            worker = self._start(state, artifact)
+        except OutOfDeviceMemory as exc:
+            others = state.cache.models
+            if not others:
+                self._no_room(state, artifact, exc)
+            log.warning(
+                "load of %s on %s out of memory; evicting %d models", artifact.digest[:12], state.info.id, len(others)
+            )
+            self._evict(state, others)
+            try:
+                worker = self._start(state, artifact)
+            except OutOfDeviceMemory as again:
+                self._no_room(state, artifact, again)
+        state.cache.load(artifact.digest, size)
+        self.workers[(artifact.digest, state.info.id)] = worker
+        self._account(state, artifact.digest, worker)
+        self._accounted[(artifact.digest, state.info.id)] = -1.0  # measured again after its first batch
+        return worker
+
+    def _victims(self, state: _UnitState, size: float) -> list[str]:
+        """The LRU models to evict for `size` MB, and more while the unit is at its worker cap."""
+        victims = state.cache.victims_for(size)
+        cap = self.worker_cap(state.info)
+        if cap is not None:
+            staying = [d for d in state.cache.models if d not in victims]
+            while staying and len(staying) >= cap:
+                victims.append(staying.pop(0))
+        return victims
+
+    def _start(self, state: _UnitState, artifact: Artifact) -> Worker:
         env = self.worker_env(state.info, artifact.digest)
         device = self._device(state.info)
         worker = self.worker_factory(artifact, device, env=env) if env else self.worker_factory(artifact, device)
         worker.start()
-        state.cache.load(artifact.digest, size)
-        self.workers[(artifact.digest, state.info.id)] = worker
         return worker
 
+    def _no_room(self, state: _UnitState, artifact: Artifact, exc: Exception) -> None:
+        known = self.costs.get((artifact.digest, device_kind(state.info.kind, state.info.gpu_name)))
+        if known is not None and known <= state.info.memory_mb:
+            raise DeviceMemoryBusy(
+                f"unit {state.info.id}: out of memory loading {artifact.digest[:12]} with the unit emptied, "
+                f"though it was measured at {known:.0f} MB of {state.info.memory_mb:.0f}; retry later ({exc})"
+            )
+        raise ModelDoesNotFit(
+            f"model: {artifact.digest[:12]} does not fit unit {state.info.id} "
+            f"({state.info.memory_mb:.0f} MB) even alone: {exc}"
+        )
+
+    # -- memory accounting ----------------------------------------------------------------------
+    def _account(self, state: _UnitState, digest: str, worker: Worker) -> None:
+        """Keep the worker's measured cost for (model, device kind), and charge it to the unit's
+        cache where the unit charges measured costs: a cost grown past what was reserved evicts
+        the least recently used other models (their workers stopped)."""
+        key = (digest, state.info.id)
+        measured = self._measure(state, worker)
+        if measured is None:
+            return
+        self._accounted[key] = getattr(worker, "peak_mb", 0.0)
+        kind = device_kind(state.info.kind, state.info.gpu_name)
+        self.costs[(digest, kind)] = max(measured, self.costs.get((digest, kind), 0.0))
+        if not self.charges_measured(state.info) or digest not in state.cache:
+            return
+        for victim in state.cache.resize(digest, self.costs[(digest, kind)]):
+            log.info("unit %s: %s grew to %.0f MB; evicting %s", state.info.id, digest[:12], measured, victim[:12])
+            self._drop((victim, state.info.id), state)
+            self._evictions.labels(state.info.id).inc()
+
+    def _measure(self, state: _UnitState, worker: Worker) -> float | None:
+        """The worker's cost in MB: cpu, its memory growth since before the load, at its peak;
+        cuda, its CUDA context (NVML's per-process figure now less torch's reserved memory now,
+        else `CUDA_CONTEXT_MB`) plus torch's peak reserved memory. Read after the load and after
+        the first batch (lazy module loading and cuBLAS grow the context then), and whenever the
+        peak grew. None for workers without a process (the sim back end)."""
+        info, pid = getattr(worker, "info", None), pid_of(worker)
+        if info is None or pid is None:
+            return None
+        peak = max(getattr(worker, "peak_mb", 0.0), info.memory_mb)
+        if state.info.kind == "cpu":
+            return peak + overhead_mb("cpu")
+        used = self._nvml_used_mb(state.info, pid)
+        now = getattr(worker, "now_mb", info.memory_mb)
+        context = CUDA_CONTEXT_MB if used is None else max(0.0, used - now)
+        return context + peak
+
+    def _nvml_used_mb(self, info: UnitInfo, pid: int) -> float | None:
+        """NVML's used memory of the worker's process on its unit; None where NVML does not say."""
+        if self.nvml is None:
+            return None
+        try:
+            self.nvml.nvmlInit()
+        except Exception as exc:
+            log.warning("memory: NVML unavailable (%s); charging the stated context", exc)
+            return None
+        try:
+            return nvml_process_mb(self.nvml, unit_handle(self.nvml, info.index, info.id), pid)
+        except Exception as exc:  # a unit NVML no longer shows: the stated context
+            log.warning("memory: NVML per-process reading on %s failed (%s)", info.id, exc)
+            return None
+        finally:
+            self.nvml.nvmlShutdown()
+
     def _drop(self, key: tuple[str, str], state: _UnitState) -> None:
+        self._accounted.pop(key, None)
         worker = self.workers.pop(key, None)
         if worker is not None:
             worker.stop()
@@ -285,6 +480,17 @@ class GPUManager:
                 "gpu_name": s.info.gpu_name,
                 "memory_mb": s.info.memory_mb,
                 "used_mb": s.cache.used_mb,
+                # per cached model: what it is charged (measured where known) and what was measured
+                "model_mb": s.cache.sizes,
+                # per model measured on this kind of unit, where the unit charges it (the scheduler learns these)
+                "measured_mb": {
+                    d: c
+                    for (d, k), c in list(self.costs.items())
+                    if self.charges_measured(s.info) and k == device_kind(s.info.kind, s.info.gpu_name)
+                },
+                # charged per model before its first measurement, on top of its artifact
+                "overhead_mb": overhead_mb(s.info.kind) if self.charges_measured(s.info) else 0.0,
+                "max_models": self.worker_cap(s.info),
                 "state": "draining" if s.draining else "busy" if s.busy_since is not None else "idle",
                 "busy_for_s": (now - s.busy_since) if s.busy_since is not None else 0.0,
                 "estimated_finish_s": self._finish_estimate(s, now),
@@ -354,15 +560,30 @@ class GPUManager:
                 s.info.id for s in self.units.values() if s.info.kind != "cpu" and s.info.index == gpu["index"]
             ]
             gpu["mps"] = self.mps is not None
+            gpu.update(self.mig_privilege().to_json())
         return out
+
+    def mig_privilege(self) -> mig.MigPrivilege:
+        """May this manager change MIG geometry now: the OS's answer, asked again each time (a
+        capability may be granted while it runs), unless NVML itself has refused it already."""
+        if self.nvml is None:
+            return self.privilege
+        if self._nvml_refused is not None:
+            return mig.MigPrivilege(False, self._nvml_refused)
+        self.privilege = self._probe()
+        return self.privilege
 
     def reconfigure(self, index: int, profiles: list[str], drain_timeout_s: float = 30.0) -> dict:
         """Slice GPU `index` into `profiles` (MIG profile names): {"gpu", "geometry", "units"} after.
 
         Refuses before touching anything: an invalid geometry (mig.InvalidGeometry), MIG mode off
-        (mig.MigModeOff), no such GPU (mig.UnknownGPU). Then drains the GPU's units: no new jobs,
+        (mig.MigModeOff), no such GPU (mig.UnknownGPU), no privilege to change geometry
+        (mig.MigNotPermitted: not root, no mig-config capability). Then drains the GPU's units: no new jobs,
         running ones waited for up to `drain_timeout_s` (else mig.UnitsBusy, and the units serve
         again), workers and MPS daemons stopped; applies the geometry; discovers the GPU's units.
+        A destroy NVML refuses as in use with no process visible (mig.InstancesInUse) is undone
+        before it is raised; an NVML NO_PERMISSION (mig.MigNotPermitted) is remembered, so the next
+        attempt is refused before draining.
 
         Counted in `faas_gpu_mig_reconfigurations_total`: done when the geometry changed, refused
         when nothing was touched, failed when NVML failed mid-way; a GPU this node does not have is
@@ -370,7 +591,13 @@ class GPUManager:
         """
         try:
             result, changed = self._reconfigure(index, profiles, drain_timeout_s)
-        except (mig.InvalidGeometry, mig.MigModeOff, mig.UnitsBusy):
+        except mig.MigNotPermitted as exc:
+            self._reconfigurations.labels(str(index), "refused").inc()
+            if self._nvml_refused is None and self.privilege.allowed:
+                self._nvml_refused = f"NVML refused: {exc}"
+                log.warning("MIG geometry control: no (%s)", self._nvml_refused)
+            raise
+        except (mig.InvalidGeometry, mig.MigModeOff, mig.UnitsBusy, mig.InstancesInUse):
             self._reconfigurations.labels(str(index), "refused").inc()
             raise
         except mig.MigError:
@@ -389,6 +616,9 @@ class GPUManager:
             states = [s for s in self.units.values() if s.info.kind != "cpu" and s.info.index == index]
             if not plan.changes:
                 return self._gpu_status(index, [i.profile for i in sorted(plan.keep, key=lambda i: i.start)]), False
+            privilege = self.mig_privilege()
+            if not privilege.allowed:  # before draining: nothing stopped for a change that cannot happen
+                raise mig.MigNotPermitted(index, privilege.reason)
             held = self._drain(index, states, drain_timeout_s)
             try:
                 for s in states:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import struct
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -24,7 +25,8 @@ from multiprocessing.connection import Connection
 from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
 
-from . import loader
+from . import faults, loader
+from .memory import WorkerMeter
 from .pool import Pooled, WorkerPool
 from .pool import stop as stop_pooled
 
@@ -49,6 +51,15 @@ class WorkerDied(WorkerError):
     """The process died (or stopped answering) mid-job; the manager replaces it."""
 
 
+class DeviceFault(WorkerDied):
+    """The device failed under the worker (`torch.AcceleratorError`, a sticky CUDA error): its
+    context is lost, so the worker exited; under MPS every client of the unit's server is too."""
+
+
+class OutOfDeviceMemory(WorkerError):
+    """The model or its batch did not fit in the memory left on the unit (not the caller's fault)."""
+
+
 @dataclass(frozen=True)
 class LoadedInfo:
     """A worker's load, timed part by part: spawn (a fresh process: interpreter and torch import;
@@ -57,6 +68,8 @@ class LoadedInfo:
 
     param_bytes: int
     load_s: float
+    memory_mb: float = 0.0  # the model's cost after the load: cpu USS growth, cuda torch-reserved (no context)
+    process_mb: float = 0.0  # the worker before any model (interpreter and torch; host memory)
     read_s: float = 0.0
     to_device_s: float = 0.0
     warmup_s: float = 0.0
@@ -76,21 +89,23 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
-    from faas_gpu.contract.wire import decode, encode
-
     torch.set_num_threads(threads)
+    meter = WorkerMeter(device, torch)  # the baseline before the model: its cost is the growth
     t0 = time.perf_counter()
     try:
         loaded = _load(path, device)
         model = loaded.model
         tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
         size = sum(t.numel() * t.element_size() for t in tensors)
-    except Exception as exc:  # reported to the manager, which answers the caller
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:  # reported to the manager, which answers the caller (MemoryError too)
+        kind = "oom" if faults.classify(exc) == faults.OOM else "error"
+        conn.send((kind, f"{type(exc).__name__}: {exc}"))
         return
     info = LoadedInfo(
         size,
         time.perf_counter() - t0,
+        meter.cost_mb()[1],
+        meter.process_mb,
         read_s=loaded.read_s,
         to_device_s=loaded.to_device_s,
         warmup_s=loaded.warmup_s,
@@ -98,6 +113,16 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     conn.send(("ready", info))
+    _serve_batches(conn, model, device, torch, meter)
+
+
+def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
+    """Batches until the pipe closes. Each answer carries the model's peak cost so far (its
+    activations grow with the batch) and what it holds now. An input error answers `er` and serves on; out of memory
+    answers `om` (the allocator's cache emptied first); a device fault answers `df` and ends the
+    process, since its CUDA context is lost for good."""
+    from faas_gpu.contract.wire import decode, encode
+
     while True:
         try:
             payload = conn.recv_bytes()
@@ -109,9 +134,21 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
                 y = model(x)
             if isinstance(y, tuple | list):
                 y = y[0]
-            conn.send_bytes(b"ok" + encode(y))
+            out = encode(y)
+            conn.send_bytes(b"ok" + struct.pack("<dd", *meter.cost_mb()) + out)
         except Exception as exc:
-            conn.send_bytes(b"er" + f"{type(exc).__name__}: {exc}".encode())
+            message = f"{type(exc).__name__}: {exc}".encode()
+            kind = faults.classify(exc)
+            if kind == faults.DEVICE:
+                conn.send_bytes(b"df" + message)
+                return  # the process exits: the manager replaces it
+            if kind == faults.OOM:
+                x = y = None
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                conn.send_bytes(b"om" + message)
+                continue
+            conn.send_bytes(b"er" + message)
 
 
 def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
@@ -161,6 +198,8 @@ class Worker:
         self.proc: mp.Process | None = None
         self.conn: Connection | None = None
         self.info: LoadedInfo | None = None
+        self.peak_mb = 0.0  # the model's peak cost so far, as the worker last measured it
+        self.now_mb = 0.0  # and what it holds now (cuda: torch's reserved memory)
 
     def _take_pooled(self) -> bool:
         """Hand the model to a pooled process: False when the pool has none alive for this env."""
@@ -205,12 +244,16 @@ class Worker:
             except (EOFError, OSError):
                 self.stop()
                 raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
+        if kind == "oom":
+            self.stop()
+            raise OutOfDeviceMemory(f"model {self.artifact.digest[:12]}: out of memory while loading: {value}")
         if kind == "error":
             self.stop()
             raise ModelLoadError(f"model {self.artifact.digest[:12]}: {value}")
         # spawn: what the miss cost beyond the worker's own load (interpreter and imports, or the hand-over)
         spawn_s = max(0.0, time.perf_counter() - t0 - value.load_s)
         self.info = dataclasses.replace(value, spawn_s=spawn_s, pooled=pooled)
+        self.peak_mb = self.now_mb = value.memory_mb
         return self.info
 
     @property
@@ -230,9 +273,18 @@ class Worker:
         except (EOFError, OSError, BrokenPipeError):
             self.stop()
             raise WorkerDied("worker died mid-job") from None
-        if reply[:2] == b"er":
-            raise ModelInputError(reply[2:].decode("utf-8", "replace"))
-        return reply[2:]
+        tag = reply[:2]
+        if tag == b"ok":
+            now, peak = struct.unpack_from("<dd", reply, 2)
+            self.now_mb, self.peak_mb = now, max(self.peak_mb, peak)
+            return reply[18:]
+        message = reply[2:].decode("utf-8", "replace")
+        if tag == b"df":
+            self.stop()
+            raise DeviceFault(message)
+        if tag == b"om":
+            raise OutOfDeviceMemory(message)
+        raise ModelInputError(message)
 
     def stop(self) -> None:
         if self.conn is not None:

@@ -266,14 +266,14 @@ class InvocationApp:
                 resent = True
                 log.info("%s.%s: %s lost its function process; sending the call once more", key[1], key[0], url)
                 time.sleep(0.05)
-                url = self.invoker.pick(key, headers) or url
+                url = self._another(key, headers, url)
             except urllib3.exceptions.ProtocolError:
                 if resent or not self._retry_on_reset(key):
                     raise
                 resent = True
                 log.info("%s.%s: %s dropped the call before answering; sending it once more", key[1], key[0], url)
                 time.sleep(0.05)  # the runtime's supervisor notices a dead replica within its tick
-                url = self.invoker.pick(key, headers) or url
+                url = self._another(key, headers, url)
             except urllib3.exceptions.NewConnectionError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -283,6 +283,18 @@ class InvocationApp:
                 if fresh is None and self.invoker.runtime.wait_ready(*key, max(0.0, deadline - time.monotonic())):
                     fresh = self.invoker.pick(key, headers)
                 url = fresh or url
+
+    def _another(self, key: tuple[str, str], headers: dict, lost: str) -> str:
+        """Where a lost call is sent once more: a ready replica other than the one that lost it
+        where there is one. The runtime still lists a replica whose node just went (Swarm notices
+        a lost node seconds later) or whose container is being stopped (its watchdog accepts,
+        then drops the connection again), so the one resend must not go back to it; with no
+        other replica it goes to the same address (a replacement the runtime started there)."""
+        for _ in range(max(2, len(self.invoker.runtime.endpoints(*key)) + 1)):
+            url = self.invoker.pick(key, headers)
+            if url is not None and url != lost:
+                return url
+        return lost
 
     def _retry_on_reset(self, key: tuple[str, str]) -> bool:
         record = self.provider.store.cached(*key)

@@ -6,6 +6,11 @@ assumptions know (`scheduler.gpus`) and the best-effort memory resident on each
 (`scheduler.residency.resident_counts`, as the Reconfigurator counts it); LALB asks it whenever
 it chooses among idle units (`faas_gpu.policies.lalb_job_distribution` says what wins over what).
 Built from the unit view and the jobs, under the scheduler's lock; the decision is the policy's.
+
+A slice's memory is the one its GPU Manager reports (NVML's usable memory: 4864 MiB for an
+A100's 1g.5gb), not the assumptions file's nominal size (5120 MiB): a job the policy thinks fits
+must fit the unit's own cache, or the manager answers 507. The nominal size is used only for a
+unit that reports none.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def job_distribution(
         state = SliceState(
             i,
             profile,
-            float(sd.gpu.memory_mb(profile)),
+            float(u.memory_mb) if u.memory_mb > 0 else float(sd.gpu.memory_mb(profile)),
             used_mb=mem,
             running=((job.model, not job.best_effort),) if known else (),
             available=u.key not in held,

@@ -27,6 +27,7 @@ class GpuView:
     url: str  # its GPU Manager
     units: tuple[str, ...]  # node/unit keys of its MIG units
     geometry: Geometry  # profile keys, largest first: ("4g", "2g", "1g")
+    slice_memory_mb: tuple[tuple[str, float], ...] = ()  # (profile key, memory its manager reports)
 
 
 def gpu_name_matches(model: str, gpu_name: str | None) -> bool:
@@ -73,8 +74,32 @@ def gpu_views(reports: Iterable[Any], gpu_model: GpuModel) -> tuple[dict[Gpu, Gp
             skipped[gpu] = str(exc).split(". Valid")[0]
             continue
         keys = tuple(sorted(f"{r['node']}/{r['unit']}" for r in reports))
-        views[gpu] = GpuView(gpu, str(reports[0]["url"]), keys, geometry)
+        memory = tuple(sorted(_slice_memory(gpu_model, reports)))
+        views[gpu] = GpuView(gpu, str(reports[0]["url"]), keys, geometry, memory)
     return views, skipped
+
+
+def _slice_memory(gpu_model: GpuModel, reports: list[dict[str, Any]]) -> set[tuple[str, float]]:
+    """(profile key, reported memory_mb) of each unit that reports a usable figure."""
+    out = set()
+    for r in reports:
+        try:
+            mb = float(r["memory_mb"])
+            key = gpu_model.profile(r["profile"]).key
+        except (KeyError, TypeError, ValueError, InvalidGeometry):
+            continue
+        if mb > 0:
+            out.add((key, mb))
+    return out
+
+
+def slice_memory(views: Iterable[GpuView]) -> dict[str, float]:
+    """Per profile key, the least memory any of these GPUs' managers report for it."""
+    out: dict[str, float] = {}
+    for v in views:
+        for key, mb in v.slice_memory_mb:
+            out[key] = min(out.get(key, mb), mb)
+    return out
 
 
 def gpu_key(gpu: Gpu) -> str:

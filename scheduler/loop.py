@@ -30,7 +30,7 @@ from faas_gpu.policies.lalb_job_distribution import JobDistributionPreference
 from .admission import Admission
 from .catalog import ModelCatalog
 from .jobs import Job, JobOutcome
-from .managers import ManagerClient, UnitUnavailable, job_outcome, measured
+from .managers import ManagerClient, UnitUnavailable, job_outcome, measured, model_mb
 from .units import UnitRef, UnitView
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class PlacementLoop:
             if not cache_hit and self.client.on_loaded is not None:  # a cold start: shown in /v1/status
                 self.client.on_loaded(job.digest, unit.key, load_s)
             with self._wake:
-                self.catalog.observe(job.digest, self.view.policy, cache_hit, load_s, exec_s)
+                self.catalog.observe(job.digest, self.view.policy, cache_hit, load_s, exec_s, model_mb(r))
         return job_outcome(r, self.clock() - job.arrival)
 
     def _forget_unit(self, unit: UnitRef) -> None:

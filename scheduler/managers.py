@@ -8,13 +8,15 @@ Reconfigurator decide on outcomes, never on status codes and headers:
   `UnitUnavailable`, a manager in trouble (5xx but 507) raises `requests.HTTPError`: both mean
   "place the job again".
 - `POST /v1/gpus/<i>/geometry`: done, invalid (400: the manager cannot take the geometry),
-  refused (409: units did not drain; 5xx) or unreachable; the last two are worth trying again.
+  forbidden (403: the manager may not change MIG geometry at all), refused (409: units did not
+  drain, or a destroy was refused as in use, with `Retry-After`; 5xx) or unreachable; the last
+  two are worth trying again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 
@@ -78,6 +80,14 @@ def measured(r: requests.Response) -> tuple[bool, float, float]:
     return r.headers.get(h.CACHE) == "hit", load_s, exec_s
 
 
+def model_mb(r: requests.Response) -> float | None:
+    """The model's measured cost on the unit, as the manager charges it (None from an older manager)."""
+    try:
+        return float(r.headers[h.MODEL_MB])
+    except (KeyError, ValueError):
+        return None
+
+
 def job_outcome(r: requests.Response, queue_s: float) -> JobOutcome:
     """The caller's answer: the manager's status, body and `X-Faas-Gpu-*` headers, and the time
     the job spent with the scheduler."""
@@ -86,11 +96,24 @@ def job_outcome(r: requests.Response, queue_s: float) -> JobOutcome:
     return JobOutcome(r.status_code, r.content, headers)
 
 
+class GeometryAnswer(NamedTuple):
+    """A manager's answer to a new geometry, as the Reconfigurator acts on it."""
+
+    status: str  # "done" | "invalid" | "refused" | "forbidden" | "unreachable" | "error"
+    detail: str
+    retry: bool  # worth trying again (the policy still wanting it)
+    retry_after_s: float | None = None  # not before this many seconds (the manager's Retry-After)
+
+
 def set_geometry(
     http: Any, token: str, url: str, index: int, profiles: list[str], drain_timeout_s: float
-) -> tuple[str, str, bool]:
-    """Ask the manager at `url` to re-slice its GPU `index` into `profiles` (NVML's names):
-    (status: "done" | "invalid" | "refused" | "unreachable" | "error", detail, worth a retry)."""
+) -> GeometryAnswer:
+    """Ask the manager at `url` to re-slice its GPU `index` into `profiles` (NVML's names).
+
+    400: the GPU cannot take it ("invalid"); 403: the manager may not change MIG geometry at all
+    (not root, no mig-config capability: "forbidden", never retried, it would drain for nothing);
+    409 and 5xx: "refused", worth a retry, not before the manager's `Retry-After` where it gives one
+    (a destroy NVML refused as in use, undone)."""
     body = {"profiles": profiles, "drain_timeout_s": drain_timeout_s}
     try:
         resp = http.post(
@@ -101,11 +124,21 @@ def set_geometry(
         )
         detail = resp.text.strip()[:300]
         if resp.status_code == 200:
-            return "done", detail, False
+            return GeometryAnswer("done", detail, False)
         if resp.status_code == 400:
-            return "invalid", detail, False
+            return GeometryAnswer("invalid", detail, False)
+        if resp.status_code == 403:
+            return GeometryAnswer("forbidden", detail, False)
         if resp.status_code == 409 or resp.status_code >= 500:
-            return "refused", detail, True
-        return "error", detail, False
+            return GeometryAnswer("refused", detail, True, _retry_after(resp.headers.get("Retry-After")))
+        return GeometryAnswer("error", detail, False)
     except requests.RequestException as exc:
-        return "unreachable", str(exc)[:300], True
+        return GeometryAnswer("unreachable", str(exc)[:300], True)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is not one a manager sends)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None

@@ -13,9 +13,14 @@ and applies what it returns:
   placed there), asks the GPU's manager for the new geometry (`scheduler.managers.set_geometry`:
   it drains the units, re-slices the GPU and reports the new units), then releases the hold and
   rereads the units.
-  A refusal (409: units did not drain; 5xx) or a manager that does not answer is logged and tried
-  again at the next decision, if the policy still wants that geometry and the cap allows; a 400
-  (the manager cannot take the geometry) is logged and left to the policy's next decision.
+  A refusal (409: units did not drain, or NVML refused a destroy as in use; 5xx) or a manager
+  that does not answer is logged and tried again, if the policy still wants that geometry and
+  the cap allows: at the next decision the first time, then backing off (the interval doubled
+  each time, up to `max_backoff_s`, and never before the manager's `Retry-After`), since each
+  attempt drains the GPU's units and flushes their caches; a 400 (the manager cannot take the
+  geometry) is logged and left to the policy's next decision. A 403 (the manager may not change
+  MIG geometry: not root, no mig-config capability) is never retried: the GPU is left alone,
+  as not reconfigurable, for `forbidden_s` (a capability may be granted meanwhile).
 
 Only MIG units whose GPU is the assumptions file's GPU model (A100-40GB by default) are
 managed (`scheduler.gpus` reads them from the managers' reports). Jobs whose model is
@@ -44,7 +49,7 @@ from faas_gpu.policies.protean.reconfigurator import (
     Reconfigurator,
 )
 
-from .gpus import GpuView, gpu_key, read_gpus
+from .gpus import GpuView, gpu_key, read_gpus, slice_memory
 from .managers import set_geometry
 from .residency import CountKey, Gpu, Residency, ResidencyMeter, resident_counts
 
@@ -86,6 +91,8 @@ class ReconfigController:
         executor: Executor | None = None,
         clock: Callable[[], float] | None = None,
         http: Any | None = None,
+        max_backoff_s: float = 300.0,
+        forbidden_s: float = 3600.0,
     ):
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
@@ -103,6 +110,10 @@ class ReconfigController:
         self._views: dict[Gpu, GpuView] = {}
         self._inflight: dict[Gpu, GpuView] = {}
         self._retry: dict[Gpu, Geometry] = {}
+        self.max_backoff_s, self.forbidden_s = max_backoff_s, forbidden_s
+        self._refusals: dict[Gpu, int] = {}  # refusals in a row, for the back-off
+        self._not_before: dict[Gpu, float] = {}  # no new attempt before this time
+        self._forbidden: dict[Gpu, tuple[float, str]] = {}  # 403: left alone until, and why
         self._be_model: dict[Gpu, str] = {}
         self._last_be_model: str | None = None
         self._skipped: dict[Gpu, str] = {}
@@ -126,11 +137,20 @@ class ReconfigController:
     def refresh(self) -> dict[Gpu, GpuView]:
         """Reread the GPUs from the managers' reports (the views `sample` maps units with)."""
         views, skipped = read_gpus(self.scheduler.ds, self.gpu_model)
+        now = self.clock()
+        with self._lock:
+            forbidden = dict(self._forbidden)
+        for gpu, (until, why) in forbidden.items():
+            if now < until and gpu in views:
+                del views[gpu]
+                skipped[gpu] = f"its manager may not change MIG geometry (403): {why}"
         for gpu, why in skipped.items():
             if self._skipped.get(gpu) != why:
                 log.info("reconfigurator: leaving GPU %s/%d alone: %s", gpu[0], gpu[1], why)
         with self._lock:
             self._views, self._skipped = views, skipped
+            # Alg. 2's thresholds over the slice sizes the managers report, not the nominal ones
+            self.reconfigurator.slice_memory_mb = slice_memory(views.values())
         return views
 
     def _known(self, model: str | None) -> str | None:
@@ -169,7 +189,12 @@ class ReconfigController:
             inflight = set(self._inflight)
             views = dict(self._views)
             retries = dict(self._retry)
+            not_before = dict(self._not_before)
         s = self.reconfigurator.settings
+        for r in [r for r in todo if now < not_before.get(r.gpu, now)]:  # backing off: a retry later
+            todo.remove(r)
+            with self._lock:
+                self._retry[r.gpu] = r.target
         slots = max(1, math.floor(s.max_fraction * len(obs))) - len(inflight) - len(todo)
         for gpu, target in retries.items():
             if gpu in inflight:
@@ -178,7 +203,7 @@ class ReconfigController:
                 with self._lock:
                     self._retry.pop(gpu, None)
                 continue
-            if slots <= 0:
+            if slots <= 0 or now < not_before.get(gpu, now):
                 continue
             slots -= 1
             with self._lock:
@@ -205,14 +230,17 @@ class ReconfigController:
     def _apply(self, r: Reconfiguration, view: GpuView) -> None:
         node, index = r.gpu
         names = [self.gpu_model.profile(k).name for k in r.target]  # the manager takes NVML's names
-        status, detail, retry = "error", "", False
+        status, detail, retry, retry_after_s = "error", "", False, None
         try:
-            status, detail, retry = set_geometry(self.http, self.token, view.url, index, names, self.drain_timeout_s)
+            status, detail, retry, retry_after_s = set_geometry(
+                self.http, self.token, view.url, index, names, self.drain_timeout_s
+            )
         except Exception as exc:  # never let one GPU's failure stop the controller
             status, detail = "error", repr(exc)[:300]
         finally:
             with self._lock:
                 self._inflight.pop(r.gpu, None)
+                self._after(r.gpu, status, detail, retry, retry_after_s)
                 if retry:
                     self._retry[r.gpu] = r.target
                 self.outcomes.append(Outcome(r.gpu, r.current, r.target, r.decided_at, status, detail))
@@ -231,8 +259,31 @@ class ReconfigController:
             ", ".join(r.target),
             status,
             f": {detail}" if detail and status != "done" else "",
-            "; trying again at the next decision" if retry else "",
+            self._retry_note(r.gpu) if retry else "; not retried" if status == "forbidden" else "",
         )
+
+    def _retry_note(self, gpu: Gpu) -> str:
+        with self._lock:
+            wait = self._not_before.get(gpu, 0.0) - self.clock()
+        return "; trying again at the next decision" if wait <= 0 else f"; trying again in {wait:.0f}s at the earliest"
+
+    def _after(self, gpu: Gpu, status: str, detail: str, retry: bool, retry_after_s: float | None) -> None:
+        """The back-off after an answer (under the lock): a retry waits interval_s x (2^(n-1) - 1)
+        after the n-th refusal in a row (the first at the next decision), at most max_backoff_s,
+        and at least the manager's Retry-After; a 403 leaves the GPU alone for forbidden_s."""
+        now = self.clock()
+        if status == "forbidden":
+            self._forbidden[gpu] = (now + self.forbidden_s, detail)
+            self._refusals.pop(gpu, None)
+            self._not_before.pop(gpu, None)
+            return
+        if not retry:
+            self._refusals.pop(gpu, None)
+            self._not_before.pop(gpu, None)
+            return
+        n = self._refusals[gpu] = self._refusals.get(gpu, 0) + 1
+        delay = min(self.max_backoff_s, self.interval_s * (2 ** min(n - 1, 30) - 1))
+        self._not_before[gpu] = now + max(delay, retry_after_s or 0.0)
 
     # -- status and the loop ----------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -243,6 +294,7 @@ class ReconfigController:
                     "target": list(self._targets.get(g, ())),
                     "reconfiguring": g in self._inflight,
                     "retry": list(self._retry[g]) if g in self._retry else None,
+                    "not_before": self._not_before.get(g),
                 }
                 for g, v in {**self._views, **self._inflight}.items()
             }
@@ -275,6 +327,8 @@ class ReconfigController:
         with self._lock:
             self.meter = ResidencyMeter(now)
             self._retry.clear()
+            self._refusals.clear()
+            self._not_before.clear()
 
     def _run(self) -> None:
         leading = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from faas_gpu.contract.keys import UNITS as STATUS_PREFIX
@@ -53,6 +53,8 @@ class UnitReports:
     found: list[UnitRef]  # the units placement may use, sorted by key
     cordoned: dict[str, dict]  # node -> what its cordon key says
     unit_gpu: dict[str, Gpu]  # node/unit key -> its GPU, for MIG units of the GPU model asked for
+    overhead_mb: float = 0.0  # the largest per-process overhead a manager charges before measuring
+    measured_mb: dict[str, float] = field(default_factory=dict)  # per model: the largest measured cost
 
 
 class Refresh(Enum):
@@ -68,6 +70,7 @@ def read_reports(ds: Datastore, seq: int, gpu_model: GpuModel | None) -> UnitRep
     """The units reported, but cordoned nodes'; with a `gpu_model` (PROTEAN's distributor), also
     which GPU of that model each MIG unit is a slice of."""
     found, reports = [], []
+    overhead, measured = 0.0, {}
     cordoned = cordoned_nodes(ds)
     for kv in ds.get_prefix(STATUS_PREFIX):
         try:
@@ -77,11 +80,15 @@ def read_reports(ds: Datastore, seq: int, gpu_model: GpuModel | None) -> UnitRep
                 continue
             key = f"{s['node']}/{s['unit']}"
             found.append(UnitRef(key, s["node"], s["unit"], s["url"], float(s["memory_mb"]), s.get("profile")))
-        except (ValueError, KeyError, TypeError):
+            overhead = max(overhead, float(s.get("overhead_mb") or 0.0))
+            for digest, mb in (s.get("measured_mb") or {}).items():
+                measured[digest] = max(float(mb), measured.get(digest, 0.0))
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignoring a malformed unit report at %s", kv.key)
     found.sort(key=lambda u: u.key)
     views = gpu_views(reports, gpu_model)[0] if gpu_model is not None else {}
-    return UnitReports(seq, found, cordoned, {k: g for g, v in views.items() for k in v.units})
+    unit_gpu = {k: g for g, v in views.items() for k in v.units}
+    return UnitReports(seq, found, cordoned, unit_gpu, overhead, measured)
 
 
 class UnitView:
@@ -119,6 +126,7 @@ class UnitView:
             return Refresh.KEPT
         self._refresh_applied = read.seq
         self.unit_gpu = read.unit_gpu
+        catalog.reported(read.overhead_mb, read.measured_mb, self.policy)
         found = read.found
         if not found and any(u.node in read.cordoned for u in self.units):
             self.clear()  # every unit left is cordoned: jobs wait for a new one

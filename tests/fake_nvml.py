@@ -13,6 +13,19 @@ Two fakes, both raising pynvml's own `NVMLError`s with NVML's return codes:
   (`NVML_ERROR_IN_USE`), everything refused with `NVML_ERROR_NOT_SUPPORTED` while MIG mode is
   off. Mutating calls are logged in `MigNVML.log` so tests can check what changed and in which
   order; `nvmlDeviceSetMigMode` is logged and refused (the code under test must never call it).
+
+Both answer memory as the driver does: `nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)` with
+`reserved` apart (v2's `used` includes it, as R525's reference says; v1's `total` includes it), and
+NVML_ERROR_FUNCTION_NOT_FOUND for v2 where a GPU is described as an old driver's (`v2: False`,
+`MigNVML(memory_v2=False)`). `MigNVML` also has the privilege and process behaviour the manager
+depends on: with `privileged=False` (not root, no mig-config capability) every create and destroy
+of a GPU or compute instance, and the parent GPU's memory in MIG mode, fail with
+NVML_ERROR_NO_PERMISSION (a MIG device's own memory does not); `mig_privilege()` answers the
+manager's privilege probe from the same flag. MPS clients are listed apart: only
+`nvmlDeviceGetMPSComputeRunningProcesses` shows a compute instance's `mps_processes`, only
+`nvmlDeviceGetComputeRunningProcesses` its `processes`; `can_list_processes=False` makes both
+lists fail with NO_PERMISSION. A GPU instance marked `held` (a monitor such as DCGM holding a
+handle) refuses its destroy with NVML_ERROR_IN_USE though no process is listed.
 """
 
 from __future__ import annotations
@@ -40,6 +53,10 @@ class FakeNVML:
     NVMLError = pynvml.NVMLError
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
+    NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2  # noqa: N815
 
     def __init__(self, gpus, driver=True):
         self.gpus, self.driver, self.calls = gpus, driver, []
@@ -64,9 +81,15 @@ class FakeNVML:
     def nvmlDeviceGetName(self, h):  # noqa: N802
         return h["name"].encode()  # older bindings return bytes
 
-    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
-        used = h.get("used", 0)
-        return SimpleNamespace(total=h["mem"], free=h["mem"] - used, used=used)
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):  # noqa: N802
+        """h: "mem" (total bytes), "used", "reserved" (bytes, 0), "v2" (False: an old driver's)."""
+        reserved = h.get("reserved", 0)
+        used = h.get("used", 0) + reserved  # both versions count the reserved part as used
+        if not version:
+            return SimpleNamespace(total=h["mem"], free=h["mem"] - used, used=used)
+        if h.get("v2") is False:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(version=version, total=h["mem"], reserved=reserved, free=h["mem"] - used, used=used)
 
     def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
         if "util" not in h:  # a MIG device: NVML has no utilization figure for it
@@ -150,6 +173,7 @@ class FakeCI:
     uuid: str
     handle: int
     processes: list[int] = field(default_factory=list)  # pids running on this MIG device
+    mps_processes: list[int] = field(default_factory=list)  # MPS clients on it (listed apart)
 
 
 @dataclass
@@ -159,6 +183,7 @@ class FakeGI:
     start: int
     handle: int
     cis: dict[int, FakeCI] = field(default_factory=dict)
+    held: bool = False  # a monitor (DCGM) holds a handle: destroy answers IN_USE, no process listed
 
 
 @dataclass
@@ -179,9 +204,12 @@ class FakeGPU:
         *,
         mig: bool | None = True,
         uuid: str | None = None,
+        reserved_mb: int = 0,
     ):
-        """mig: True/False = MIG-capable with MIG mode on/off; None = not MIG-capable."""
+        """mig: True/False = MIG-capable with MIG mode on/off; None = not MIG-capable.
+        reserved_mb: what the driver and firmware reserve of the whole GPU (v2's `reserved`)."""
         self.name, self.memory_mb, self.profiles = name, memory_mb, profiles
+        self.reserved_mb = reserved_mb
         self.mig_capable = mig is not None
         self.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE if mig else pynvml.NVML_DEVICE_MIG_DISABLE
         self.uuid = uuid or f"GPU-{uuidlib.uuid4()}"
@@ -241,8 +269,21 @@ class MigNVML:
 
     NVMLError = pynvml.NVMLError
 
-    def __init__(self, gpus: list[FakeGPU], driver: bool = True):
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2  # noqa: N815
+
+    def __init__(
+        self,
+        gpus: list[FakeGPU],
+        driver: bool = True,
+        *,
+        privileged: bool = True,
+        can_list_processes: bool = True,
+        memory_v2: bool = True,
+    ):
+        """privileged: root or the mig-config capability; can_list_processes: NVML shows the
+        processes on MIG devices; memory_v2: the driver has nvmlDeviceGetMemoryInfo_v2 (R510+)."""
         self.gpus, self.driver = gpus, driver
+        self.privileged, self.can_list_processes, self.memory_v2 = privileged, can_list_processes, memory_v2
         self.log: list[tuple] = []  # mutating calls: ("create_gi", gpu, profile, start) ...
         self.inits = 0
         self._handles: dict[int, Any] = {}
@@ -280,6 +321,25 @@ class MigNVML:
     def _check(self) -> None:
         if self.inits <= 0:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _require_privilege(self) -> None:
+        """Creating or destroying MIG instances needs root or the mig-config capability."""
+        self._check()
+        if not self.privileged:
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def _process_list(self, h: Any, pids: list[int]) -> list[Any]:
+        self._check()
+        if not self.can_list_processes:
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=0) for pid in pids]
+
+    def mig_privilege(self):
+        """The manager's privilege probe, answered from `privileged` (the real one asks the OS)."""
+        from gpu_manager.mig import MigPrivilege
+
+        why = "fake NVML: privileged" if self.privileged else "fake NVML: not root, no mig-config capability"
+        return MigPrivilege(self.privileged, why)
 
     def _mig_gpu(self, device: Any) -> FakeGPU:
         self._check()
@@ -319,11 +379,22 @@ class MigNVML:
             return f"{h.gpu.name} {h.gi.spec.name}"
         return h.name
 
-    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):  # noqa: N802
         self._check()
-        mb = h.gi.spec.memory_mb if isinstance(h, FakeMigDevice) else h.memory_mb
-        used = 0 if isinstance(h, FakeMigDevice) else h.used_mb
-        return SimpleNamespace(total=mb * MIB, free=(mb - used) * MIB, used=used * MIB)
+        mig_device = isinstance(h, FakeMigDevice)
+        if not mig_device and h.mig_on and not self.privileged:  # "aggregate information, only if
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)  # the caller has appropriate privileges"
+        mb = h.gi.spec.memory_mb if mig_device else h.memory_mb
+        reserved = 0 if mig_device else h.reserved_mb
+        used = (0 if mig_device else h.used_mb) + reserved  # both versions count the reserved part as used
+        if not version:
+            return SimpleNamespace(total=mb * MIB, free=(mb - used) * MIB, used=used * MIB)
+        if not self.memory_v2:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = pynvml.c_nvmlMemory_v2_t()
+        info.version, info.total, info.reserved = version, mb * MIB, reserved * MIB
+        info.free, info.used = (mb - used) * MIB, used * MIB
+        return info
 
     def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
         self._check()
@@ -360,7 +431,11 @@ class MigNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
         self._check()
         pids = h.ci.processes if isinstance(h, FakeMigDevice) else []
-        return [SimpleNamespace(pid=pid, usedGpuMemory=0) for pid in pids]
+        return self._process_list(h, pids)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):  # noqa: N802
+        """MPS clients only: `nvmlDeviceGetComputeRunningProcesses` does not list them."""
+        return self._process_list(h, h.ci.mps_processes if isinstance(h, FakeMigDevice) else [])
 
     # -- GPU-instance profiles ----------------------------------------------------------------
     def _spec_for_constant(self, gpu: FakeGPU, profile: int) -> GIProfileSpec:
@@ -425,6 +500,7 @@ class MigNVML:
 
     def nvmlDeviceCreateGpuInstance(self, device, profileId):  # noqa: N802, N803
         gpu = self._mig_gpu(device)
+        self._require_privilege()
         spec = gpu.spec(profileId)
         if not self._room(gpu, spec):
             raise _err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
@@ -435,6 +511,7 @@ class MigNVML:
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, device, profileId, placement):  # noqa: N802, N803
         gpu = self._mig_gpu(device)
+        self._require_privilege()
         spec = gpu.spec(profileId)
         p = getattr(placement, "_obj", None)  # a `const nvmlGpuInstancePlacement_t *`: byref() it
         if p is None and isinstance(placement, ctypes._Pointer):
@@ -473,7 +550,8 @@ class MigNVML:
         self._check()
         gi = self._resolve(gpuInstance, FakeGI)
         gpu = self._gpu_of_gi(gi)
-        if gi.cis:  # "processes or compute instances are active on the GPU instance"
+        self._require_privilege()
+        if gi.cis or gi.held:  # "processes or compute instances are active on the GPU instance"
             raise _err(pynvml.NVML_ERROR_IN_USE)
         del gpu.gis[gi.id], self._handles[gi.handle]
         self.log.append(("destroy_gi", gpu.uuid, gi.spec.name.removeprefix("MIG "), gi.start))
@@ -507,6 +585,7 @@ class MigNVML:
         self._check()
         gi = self._resolve(gpuInstance, FakeGI)
         gpu = self._gpu_of_gi(gi)
+        self._require_privilege()
         slices = _CI_CONSTANTS.get(profileId)
         if slices is None or slices > gi.spec.slices:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -548,10 +627,11 @@ class MigNVML:
     def nvmlComputeInstanceDestroy(self, computeInstance):  # noqa: N802, N803
         self._check()
         ci = self._resolve(computeInstance, FakeCI)
+        self._require_privilege()
         for gpu in self.gpus:
             for gi in gpu.gis.values():
                 if gi.cis.get(ci.id) is ci:
-                    if ci.processes:
+                    if ci.processes or ci.mps_processes:
                         raise _err(pynvml.NVML_ERROR_IN_USE)
                     del gi.cis[ci.id], self._handles[ci.handle]
                     self.log.append(("destroy_ci", gpu.uuid, gi.spec.name.removeprefix("MIG "), gi.start))
@@ -560,8 +640,10 @@ class MigNVML:
 
     # -- test set-up helpers (what an operator or another process did before) ------------------
     def preset(self, gpu: FakeGPU, layout: list[tuple[str, int]], *, compute: bool = True) -> None:
-        """Create GPU instances (profile name, start) directly, each with one full compute instance."""
+        """Create GPU instances (profile name, start) directly, each with one full compute instance
+        (as root did before: whatever `privileged` says)."""
         self.nvmlInit()
+        privileged, self.privileged = self.privileged, True
         try:
             for name, start in layout:
                 spec = next(s for s in gpu.profiles if s.name == f"MIG {name}")
@@ -571,5 +653,51 @@ class MigNVML:
                     full = max(c for c, s in _CI_CONSTANTS.items() if s == spec.slices)
                     self.nvmlGpuInstanceCreateComputeInstance(gi, full)
         finally:
+            self.privileged = privileged
             self.nvmlShutdown()
         self.log.clear()
+
+
+# -- per-process memory (the accounting's tests) ----------------------------------------------
+
+
+class ProcessMemoryNVML(FakeNVML):
+    """`FakeNVML` whose devices (whole GPUs, MIG devices) run processes, each with its used memory,
+    listed as pynvml lists them: `nvmlDeviceGetComputeRunningProcesses` and
+    `nvmlDeviceGetMPSComputeRunningProcesses` return objects with `pid`, `usedGpuMemory` (bytes;
+    None where the driver reports NVML_VALUE_NOT_AVAILABLE), `gpuInstanceId`, `computeInstanceId`.
+    With `mps=True` clients of an MPS server are listed by the MPS call only, as the driver does.
+    `nvmlDeviceGetMemoryInfo` counts the processes' memory as used."""
+
+    def __init__(self, gpus, driver=True, *, mps: bool = False):
+        super().__init__(gpus, driver)
+        self.mps = mps
+        self.processes: dict[str, dict[int, int | None]] = {}  # device uuid -> pid -> used bytes
+
+    def run_process(self, uuid: str, pid: int, used_mb: float | None) -> None:
+        """A process on the device now uses `used_mb` (None: NVML does not report its figure)."""
+        self.processes.setdefault(uuid, {})[pid] = None if used_mb is None else int(used_mb * MIB)
+
+    def end_process(self, uuid: str, pid: int) -> None:
+        self.processes.get(uuid, {}).pop(pid, None)
+
+    def used_mb(self, uuid: str) -> float:
+        return sum(b or 0 for b in self.processes.get(uuid, {}).values()) / MIB
+
+    def _listed(self, h, mps: bool) -> list[SimpleNamespace]:
+        if mps != self.mps:
+            return []
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+            for pid, used in self.processes.get(h["uuid"], {}).items()
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
+        return self._listed(h, mps=False)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):  # noqa: N802
+        return self._listed(h, mps=True)
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+        used = int(self.used_mb(h["uuid"]) * MIB) + h.get("used", 0)
+        return SimpleNamespace(total=h["mem"], free=h["mem"] - used, used=used)

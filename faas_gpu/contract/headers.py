@@ -50,6 +50,9 @@ LOAD_SPLIT = "X-Faas-Gpu-Load-Split"
 (spawn: a fresh worker process or the hand-over of a pooled one; warm-up: one batch of the
 model's example input before it served). Informative: nothing acts on it."""
 EXECUTE_SECONDS = "X-Faas-Gpu-Execute-Seconds"
+MODEL_MB = "X-Faas-Gpu-Model-Mb"
+"""What the model is charged on its unit after the job, in MB: its measured cost (CUDA context,
+weights, peak activations) where the manager measures it; the scheduler's fit checks learn it."""
 QUEUE_SECONDS = "X-Faas-Gpu-Queue-Seconds"
 BATCH = "X-Faas-Gpu-Batch"
 """Rows in the batch the call ran in (set by the instance's batch queue)."""

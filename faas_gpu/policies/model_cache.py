@@ -45,6 +45,32 @@ class ModelCache:
         """Drop a model outside LRU order (its worker died or was stopped)."""
         self.used_mb -= self._lru.pop(model)
 
+    @property
+    def sizes(self) -> dict[str, float]:
+        """What each cached model is charged, least recently used first."""
+        return dict(self._lru)
+
+    def size_of(self, model: str) -> float:
+        """What `model` is charged now (KeyError when it is not cached)."""
+        return self._lru[model]
+
+    def resize(self, model: str, size_mb: float) -> list[str]:
+        """Charge a cached model its newly measured size (a larger batch grew its activations, or
+        a measurement replaced the estimate); returns the other models, least recently used first,
+        that must go so that the cache fits its capacity again (already dropped here). The model
+        itself stays even when alone it exceeds the capacity: its worker is what says so (OOM)."""
+        self.used_mb += float(size_mb) - self._lru[model]
+        self._lru[model] = float(size_mb)
+        victims = []
+        for name in list(self._lru):
+            if self.used_mb <= self.capacity_mb:
+                break
+            if name == model:
+                continue
+            victims.append(name)
+            self.used_mb -= self._lru.pop(name)
+        return victims
+
     def victims_for(self, size_mb: float) -> list[str]:
         """The LRU models that would be evicted to make room for `size_mb` (nothing changes)."""
         if size_mb > self.capacity_mb:

@@ -9,8 +9,15 @@ where there is no GPU). The profiler uses the slices that exist; it never change
 geometry. It times the model's batch alone on every device (RDF = Solo(slice) / Solo(7g)), then
 beside k = 1..--max-corunners copies of itself (or of --corunner) on --colocate-on, one process
 each, and fits FBR from that curve under Eq. 1 (`faas_gpu.profiling.colocation`), or names why it
-does not. The numbers go to --out as an overlay of the package's assumptions.yaml (`base:
-package`), merged with what the file already holds, for the scheduler's --protean-assumptions.
+does not. On a GPU the FBR curve (its solo point included) runs under an MPS control daemon of the
+run's own (pipe and log folders under a temporary folder, stopped at the end; --no-mps to
+time-slice). A device given by NVML index is run by its UUID (CUDA counts devices in another
+order). When 7g is a whole GPU with more SMs than the 7g profile (an A100: 108 against 98), its
+solo time is scaled by the SM ratio to the 7g profile's, whose SM count comes from NVML's profile
+info of a MIG-enabled GPU of the same model, else from the package's MIG table
+(`faas_gpu/policy_data/mig_profiles.yaml`); a 7g MIG slice is the exact baseline. The numbers go
+to --out as an overlay of the package's assumptions.yaml (`base: package`), merged with what the
+file already holds, for the scheduler's --protean-assumptions.
 Bad input is one line naming the flag, exit 2.
 """
 
@@ -26,7 +33,8 @@ import yaml
 
 from .cli import UsageError, load_model, parse_shape
 from .colocation import Fit, Measurement, fit_fbr, fit_rdf, median_s, merge_overlays, overlay
-from .colocation_runner import Device, RunnerError, Workload, co_located_times
+from .colocation_runner import Device, Run, RunnerError, Workload, co_located_times
+from .mps_session import MPSError, MPSSession
 from .operators import DTYPES
 
 PROG = "faas-gpu profile-colocation"
@@ -54,6 +62,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--corunner-fbr", type=float, help="the co-runner's FBR (required with --corunner)")
     p.add_argument("--repeat", type=int, default=10, help="timed batches per run, median kept (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
+    p.add_argument(
+        "--mps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the FBR curve on a GPU under an MPS daemon of its own (default; --no-mps: time-sliced)",
+    )
     p.add_argument("--out", type=Path, help="overlay file to write or update (default: print it)")
     p.set_defaults(func=run)
     return p
@@ -73,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except (OSError, RunnerError) as exc:
+    except (OSError, RunnerError, MPSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if args.out is None:
@@ -106,7 +120,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             )
         try:
             key = gpu.profile(label.strip()).key
-            device = Device.parse(spec)
+            device = Device.parse(spec).by_uuid()
         except ValueError as exc:
             raise UsageError(f"--devices: {label}: {exc}") from None
         if key in devices:
@@ -149,6 +163,61 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def seven_g_sms(gpu: Any, device_name: str, nvml: Any | None = None) -> tuple[int | None, str]:
+    """The 7g profile's SM count, and where it came from: NVML's GPU-instance profile info of a
+    MIG-enabled GPU named `device_name` (read-only), else the package's MIG table for `gpu`."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+        try:
+            for i in range(nvml.nvmlDeviceGetCount()):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = nvml.nvmlDeviceGetName(h)
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                if name != device_name or nvml.nvmlDeviceGetMigMode(h)[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+                    continue
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, nvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+                if info.multiprocessorCount:
+                    return int(info.multiprocessorCount), f"NVML's 7g profile info of GPU {i}"
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # no driver, no MIG-enabled GPU of this model: the package's table
+        pass
+    sms = int(getattr(gpu.profile(gpu.whole), "multiprocessors", 0) or 0)
+    return (sms or None), f"the package's {gpu.name} MIG table"
+
+
+def whole_baseline_s(plan: dict[str, Any], runs: dict[str, Run], nvml: Any | None = None) -> tuple[float, str | None]:
+    """Solo(7g) for the RDFs: the 7g device's median, scaled by SMs when it is a whole GPU with more
+    SMs than the 7g profile (time ~ 1/SMs for a batch that fills the GPU, an approximation; a 7g
+    MIG slice in --devices needs none). Returns (seconds, a note of the scaling or None)."""
+    gpu, whole = plan["gpu"], plan["gpu"].whole
+    run, device = runs[whole], plan["devices"][whole]
+    solo = median_s(run.times_s)
+    if not device.is_whole_gpu or not run.sms:
+        return solo, None
+    sms_7g, source = seven_g_sms(gpu, run.device_name, nvml)
+    if not sms_7g or sms_7g >= run.sms:
+        return solo, None
+    return solo * run.sms / sms_7g, f"7g baseline: the whole GPU's {run.sms} SMs scaled to {sms_7g} ({source})"
+
+
+def _curve(args: argparse.Namespace, plan: dict[str, Any], env: dict[str, str] | None) -> dict[int, float]:
+    """{k: T_k / T_0} on the --colocate-on device, T_0 measured in the same conditions (MPS or not)."""
+    on, w = plan["on"], plan["workload"]
+    device = plan["devices"][on]
+    solo = median_s(co_located_times(w, device, 0, repeat=args.repeat, warmup=args.warmup, env=env).times_s)
+    ratios = {}
+    for k in range(1, args.max_corunners + 1):
+        _note(f"{on}: beside {k} co-runner(s)")
+        t = median_s(co_located_times(w, device, k, corunner=plan["corunner"], repeat=args.repeat,
+                                      warmup=args.warmup, env=env).times_s)  # fmt: skip
+        ratios[k] = t / solo
+        _note(f"  median {t * 1000:.2f} ms, T_{k}/T_0 = {ratios[k]:.3f}")
+    return ratios
+
+
 def _measure(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
     devices: dict[str, Device] = plan["devices"]
     w: Workload = plan["workload"]
@@ -164,11 +233,14 @@ def _measure(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
 
     whole = plan["gpu"].whole
     rdfs: dict[str, tuple[Fit, Measurement]] = {}
+    baseline_s, scaled = whole_baseline_s(plan, runs) if whole in devices else (0.0, None)
+    if scaled:
+        _note(scaled)
     for key in devices:
         if key == whole:
             continue
         if whole in devices:
-            fit = fit_rdf(median_s(runs[key].times_s), median_s(runs[whole].times_s))
+            fit = fit_rdf(median_s(runs[key].times_s), baseline_s)
         else:
             fit = Fit(None, f"no {whole} in --devices: RDF needs Solo on the whole GPU")
         rdfs[key] = (fit, where(key))
@@ -177,14 +249,13 @@ def _measure(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
     fbr = None
     if args.max_corunners > 0:
         on = plan["on"]
-        solo = median_s(runs[on].times_s)
-        ratios = {}
-        for k in range(1, args.max_corunners + 1):
-            _note(f"{on}: beside {k} co-runner(s)")
-            t = median_s(co_located_times(w, devices[on], k, corunner=plan["corunner"], repeat=args.repeat,
-                                          warmup=args.warmup).times_s)  # fmt: skip
-            ratios[k] = t / solo
-            _note(f"  median {t * 1000:.2f} ms, T_{k}/T_0 = {ratios[k]:.3f}")
+        if devices[on].kind == "cuda" and args.mps:
+            # its own daemon: co-runners share the SMs (without one they time-slice: a serial curve)
+            with MPSSession(devices[on].visible) as mps:
+                _note(f"{on}: MPS daemon for the co-location curve (pipes in {mps.pipe_dir})")
+                ratios = _curve(args, plan, mps.client_env())
+        else:
+            ratios = _curve(args, plan, None)
         fit = fit_fbr(ratios, args.corunner_fbr)
         fbr = (fit, where(on))
         _note(f"FBR {args.name} on {on}: {_shown(fit)}")

@@ -2,8 +2,11 @@
 
 Every copy of a model runs in its own process, as serving runs one container per instance: on a
 GPU so that MPS (if its daemon is up) or time-slicing shares the device as it does in serving,
-with CUDA_VISIBLE_DEVICES=<UUID> choosing the GPU or MIG slice. `cpu:T` runs on this machine's CPU
-with T torch threads, standing in for a slice's compute where there is no GPU.
+with CUDA_VISIBLE_DEVICES=<UUID> choosing the GPU or MIG slice (an NVML index is turned into its
+UUID, as CUDA numbers devices fastest first, not in NVML's PCI order; where NVML cannot be asked,
+CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA count as NVML does). Co-runners share the SMs only under
+MPS: `co_located_times(..., env=MPSSession(...).client_env())` puts them all on one daemon.
+`cpu:T` runs on this machine's CPU with T torch threads, standing in for a slice's compute where there is no GPU.
 
 Protocol of a worker (`python -m faas_gpu.profiling.colocation_runner ...`), one JSON line each way:
 it loads the model, runs the warm-up, prints {"ready": ...} and waits for "go" on stdin. The
@@ -42,6 +45,36 @@ class Device:
     visible: str | None  # CUDA_VISIBLE_DEVICES for the worker; None: leave the environment's
     threads: int = 0  # cpu: torch threads
 
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.visible and self.visible.startswith("MIG-"))
+
+    @property
+    def is_whole_gpu(self) -> bool:
+        """A whole GPU (not a MIG slice, not the CPU): its SMs are more than its 7g profile's on an A100."""
+        return self.kind == "cuda" and not self.is_mig
+
+    def by_uuid(self, nvml: Any | None = None) -> Device:
+        """This device with an NVML index replaced by its UUID (CUDA's `N` is not NVML's `N`).
+
+        nvml: a pynvml-like module (default: pynvml); if it cannot answer, the index stays and the
+        worker's CUDA_DEVICE_ORDER=PCI_BUS_ID (worker_env) makes CUDA count in NVML's order.
+        """
+        if self.kind != "cuda" or not (self.visible or "").isdigit():
+            return self
+        try:
+            if nvml is None:
+                import pynvml as nvml
+            nvml.nvmlInit()
+            try:
+                uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(self.visible or 0)))
+            finally:
+                nvml.nvmlShutdown()
+        except Exception:  # no driver, no such index: keep the index, ordered by PCI bus
+            return self
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        return Device(self.spec, self.kind, uuid, self.threads)
+
     @classmethod
     def parse(cls, spec: str) -> Device:
         """`cpu:T`, `cuda`, `cuda:<UUID or index>` or a bare UUID (GPU-..., MIG-...); ValueError otherwise."""
@@ -66,10 +99,12 @@ class Device:
 
 @dataclass(frozen=True)
 class Run:
-    """The measured batch's times, and the device as its worker saw it (CUDA's name of the GPU)."""
+    """The measured batch's times, and the device as its worker saw it (CUDA's name of the GPU and
+    its streaming multiprocessors; None on the CPU)."""
 
     times_s: list[float]
     device_name: str
+    sms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,10 +126,14 @@ def worker_command(
     return cmd + ["--repeat", str(repeat), "--warmup", str(warmup)]
 
 
-def worker_env(device: Device) -> dict[str, str]:
+def worker_env(device: Device, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The worker's environment: its device, and `extra` (an MPS daemon's pipe and log folders)."""
     env = dict(os.environ)
+    if device.kind == "cuda":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # an index counts as NVML (and nvidia-smi) count
     if device.visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = device.visible
+    env.update(extra or {})
     # this package resolves as it does here, and a dotted --model from the working directory
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in [root, os.getcwd(), env.get("PYTHONPATH", "")] if p)
@@ -155,14 +194,16 @@ def co_located_times(
     warmup: int = 3,
     cwd: Path | None = None,
     timeout_s: float = READY_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> Run:
     """Batch times of `measured` on `device` beside `corunners` processes running `corunner` (default: itself).
 
     corunners = 0 is its solo time. All processes load and warm up first; then the co-runners start
-    and the measured one runs.
+    and the measured one runs. env: added to every worker's (an MPS daemon's client_env(), so that
+    they share the SMs instead of time-slicing).
     """
     cwd = cwd or Path.cwd()
-    env = worker_env(device)
+    env = worker_env(device, env)
     other = corunner or measured
     workers = [_Worker(worker_command(measured, device, "measured", repeat, warmup), env, cwd)]
     workers += [_Worker(worker_command(other, device, "corunner", 0, warmup), env, cwd) for _ in range(corunners)]
@@ -176,7 +217,8 @@ def co_located_times(
             w.send("stop")
         for w in workers[1:]:
             w.message(timeout_s)
-        return Run([float(t) for t in times], str(ready[0].get("device", device.spec)))
+        sms = ready[0].get("sms")
+        return Run([float(t) for t in times], str(ready[0].get("device", device.spec)), int(sms) if sms else None)
     finally:
         for w in workers:
             w.kill()
@@ -227,7 +269,8 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         for _ in range(a.warmup):
             one()
         name = torch.cuda.get_device_name(0) if a.device == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"
-        _say({"ready": True, "pid": os.getpid(), "device": name})
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if a.device == "cuda" else None
+        _say({"ready": True, "pid": os.getpid(), "device": name, "sms": sms})
         if sys.stdin.readline().strip() != "go":
             return 1
         if a.role == "measured":

@@ -15,13 +15,15 @@ never changes MIG mode (that needs a GPU reset and root): a GPU with MIG off is 
 The NVML module is a parameter (`pynvml` by default) so that tests replace it at this boundary.
 
 The package splits it by role: `planning` (pure: valid geometries, the plan), `reading` (NVML
-queries, `describe_gpus`), `acting` (`check_geometry`, `apply_geometry`) and `errors`. Callers use
+queries, `describe_gpus`), `privilege` (may this process change geometry), `acting`
+(`check_geometry`, `apply_geometry`) and `errors`. Callers use
 this package's names (`mig.apply_geometry`, `mig.MigError`, ...).
 """
 
 from .acting import apply_geometry, check_geometry
-from .errors import MigError, MigModeOff, UnitsBusy, UnknownGPU
+from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, UnitsBusy, UnknownGPU
 from .planning import Instance, InvalidGeometry, Plan, Profile, plan_geometry, valid_geometries
+from .privilege import MigPrivilege, probe_privilege
 from .reading import (
     CI_PROFILES,
     GI_PROFILES,
@@ -37,9 +39,12 @@ __all__ = [
     "CI_PROFILES",
     "GI_PROFILES",
     "Instance",
+    "InstancesInUse",
     "InvalidGeometry",
     "MigError",
     "MigModeOff",
+    "MigNotPermitted",
+    "MigPrivilege",
     "Plan",
     "Profile",
     "UnitsBusy",
@@ -52,6 +57,7 @@ __all__ = [
     "mig_mode",
     "nvml_session",
     "plan_geometry",
+    "probe_privilege",
     "read_profiles",
     "valid_geometries",
 ]

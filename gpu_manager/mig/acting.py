@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import MigError, MigModeOff, UnitsBusy
-from .planning import Plan, plan_geometry
-from .reading import ci_profiles, current_instances, handle, mig_mode, nvml_session, read_profiles, text
+from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, UnitsBusy
+from .planning import Instance, Plan, Profile, plan_geometry
+from .reading import _code, ci_profiles, current_instances, handle, mig_mode, nvml_session, read_profiles, text
 
 log = logging.getLogger("gpu_manager.mig")  # the name it logged under as one module
 
@@ -24,20 +24,48 @@ def _full_compute_instance(nvml: Any, gi: Any) -> None:
     nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_id)
 
 
-def _busy_processes(nvml: Any, dev: Any, gi_ids: set[int]) -> list[str]:
-    """MIG devices (UUIDs) of those GPU instances that still have compute processes."""
+# NVML lists a MIG device's processes in two calls: ordinary CUDA processes, and MPS clients
+# (which the first call does not list: it shows their MPS server at most)
+PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses")
+
+
+def _busy_processes(nvml: Any, dev: Any, gi_ids: set[int], index: int) -> list[str]:
+    """MIG devices (UUIDs) of those GPU instances that still have processes, CUDA or MPS clients.
+
+    A list NVML will not show (NVML_ERROR_NO_PERMISSION: another user's processes, a container)
+    is not an idle device: MigNotPermitted, as nothing can tell that destroying it is safe. The
+    MPS list missing from an old driver or binding (NOT_SUPPORTED, FUNCTION_NOT_FOUND) is skipped;
+    any other error counts the device busy, so it is waited for like a running process."""
     busy = []
+    absent = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
     for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(dev)):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(dev, slot)
             if nvml.nvmlDeviceGetGpuInstanceId(mig) not in gi_ids:
                 continue
-            procs = nvml.nvmlDeviceGetComputeRunningProcesses(mig)
-        except nvml.NVMLError:  # an empty slot, or no permission to see processes
+            uuid = text(nvml.nvmlDeviceGetUUID(mig))
+        except nvml.NVMLError:  # an empty slot
             continue
-        if procs:
-            pids = ",".join(str(p.pid) for p in procs)
-            busy.append(f"{text(nvml.nvmlDeviceGetUUID(mig))} (pids {pids})")
+        pids: list[int] = []
+        for name in PROCESS_LISTS:
+            lister = getattr(nvml, name, None)
+            if lister is None:  # a binding without the MPS list
+                continue
+            try:
+                pids += [int(p.pid) for p in lister(mig)]
+            except nvml.NVMLError as exc:
+                code = _code(exc)
+                if code == nvml.NVML_ERROR_NO_PERMISSION:
+                    raise MigNotPermitted(
+                        index, f"{name} on {uuid}: no permission to see its processes, so it may be in use"
+                    ) from exc
+                if name != PROCESS_LISTS[0] and code in absent:
+                    continue
+                busy.append(f"{uuid} (processes unreadable: {type(exc).__name__})")
+                break
+        else:
+            if pids:
+                busy.append(f"{uuid} (pids {','.join(map(str, sorted(set(pids))))})")
     return busy
 
 
@@ -81,18 +109,33 @@ def apply_geometry(
             raise UnitsBusy(index, units)
         doomed = {i.id for i in plan.destroy}
         deadline = time.monotonic() + settle_s
-        while doomed and (procs := _busy_processes(nvml, dev, doomed)):
+        while doomed and (procs := _busy_processes(nvml, dev, doomed, index)):
             if time.monotonic() >= deadline:
                 raise UnitsBusy(index, procs)
             time.sleep(0.1)
         step = "reading"
+        destroyed: list[Instance] = []
         try:
             for inst in plan.destroy:  # compute instances first: NVML refuses a GPU instance that has some
                 step = f"destroying {inst.profile} (GPU instance {inst.id})"
                 for ci in inst.ci_handles:
                     nvml.nvmlComputeInstanceDestroy(ci)
                 nvml.nvmlGpuInstanceDestroy(inst.handle)
+                destroyed.append(inst)
                 log.info("gpu %d: destroyed %s at slice %d", index, inst.profile, inst.start)
+        except nvml.NVMLError as exc:
+            code = _code(exc)
+            if code not in (nvml.NVML_ERROR_IN_USE, nvml.NVML_ERROR_NO_PERMISSION):
+                raise MigError(f"gpu {index}: {step} failed: {type(exc).__name__}: {exc}") from exc
+            restored = _restore(nvml, dev, index, profiles, {i.id for i in plan.destroy}, destroyed)
+            if code == nvml.NVML_ERROR_NO_PERMISSION:
+                raise MigNotPermitted(index, f"{step}: NVML_ERROR_NO_PERMISSION{restored}") from exc
+            raise InstancesInUse(
+                index,
+                f"{step} refused: NVML_ERROR_IN_USE with no process visible on it "
+                f"(a monitor such as DCGM may hold a handle to it){restored}",
+            ) from exc
+        try:
             for inst in plan.keep:
                 if not inst.compute:
                     step = f"adding a compute instance to {inst.profile} (GPU instance {inst.id})"
@@ -105,5 +148,38 @@ def apply_geometry(
                 _full_compute_instance(nvml, gi)
                 log.info("gpu %d: created %s at slice %d", index, profile.name, start)
         except nvml.NVMLError as exc:
+            if _code(exc) == nvml.NVML_ERROR_NO_PERMISSION:
+                raise MigNotPermitted(index, f"{step}: NVML_ERROR_NO_PERMISSION") from exc
             raise MigError(f"gpu {index}: {step} failed: {type(exc).__name__}: {exc}") from exc
         return [i.profile for i in current_instances(nvml, dev, profiles)]
+
+
+def _restore(
+    nvml: Any, dev: Any, index: int, profiles: dict[str, Profile], doomed: set[int], destroyed: list[Instance]
+) -> str:
+    """Undo a destroy that stopped half-way, so that no unit vanishes: a doomed GPU instance left
+    without compute instance gets its full one back, and those already destroyed are created again
+    at their placements (with new MIG UUIDs: the manager rediscovers its units after). Returns
+    what it did, for the error's message; a failure here is logged and named, never raised."""
+    done, failed = [], []
+    try:
+        for inst in current_instances(nvml, dev, profiles):
+            if inst.id in doomed and not inst.compute:
+                _full_compute_instance(nvml, inst.handle)
+                done.append(f"{inst.profile}'s compute instance")
+    except nvml.NVMLError as exc:
+        failed.append(f"compute instances ({type(exc).__name__})")
+    for inst in destroyed:
+        try:
+            placement = nvml.c_nvmlGpuInstancePlacement_t(inst.start, inst.size)
+            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profiles[inst.profile].id, ctypes.byref(placement))
+            _full_compute_instance(nvml, gi)
+            done.append(f"{inst.profile} at slice {inst.start}")
+        except nvml.NVMLError as exc:
+            failed.append(f"{inst.profile} at slice {inst.start} ({type(exc).__name__})")
+    for what in done:
+        log.info("gpu %d: restored %s", index, what)
+    if failed:
+        log.warning("gpu %d: could not restore %s", index, ", ".join(failed))
+    out = f"; restored {', '.join(done)}" if done else ""
+    return out + (f"; NOT restored: {', '.join(failed)}" if failed else "")

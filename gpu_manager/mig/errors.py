@@ -31,3 +31,22 @@ class UnitsBusy(MigError):
 
 class UnknownGPU(LookupError):
     """A GPU index this node does not have (the API answers 404, not a MIG failure)."""
+
+
+class MigNotPermitted(MigError):
+    """This manager may not create or destroy MIG instances (not root, no mig-config capability),
+    or may not see the processes on an instance to destroy: answered 403, and the scheduler does
+    not retry it. Raised before anything is drained when the privilege probe already says so."""
+
+    def __init__(self, index: int, detail: str):
+        super().__init__(f"gpu {index}: MIG geometry cannot be changed by this manager: {detail}")
+
+
+class InstancesInUse(MigError):
+    """NVML refused a destroy with NVML_ERROR_IN_USE though no process is visible on the instance
+    (e.g. DCGM or another monitor holds a handle to it). What was half destroyed has been put back;
+    answered 409 with `retry_after_s`, so the scheduler backs off rather than draining again at once."""
+
+    def __init__(self, index: int, detail: str, retry_after_s: float = 60.0):
+        self.retry_after_s = retry_after_s
+        super().__init__(f"gpu {index}: {detail}")

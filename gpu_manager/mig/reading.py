@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..discovery import memory_info
 from .errors import UnknownGPU
 from .planning import Instance, Profile, by_size
 
@@ -191,8 +192,21 @@ def current_instances(nvml: Any, dev: Any, profiles: dict[str, Profile]) -> list
     return sorted(out, key=lambda i: (i.start, i.id))
 
 
+def _memory_mb(nvml: Any, dev: Any) -> float | None:
+    """The GPU's usable memory (NVML v2: total - reserved), or None where NVML will not say: in MIG
+    mode the parent GPU's figure is privileged (NVML_ERROR_NO_PERMISSION for a non-root manager;
+    its MIG devices' own figures, in its units, are not)."""
+    try:
+        return memory_info(nvml, dev).total / (1024 * 1024)
+    except nvml.NVMLError as exc:
+        if _code(exc) != nvml.NVML_ERROR_NO_PERMISSION:
+            raise
+        return None
+
+
 def describe_gpus(nvml: Any) -> list[dict]:
-    """Every GPU: MIG mode, current geometry and instances, supported profiles ([] without a driver)."""
+    """Every GPU: MIG mode, current geometry and instances, supported profiles ([] without a driver).
+    `memory_mb` is None where NVML refuses the figure to this process (see `_memory_mb`)."""
     try:
         nvml.nvmlInit()
     except nvml.NVMLError:
@@ -209,7 +223,7 @@ def describe_gpus(nvml: Any) -> list[dict]:
                     "index": index,
                     "uuid": text(nvml.nvmlDeviceGetUUID(dev)),
                     "name": text(nvml.nvmlDeviceGetName(dev)),
-                    "memory_mb": nvml.nvmlDeviceGetMemoryInfo(dev).total / (1024 * 1024),
+                    "memory_mb": _memory_mb(nvml, dev),
                     "mig_mode": mode,
                     "geometry": [i.profile for i in instances],
                     "instances": [

@@ -25,6 +25,16 @@ def classify_stack(image: str, annotations: dict[str, str], environment: dict[st
     return {"version": 1.0, "provider": {"name": "openfaas"}, "functions": {"classify": fn}}
 
 
+def add_function(root: Path, stack_file: dict, name: str, handler: str, image: str) -> None:
+    """A second python3-gpu function beside classify: its own folder under `root` with
+    classify's model.py and the given handler source, and its entry in `stack_file`."""
+    folder = root / name
+    folder.mkdir()
+    shutil.copy(REPO_ROOT / "functions" / "classify" / "model.py", folder / "model.py")
+    (folder / "handler.py").write_text(handler)
+    stack_file["functions"][name] = {"lang": "python3-gpu", "handler": f"./{name}", "image": image}
+
+
 def write_project(root: Path, stack_file: dict, name: str = "stack.yml") -> Path:
     """Copy the classify example (without weights: the handler makes them) into `root` and write
     `stack_file` beside it; the stack file's path."""

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
 import requests
 
-from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
+from tests.e2e.classify_project import add_function, build_and_deploy, classify_stack, write_project
 from tests.stack_process import StackProcess
 
 RAW_HANDLER = """
@@ -44,11 +42,7 @@ def gpu_stack(tmp_path_factory):
     stack_file = classify_stack(
         "e2e/classify-gpu:latest", {"com.faas-gpu.slo-ms": "400", "com.faas-gpu.max-batch": "8"}
     )
-    raw = root / "raw"
-    raw.mkdir()
-    shutil.copy(REPO_ROOT / "functions" / "classify" / "model.py", raw / "model.py")
-    (raw / "handler.py").write_text(RAW_HANDLER)
-    stack_file["functions"]["raw"] = {"lang": "python3-gpu", "handler": "./raw", "image": "e2e/raw:latest"}
+    add_function(root, stack_file, "raw", RAW_HANDLER, "e2e/raw:latest")
     write_project(root, stack_file)
     traces = pytest.MonkeyPatch()  # every daemon and instance appends its spans here (`faas_gpu.tracing`)
     traces.setenv("FAAS_GPU_TRACES_FILE", str(root / "spans.jsonl"))

@@ -12,7 +12,6 @@ import fcntl
 import os
 import pty
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -22,9 +21,8 @@ import threading
 import pytest
 
 from faas_gpu.cli.progress import STAGES
-from faas_gpu.paths import REPO_ROOT
 from tests.daemon_process import Daemon
-from tests.e2e.classify_project import build_and_deploy, classify_stack, write_project
+from tests.e2e.classify_project import add_function, build_and_deploy, classify_stack, write_project
 from tests.stack_process import StackProcess
 
 OTHER_HANDLER = """
@@ -49,10 +47,7 @@ def gpu_stack(tmp_path_factory):
     home = root / ".faas-gpu"
     home.mkdir()
     stack_file = classify_stack("e2e/classify-progress:latest", {})
-    (root / "other").mkdir()
-    shutil.copy(REPO_ROOT / "functions" / "classify" / "model.py", root / "other" / "model.py")
-    (root / "other" / "handler.py").write_text(OTHER_HANDLER)
-    stack_file["functions"]["other"] = {"lang": "python3-gpu", "handler": "./other", "image": "e2e/other:latest"}
+    add_function(root, stack_file, "other", OTHER_HANDLER, "e2e/other:latest")
     write_project(root, stack_file)
     manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "64", "--node", "local")
     scheduler = Daemon("scheduler", home)

@@ -31,9 +31,9 @@ def cluster(swarm3, tmp_path_factory):
     timeouts = {"exec_timeout": "120s", "read_timeout": "120s", "write_timeout": "120s"}
     # an SLO this machine's two shared cores always meet: a 504 here would be the scheduler's SLO
     # miss (an answer, not a lost call), which is not what the node-loss test is about
-    # (its batches wait a quarter of it, 15 s, to fill: a few calls per caller. Under real load,
-    # batch timeout 20 ms, ~1,400 calls, the node loss lost 2 in one CI run: issue 16's open point)
-    stack_file = classify_stack("10.77.0.1:5000/classify:latest", {"com.faas-gpu.slo-ms": "60000"}, timeouts)
+    # a batch timeout of its own: by default a quarter of the SLO (15 s), which a few callers never fill
+    slo = {"com.faas-gpu.slo-ms": "60000", "com.faas-gpu.batch-timeout-ms": "20"}
+    stack_file = classify_stack("10.77.0.1:5000/classify:latest", slo, timeouts)
     fn = stack_file["functions"]["classify"]
     fn["constraints"] = ["node.labels.gpu==true"]
     fn["labels"] = {"com.openfaas.scale.min": "2"}
@@ -87,9 +87,11 @@ def test_a_lost_worker_costs_no_accepted_call(cluster):
     lost = swarm.workers[1]
     stack.wait_available("classify", 2)
     outcomes = stack.calls_through_node_loss(lost, seconds=24, lose_after_s=6)
-    # a few calls per caller (see the fixture's SLO)
-    assert outcomes[200] >= 4, f"{outcomes}\n{stack.diagnose()}"
-    assert set(outcomes) == {200}, f"{outcomes}\n{stack.diagnose()}"  # every accepted call answered, none lost or 502
+    # under load: a warm call takes tens of ms here (1,932 calls in 24 s in benchmarks/cluster.py);
+    # a bar far below that, for a loaded machine
+    assert outcomes[200] >= 100, f"{outcomes}\n{stack.diagnose()}"
+    bad = [c for c in stack.call_log if c[2] != 200]  # (sent s, took s, outcome, body)
+    assert set(outcomes) == {200}, f"{outcomes} {bad}\n{stack.diagnose()}"  # every accepted call answered
     assert stack.wait_units_gone(lost), stack.scheduler_units()
     assert stack.scheduler_units() == ["worker1/cpu-0", "worker1/cpu-1"]
     stack.wait_available("classify", 2, timeout_s=120)  # Swarm put the lost replica on worker1

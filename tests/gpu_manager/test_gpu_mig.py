@@ -206,6 +206,48 @@ def test_an_nvml_failure_half_way_names_the_step():
     assert nvml.inits == 0
 
 
+def test_mps_clients_count_as_busy_and_an_unreadable_process_list_is_not_idle():
+    """NVML lists MPS clients apart (nvmlDeviceGetMPSComputeRunningProcesses); a list NVML will
+    not show (NO_PERMISSION) refuses the change: nothing says the instance is idle."""
+    gpu = FakeGPU.a100_40gb()
+    nvml = MigNVML([gpu])
+    nvml.preset(gpu, [("4g.20gb", 0), ("3g.20gb", 4)])
+    gpu.mig_devices()[1].ci.mps_processes.append(5151)
+    with pytest.raises(mig.UnitsBusy, match="pids 5151"):
+        mig.apply_geometry(nvml, 0, ["7g.40gb"], settle_s=0)
+    gpu.mig_devices()[1].ci.mps_processes.clear()
+    nvml.can_list_processes = False
+    with pytest.raises(mig.MigNotPermitted, match="no permission to see its processes"):
+        mig.apply_geometry(nvml, 0, ["7g.40gb"], settle_s=0)
+    assert nvml.log == [] and gpu.geometry() == ["4g.20gb", "3g.20gb"]
+
+
+def test_without_privilege_nvml_refuses_create_and_destroy():
+    gpu = FakeGPU.a100_40gb()
+    nvml = MigNVML([gpu], privileged=False)
+    nvml.preset(gpu, [("4g.20gb", 0), ("3g.20gb", 4)])
+    with pytest.raises(mig.MigNotPermitted, match="NVML_ERROR_NO_PERMISSION"):
+        mig.apply_geometry(nvml, 0, ["7g.40gb"], settle_s=0)
+    assert nvml.log == [] and gpu.layout() == [("4g.20gb", 0, 1), ("3g.20gb", 4, 1)]
+    assert nvml.inits == 0
+
+
+def test_a_destroy_in_use_with_no_process_is_undone_so_no_unit_vanishes():
+    """DCGM holding a handle: the 3g's compute instance goes, then its GPU instance is refused
+    IN_USE. The 4g already destroyed is created again and the 3g gets its compute instance back."""
+    gpu = FakeGPU.a100_40gb()
+    nvml = MigNVML([gpu])
+    nvml.preset(gpu, [("4g.20gb", 0), ("3g.20gb", 4)])
+    next(g for g in gpu.gis.values() if g.start == 4).held = True
+    with pytest.raises(mig.InstancesInUse, match="IN_USE with no process visible") as exc:
+        mig.apply_geometry(nvml, 0, ["7g.40gb"], settle_s=0)
+    assert "restored 3g.20gb's compute instance, 4g.20gb at slice 0" in str(exc.value)
+    assert exc.value.retry_after_s > 0
+    assert gpu.layout() == [("4g.20gb", 0, 1), ("3g.20gb", 4, 1)]  # every unit there again
+    assert [e[0] for e in nvml.log] == ["destroy_ci", "destroy_gi", "destroy_ci", "create_ci", "create_gi", "create_ci"]
+    assert len(discover_units(nvml)) == 2
+
+
 def test_describe_gpus():
     a100, off = FakeGPU.a100_40gb(), FakeGPU.h100_80gb(mig=False)
     nvml = MigNVML([a100, off])
@@ -397,6 +439,69 @@ def test_a_manager_may_start_on_a_mig_gpu_without_instances(tmp_path):
         GPUManager([], ModelStore(tmp_path))
 
 
+def test_a_manager_without_privilege_lists_its_gpus_and_refuses_403_without_draining(tmp_path):
+    """Finding 2: not root, no mig-config capability. GET /v1/gpus answers (the MIG-mode GPU's own
+    memory is privileged: null; its units' are not), and a reconfiguration is refused before any
+    worker stops."""
+    a100, h100 = FakeGPU.a100_40gb(reserved_mb=300), FakeGPU.h100_80gb(mig=False, reserved_mb=330)
+    nvml = MigNVML([a100, h100], privileged=False)
+    nvml.preset(a100, [("4g.20gb", 0), ("3g.20gb", 4)])
+    store = ModelStore(tmp_path)
+    mgr = GPUManager(discover_units(nvml), store, worker_factory=FakeWorker, nvml=nvml)
+    client = create_app(mgr, "t").test_client()
+    assert not mgr.privilege.allowed and "not root" in mgr.privilege.reason
+    r = client.get("/v1/gpus", headers=AUTH)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    gpus = r.get_json()
+    assert [(g["memory_mb"], g["mig_control"]) for g in gpus] == [(None, False), (81559 - 330, False)]
+    assert "mig-config" in gpus[0]["mig_control_reason"] and gpus[0]["geometry"] == ["4g.20gb", "3g.20gb"]
+
+    digest = stored_program(store, "m1")
+    four_g = _unit(mgr, "4g.20gb")
+    mgr.run(digest, four_g, b"x")
+    worker = FakeWorker.made[-1]
+    r = client.post("/v1/gpus/0/geometry", json={"profiles": ["7g.40gb"]}, headers=AUTH)
+    assert r.status_code == 403 and "cannot be changed by this manager" in r.get_data(as_text=True)
+    assert worker.alive and mgr.units[four_g].draining is False and nvml.log == []
+    assert (
+        client.post("/v1/gpus/0/geometry", json={"profiles": ["4g.20gb", "3g.20gb"]}, headers=AUTH).status_code == 200
+    )
+    reconf = {k: v for k, v in _scrape(client).items() if k[0] == "faas_gpu_mig_reconfigurations_total"}
+    assert list(reconf.values()) == [1] and ("result", "refused") in next(iter(reconf))[1]
+    mgr.close()
+
+
+def test_nvml_refusing_what_the_probe_allowed_is_403_and_not_drained_again(tmp_path):
+    gpu = FakeGPU.a100_40gb()
+    nvml = MigNVML([gpu], privileged=False)
+    nvml.preset(gpu, [("4g.20gb", 0), ("3g.20gb", 4)])
+    store = ModelStore(tmp_path)
+    allowed = lambda: mig.MigPrivilege(True, "the probe says so")  # noqa: E731
+    mgr = GPUManager(discover_units(nvml), store, worker_factory=FakeWorker, nvml=nvml, mig_privilege=allowed)
+    client = create_app(mgr, "t").test_client()
+    body = {"profiles": ["7g.40gb"]}
+    assert client.post("/v1/gpus/0/geometry", json=body, headers=AUTH).status_code == 403
+    assert sorted(mgr.units) == sorted(_mig_units(nvml))  # the same units, serving again
+    digest = stored_program(store, "m1")
+    mgr.run(digest, _unit(mgr, "4g.20gb"), b"x")
+    worker = FakeWorker.made[-1]
+    assert client.post("/v1/gpus/0/geometry", json=body, headers=AUTH).status_code == 403
+    assert worker.alive  # refused before draining this time
+    assert client.get("/v1/gpus", headers=AUTH).get_json()[0]["mig_control"] is False
+    mgr.close()
+
+
+def test_a_destroy_in_use_answers_409_with_retry_after_and_the_units_serve_on(node):
+    mgr, nvml, a100, _, client, digest, gate = node
+    gate.set()
+    next(g for g in a100.gis.values() if g.start == 4).held = True
+    r = client.post("/v1/gpus/0/geometry", json={"profiles": ["7g.40gb"]}, headers=AUTH)
+    assert r.status_code == 409 and int(r.headers["Retry-After"]) > 0
+    assert a100.layout() == [("4g.20gb", 0, 1), ("3g.20gb", 4, 1)]
+    assert sorted(u for u in mgr.units if u.startswith("MIG-")) == sorted(_mig_units(nvml))  # a 4g and a 3g
+    assert mgr.run(digest, _unit(mgr, "3g.20gb"), b"k").payload == b"k"
+
+
 def _scrape(client) -> dict[tuple[str, frozenset], float]:
     """The manager's /metrics as {(sample name, labels): value}, parsed as Prometheus parses it."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -456,3 +561,23 @@ def test_metrics_read_nvml_on_gpus_the_units_own_figures_on_mig_and_count_reconf
         (("gpu", "1"), ("result", "refused")): 1,
     }
     assert got[("faas_gpu_models_cached", unit)] == 0  # drained: its worker stopped, its cache emptied
+
+
+def test_the_privilege_probe_reads_cap_sys_admin_then_the_mig_config_capability(tmp_path):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    status = tmp_path / "proc/self/status"
+    status.write_text("Name:\tpython\nCapEff:\t000001ffffffffff\n")  # root's full set
+    assert mig.probe_privilege(tmp_path).allowed
+    status.write_text("Name:\tpython\nCapEff:\t0000000000000000\n")
+    denied = mig.probe_privilege(tmp_path)
+    assert not denied.allowed and "no mig-config capability" in denied.reason
+    caps = tmp_path / "proc/driver/nvidia/capabilities/mig"
+    caps.mkdir(parents=True)
+    (caps / "config").write_text("DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    missing = mig.probe_privilege(tmp_path)
+    assert not missing.allowed and "/dev/nvidia-caps/nvidia-cap1 is not readable" in missing.reason
+    (tmp_path / "dev/nvidia-caps").mkdir(parents=True)
+    (tmp_path / "dev/nvidia-caps/nvidia-cap1").write_text("")
+    granted = mig.probe_privilege(tmp_path)
+    assert granted.allowed and "mig-config capability" in granted.reason
+    assert granted.to_json() == {"mig_control": True, "mig_control_reason": granted.reason}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import urllib3
+
 from provider.gateway import InvocationApp, lost_its_function
 from provider.invoke import Result
 
@@ -27,15 +29,22 @@ class Replicas:
 
     ready_timeout_s = 1.0
 
-    def __init__(self, *answers: Result):
+    def __init__(self, *answers: Result, ready: tuple[str, ...] = ("http://replica-a", "http://replica-b")):
         self.answers, self.sent_to = list(answers), []
+        self.ready, self.turn = list(ready), 0
+        self.runtime = SimpleNamespace(endpoints=lambda name, namespace: self.ready)
 
     def forward(self, url, method, path, query, headers, body) -> Result:
         self.sent_to.append(url)
-        return self.answers.pop(0)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def pick(self, key, headers) -> str:
-        return "http://replica-b"
+        """Round robin over the ready replicas, starting where the call was first sent."""
+        self.turn += 1
+        return self.ready[self.turn % len(self.ready)] if self.ready else None
 
 
 def gateway(replicas: Replicas, annotations: dict[str, str] | None = None) -> InvocationApp:
@@ -54,6 +63,25 @@ def test_a_watchdog_that_lost_its_function_process_gets_the_call_resent_to_anoth
     replicas = Replicas(LOST, OK)
     assert send(gateway(replicas)) == OK
     assert replicas.sent_to == ["http://replica-a", "http://replica-b"]
+
+
+def test_the_resend_never_goes_back_to_the_replica_that_lost_the_call():
+    """The runtime still lists a replica of a node just lost, or of a container being stopped
+    (its watchdog accepts, then drops the call again): round robin would send the resend back to
+    it every other time. Seen as 2 of 1,395 calls answered 502 on a Swarm node loss under load."""
+    reset = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
+    for first in (reset, LOST):
+        replicas = Replicas(first, OK)
+        replicas.turn = 1  # the next pick is replica-a, the one that lost the call
+        assert send(gateway(replicas)) == OK
+        assert replicas.sent_to == ["http://replica-a", "http://replica-b"]
+
+
+def test_a_lone_replica_gets_the_resend_itself():
+    """With no other replica, the resend goes to the same address (the runtime's replacement there)."""
+    replicas = Replicas(LOST, OK, ready=("http://replica-a",))
+    assert send(gateway(replicas)) == OK
+    assert replicas.sent_to == ["http://replica-a", "http://replica-a"]
 
 
 def test_the_resend_happens_once_only():

@@ -202,6 +202,15 @@ def test_a_strict_job_lands_on_the_4g_and_best_effort_jobs_on_the_small_slices(a
     assert a100.round() == ["2g.10gb"]  # the 1g busy: the next smallest that fits
 
 
+def test_slices_are_sized_as_their_managers_report_them_not_by_their_nominal_size(a100):
+    """Finding 7: NVML says an A100's 1g.5gb has 4864 MiB, the assumptions file 5120. A resnet50
+    BE batch (5120 MiB) fits the nominal 1g but not the real one: it goes to the 2g, not to a 507."""
+    one_g = next(u for u in a100.scheduler._units if u.profile == "1g.5gb")
+    assert one_g.memory_mb == 4864 and SD.gpu.memory_mb("1g") == 5120
+    a100.submit("resnet50", best_effort=True)
+    assert a100.round() == ["2g.10gb"]
+
+
 def test_a_strict_job_goes_to_the_least_eta_idle_slice_while_the_4g_is_busy(a100):
     first = a100.submit("resnet50")
     assert a100.round() == ["4g.20gb"]
@@ -221,7 +230,9 @@ def test_a_best_effort_backlog_moves_a_narrow_strict_job_to_the_2g(a100):
     a100.submit("shufflenet_v2")  # handed to LALB at once; the BE jobs after it wait their turn
     for _ in range(8):
         a100.submit("resnet50", best_effort=True)
-    assert a100.round() == ["2g.10gb", "1g.5gb", "4g.20gb"]
+    # the 1g as NVML sizes it (4864 MiB) holds no resnet50 batch (5120): the first BE batch takes
+    # the 4g; the 1g is left to LALB, the preference having no slice that fits to name
+    assert a100.round() == ["2g.10gb", "4g.20gb", "1g.5gb"]
 
 
 def test_jobs_without_a_known_model_keep_lalb_o3s_choice(tmp_path):

@@ -129,9 +129,9 @@ class Node:
     """One fake A100 (4g, 2g, 1g) under a GPU Manager on real HTTP, reporting into a datastore,
     and a scheduler (not started: its loop is not needed) over that datastore."""
 
-    def __init__(self, tmp_path, drain_timeout_s: float = 0.3, executor=None):
+    def __init__(self, tmp_path, drain_timeout_s: float = 0.3, executor=None, privileged: bool = True):
         self.gpu = FakeGPU.a100_40gb()
-        self.nvml = MigNVML([self.gpu])
+        self.nvml = MigNVML([self.gpu], privileged=privileged)
         self.nvml.preset(self.gpu, [("4g.20gb", 0), ("2g.10gb", 4), ("1g.5gb", 6)])
         self.gate = threading.Event()
         self.manager = GPUManager(
@@ -251,6 +251,69 @@ def test_a_refused_reconfiguration_is_tried_again_at_the_next_decision(node):
     assert decision.reconfigure == [] and node.posts == [409, 200]
     assert node.geometry() == ["4g.20gb", "3g.20gb"]
     assert node.controller.status()["gpus"]["n1/0"]["retry"] is None
+
+
+def test_a_manager_without_mig_privilege_is_not_retried_and_its_gpu_left_alone(tmp_path):
+    """Finding 2: the manager answers 403 before draining; the controller never asks again (each
+    attempt would flush nothing, but a retry loop would still be noise) and leaves the GPU alone."""
+    node = Node(tmp_path, privileged=False)
+    try:
+        for _ in range(2):
+            node.tick(2)
+        before = node.scheduler_units()
+        _run_until_reconfigured(node, 6)
+        assert node.posts == [403] and node.nvml.log == [] and node.scheduler_units() == before
+        status = node.controller.status()
+        assert status["recent"][-1]["status"] == "forbidden" and "n1/0" not in status["gpus"]
+        assert "may not change MIG geometry (403)" in status["left_alone"]["n1/0"]
+        for _ in range(10):
+            assert node.tick(6).reconfigure == []
+        assert node.posts == [403]
+        node.now += node.controller.forbidden_s  # a capability may have been granted since: one more try
+        node.controller.refresh()
+        assert "n1/0" in node.controller.status()["gpus"]
+    finally:
+        node.close()
+
+
+def test_a_destroy_refused_in_use_backs_off_for_the_managers_retry_after(node):
+    """Finding 6: NVML refuses a destroy as in use with no process (DCGM): the manager undoes it
+    and answers 409 with Retry-After; the controller waits that long before draining again."""
+    for _ in range(2):
+        node.tick(2)
+    held = next(g for g in node.gpu.gis.values() if g.start == 6)
+    held.held = True
+    _run_until_reconfigured(node, 6)
+    assert node.posts == [409] and node.gpu.layout() == [("4g.20gb", 0, 1), ("2g.10gb", 4, 1), ("1g.5gb", 6, 1)]
+    assert len(node.scheduler_units()) == 3  # no unit vanished
+    not_before = node.controller.status()["gpus"]["n1/0"]["not_before"]
+    assert not_before >= node.now + 59
+    for _ in range(5):
+        node.tick(6)  # Alg. 2 may want it again: the controller holds it back
+    assert node.posts == [409] and node.controller.status()["gpus"]["n1/0"]["retry"] == ["4g", "3g"]
+    held.held = False
+    node.now = not_before
+    node.tick(6)
+    assert node.posts == [409, 200] and node.geometry() == ["4g.20gb", "3g.20gb"]
+    assert node.controller.status()["gpus"]["n1/0"]["not_before"] is None
+
+
+def test_repeated_refusals_back_off_exponentially():
+    from scheduler.reconfigure import ReconfigController
+
+    ctl = ReconfigController.__new__(ReconfigController)
+    ctl.interval_s, ctl.max_backoff_s, ctl.forbidden_s = 1.0, 300.0, 3600.0
+    ctl._refusals, ctl._not_before, ctl._forbidden = {}, {}, {}
+    ctl.clock = lambda: 100.0
+    waits = []
+    for _ in range(10):
+        ctl._after(GPU, "refused", "", True, None)
+        waits.append(ctl._not_before[GPU] - 100.0)
+    assert waits == [0, 1, 3, 7, 15, 31, 63, 127, 255, 300]
+    ctl._after(GPU, "refused", "", True, 60.0)
+    assert ctl._not_before[GPU] == 400.0  # the cap, and never before Retry-After
+    ctl._after(GPU, "done", "", False, None)
+    assert ctl._not_before == {} and ctl._refusals == {}
 
 
 def test_a_gpu_being_reconfigured_gets_no_job_and_counts_as_busy(tmp_path):
@@ -399,3 +462,13 @@ def test_the_scheduler_daemon_runs_the_reconfigurator_with_the_flag(tmp_path):
         assert "reconfigurator" not in status
     finally:
         plain.kill()
+
+
+def test_alg2_sizes_slice_sets_by_what_the_managers_report(node):
+    """Finding 7: the live Reconfigurator's thresholds use NVML's slice sizes (4864 MiB for the
+    A100's 1g.5gb), the simulator's the nominal ones (5120) where no manager reports."""
+    node.controller.refresh()
+    r = node.controller.reconfigurator
+    assert r.slice_memory_mb == {"4g": 20096.0, "2g": 9856.0, "1g": 4864.0}
+    assert r.set_memory_mb(("2g", "1g")) == 9856 + 4864
+    assert r.set_memory_mb(("3g",)) == r.gpu.memory_mb("3g") == 20480  # no 3g reports: nominal

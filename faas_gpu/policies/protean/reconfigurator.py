@@ -108,11 +108,15 @@ class Reconfigurator:
         for ss in s.small_slice_sets:
             self.gpu.validate((*ss, s.large))
         self._state: dict[Hashable, _GpuState] = {}
+        # a slice's memory where the live GPUs report it (NVML's, e.g. 4864 MiB for 1g.5gb), by
+        # profile key; the profile table's nominal size otherwise (the simulator has no reports)
+        self.slice_memory_mb: dict[str, float] = {}
 
     # -- Alg. 2, lines 8-23 (pure given the prediction) ---------------------------------------
 
     def set_memory_mb(self, slice_set: Sequence[str]) -> float:
-        return sum(self.gpu.memory_mb(k) for k in slice_set)
+        """The slice set's memory: reported sizes where `slice_memory_mb` has them, else nominal."""
+        return sum(self.slice_memory_mb.get(k) or self.gpu.memory_mb(k) for k in slice_set)
 
     def thresholds(self, slice_set: Sequence[str], be_model: str | None) -> tuple[float, float]:
         """(T_low, T_high) on the set's potential occupancy (BE memory / set memory)."""

@@ -36,7 +36,11 @@ class Gpus:
         self.units: list[Unit] = []
 
     def make_units(self, node_id: int, geometry: tuple[str, ...]) -> list[Unit]:
-        """The units of a node set to `geometry`, each with its running process."""
+        """The units of a node set to `geometry`, each with its running process.
+
+        Sized by the profile table's `memory_mb` (the packaged YAML's nominal sizes, e.g. 5120 MiB
+        for 1g.5gb): no GPU Manager reports a unit here. The live scheduler sizes slices by what
+        the managers report (NVML's 4864 MiB), so the two differ by that much (about 5%)."""
         units = []
         for key in geometry:
             u = Unit(len(self.units), node_id, key, float(self.sd.gpu.memory_mb(key)), self.exclusive)
