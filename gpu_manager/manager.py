@@ -34,7 +34,8 @@ from . import mig
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
 from .memory import CUDA_CONTEXT_MB, device_kind, nvml_process_mb, overhead_mb, pid_of, unit_handle
 from .mps import MPSControl
-from .worker import DeviceFault, OutOfDeviceMemory, Worker, WorkerDied
+from .pool import WorkerPool
+from .worker import DeviceFault, OutOfDeviceMemory, Worker, WorkerDied, spawn_pooled
 
 log = logging.getLogger(__name__)
 MPS_MAX_CLIENTS = 48  # client processes per MPS server (CUDA's MPS guide, Volta and later)
@@ -90,6 +91,7 @@ class JobResult:
     hit: bool
     load_s: float
     execute_s: float
+    load_split: dict[str, float] | None = None  # on a miss: spawn / read / to_device / warmup seconds
     model_mb: float = 0.0  # what the model is charged on its unit now (measured where known)
 
 
@@ -105,6 +107,14 @@ class _UnitState:
     busy_s: float = 0.0  # time spent running jobs, for the emulated utilization figure
 
 
+def load_split(worker: Worker) -> dict[str, float] | None:
+    """A loaded worker's split (None for back ends whose workers report none, like the sim's)."""
+    info = getattr(worker, "info", None)
+    if info is None or not hasattr(info, "read_s"):
+        return None
+    return {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
+
+
 class GPUManager:
     def __init__(
         self,
@@ -116,6 +126,7 @@ class GPUManager:
         nvml: Any | None = None,
         mps: MPSControl | None = None,
         mps_thread_percentage: int | None = None,
+        warm_workers: int = 0,
         mig_privilege: Callable[[], mig.MigPrivilege] | None = None,
         max_workers_per_unit: int | None = None,
         charge_measured_cpu: bool = False,
@@ -126,6 +137,8 @@ class GPUManager:
         asked of the OS; an NVML stand-in with its own `mig_privilege`, the tests' fake, answers it).
         worker_factory(artifact, device) builds a worker; for cuda units it is also given
         env= (CUDA_VISIBLE_DEVICES, and the MPS variables with MPS on) for the worker process.
+        warm_workers: idle worker processes kept per unit environment for the default (torch)
+        workers, so a miss skips the interpreter's start and torch's import (`pool.py`); 0: none.
         max_workers_per_unit: most workers (cached models) per unit; with MPS also at most the
         server's client limit (`mps_client_cap`). At the cap a load evicts the least recently used.
         charge_measured_cpu: charge cpu units the measured cost too (GPU units always are); off,
@@ -137,8 +150,9 @@ class GPUManager:
         self.units = {u.id: self._state(u) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
         # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
+        self.pool = WorkerPool(warm_workers if worker_factory is None else 0, self.threads, spawn_pooled)
         self.worker_factory = worker_factory or (
-            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env)
+            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env, pool=self.pool)
         )
         self._exec_s: dict[str, float] = {}  # per model, for the estimated finish time
         self.nvml, self.mps = nvml, mps
@@ -167,6 +181,9 @@ class GPUManager:
         self._busy_seen: dict[str, tuple[float, float]] = {}  # unit -> (time, busy_s) at the last scrape
         self._scraping = threading.Lock()  # scrapes only: never taken on a job's path
         self.metrics.add_reader(self._readings)
+        if mps is None:  # with MPS a unit's environment comes with its daemon: its pool fills at its first miss
+            for env in {tuple(sorted(self.worker_env(s.info, "").items())) for s in self.units.values()}:
+                self.pool.refill(dict(env))
 
     @staticmethod
     def _state(info: UnitInfo) -> _UnitState:
@@ -264,13 +281,14 @@ class GPUManager:
         for attempt in (1, 2):
             worker = self.workers.get(key)
             hit = worker is not None and worker.alive
-            load_s = 0.0
+            load_s, split = 0.0, None
             if not hit:
                 self._misses.labels(state.info.id).inc()
                 t0 = time.perf_counter()
                 with tracing.span("gpu_manager.load", attributes={"faas_gpu.unit": state.info.id}):
                     worker = self._load(state, artifact)
                 load_s = time.perf_counter() - t0
+                split = load_split(worker)
                 self._loads.labels(state.info.id).inc()
                 self._load_seconds.labels(state.info.id).observe(load_s)
             else:
@@ -311,7 +329,7 @@ class GPUManager:
             if getattr(worker, "peak_mb", 0.0) > self._accounted.get(key, 0.0):  # a larger batch grew it
                 self._account(state, artifact.digest, worker)
             charged = state.cache.size_of(artifact.digest) if artifact.digest in state.cache else 0.0
-            return JobResult(out, state.info.id, hit, load_s, execute_s, charged)
+            return JobResult(out, state.info.id, hit, load_s, execute_s, load_split=split, model_mb=charged)
         raise AssertionError("unreachable")
 
     def _device_fault(self, state: _UnitState, key: tuple[str, str]) -> None:
@@ -479,9 +497,15 @@ class GPUManager:
                 "estimated_finish_s": self._finish_estimate(s, now),
                 "models": s.cache.models,
                 "running": s.running,  # the digest of the model running now (the operator's status page)
+                "warm_workers": self._warm_workers(s.info),  # pooled processes ready for this unit's next miss
             }
             for s in self.units.values()
         ]
+
+    def _warm_workers(self, info: UnitInfo) -> int:
+        if self.pool.size == 0 or (self.mps is not None and info.kind != "cpu"):
+            return 0  # under MPS the unit's environment names its daemon: not asked for here (it may start it)
+        return self.pool.ready(self.worker_env(info, ""))
 
     def _readings(self) -> dict[m.MetricSpec, list]:
         """The units as a scrape sees them: Triton's GPU figures (NVML's on GPUs, the emulated
@@ -651,7 +675,9 @@ class GPUManager:
     def _stop_unit(self, state: _UnitState) -> None:
         for key in [k for k in list(self.workers) if k[1] == state.info.id]:  # list(): jobs elsewhere add workers
             self._drop(key, state)
-        if self.mps is not None:
+        if self.mps is None:  # its idle pooled workers would hold a device that may not exist after
+            self.pool.discard(self.worker_env(state.info, ""))
+        else:
             self.mps.stop(state.info.id)
 
     def _replace_units(self, old: list[_UnitState], found: list[UnitInfo]) -> None:
@@ -677,6 +703,7 @@ class GPUManager:
                 log.warning("units-changed listener failed: %s", exc)
 
     def close(self) -> None:
+        self.pool.close()
         for worker in self.workers.values():
             worker.stop()
         self.workers.clear()

@@ -5,10 +5,16 @@ never a pickle: `safe_formats` says why these are safe and checks the file again
 the store on disk holds) and then runs batches sent over a pipe as wire-format tensors. Loading
 and running user models happens here, never in the manager, so a model that crashes or hangs
 takes down only its worker.
+
+A miss takes a warm process from the `WorkerPool` (torch imported, loader warmed, its unit's
+environment set) when the manager keeps one, and spawns one otherwise; either way the worker
+reports its load split (spawn, read, to-device, warm-up) in `LoadedInfo`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import multiprocessing as mp
 import os
 import struct
@@ -19,8 +25,12 @@ from multiprocessing.connection import Connection
 from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
 
-from . import faults
+from . import faults, loader
 from .memory import WorkerMeter
+from .pool import Pooled, WorkerPool
+from .pool import stop as stop_pooled
+
+log = logging.getLogger(__name__)
 
 _CTX = mp.get_context("spawn")  # no fork of a threaded manager; CUDA needs spawn anyway
 
@@ -52,39 +62,26 @@ class OutOfDeviceMemory(WorkerError):
 
 @dataclass(frozen=True)
 class LoadedInfo:
+    """A worker's load, timed part by part: spawn (a fresh process: interpreter and torch import;
+    a pooled one: the hand-over) + read + to_device + warmup is the miss's cost before the job runs.
+    load_s = read_s + to_device_s + warmup_s, measured in the worker; spawn_s by the manager's side."""
+
     param_bytes: int
     load_s: float
     memory_mb: float = 0.0  # the model's cost after the load: cpu USS growth, cuda torch-reserved (no context)
     process_mb: float = 0.0  # the worker before any model (interpreter and torch; host memory)
+    read_s: float = 0.0
+    to_device_s: float = 0.0
+    warmup_s: float = 0.0
+    warmup_skipped: str | None = None  # why no warm-up batch ran (no example input), None when one did
+    spawn_s: float = 0.0
+    pooled: bool = False  # a warm process from the pool, not a fresh spawn
+    cuda_visible_devices: str | None = None  # as the worker process saw it when it loaded
 
 
-def _load(path: str, device: str):
-    """Checked before torch opens it (the format comes from the file, not from the caller), and
-    the loaded graphs checked before the first call; no `weights_only=False` path exists here."""
-    import zipfile
-
-    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # any torch.load inside torch's own loaders
-    import torch
-
-    from faas_gpu.models import safe_formats
-
-    with zipfile.ZipFile(path) as z:
-        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
-    if fmt == "torchscript":  # an old artifact its owner chose: torch's deprecation is theirs, not this log's
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
-            model = torch.jit.load(path, map_location=device)
-        safe_formats.check_torchscript(model)
-        model.eval()
-    else:
-        with open(path, "rb") as fh:  # check_guards=False: torch would exec guard code built from the file
-            model = torch.export.load(fh).module(check_guards=False)
-        safe_formats.check_graph(model)
-        model = model.to(device)
-    return model
+def _load(path: str, device: str) -> loader.Loaded:
+    """The model on its device, warmed up by one batch of its example input (`loader` says how)."""
+    return loader.warm_up(loader.load(path, device), device)
 
 
 def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str, str]) -> None:
@@ -96,14 +93,26 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
     meter = WorkerMeter(device, torch)  # the baseline before the model: its cost is the growth
     t0 = time.perf_counter()
     try:
-        model = _load(path, device)
+        loaded = _load(path, device)
+        model = loaded.model
         tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
         size = sum(t.numel() * t.element_size() for t in tensors)
     except Exception as exc:  # reported to the manager, which answers the caller (MemoryError too)
         kind = "oom" if faults.classify(exc) == faults.OOM else "error"
         conn.send((kind, f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", LoadedInfo(size, time.perf_counter() - t0, meter.cost_mb()[1], meter.process_mb)))
+    info = LoadedInfo(
+        size,
+        time.perf_counter() - t0,
+        meter.cost_mb()[1],
+        meter.process_mb,
+        read_s=loaded.read_s,
+        to_device_s=loaded.to_device_s,
+        warmup_s=loaded.warmup_s,
+        warmup_skipped=loaded.warmup_skipped,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    conn.send(("ready", info))
     _serve_batches(conn, model, device, torch, meter)
 
 
@@ -142,43 +151,110 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
             conn.send_bytes(b"er" + message)
 
 
+def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
+    """A pooled worker: its unit's environment set before torch is imported (CUDA reads it once,
+    when it starts), torch and its export loader warmed, then it waits for the model to load and
+    serves it as a fresh worker would."""
+    die_with_parent(parent_pid=mp.parent_process().pid)
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(threads)
+    if not conn.poll(0):  # a miss already waiting for this process does not wait for the warm-up
+        try:
+            loader.prewarm()
+        except Exception as exc:  # a warm-up that fails costs the load its first-use set-up, nothing more
+            log.warning("pooled worker: prewarm failed: %s", exc)
+    conn.send(("warm", None))  # the pool counts it ready (`WorkerPool.ready`)
+    try:
+        kind, path, device = conn.recv()
+    except (EOFError, OSError):  # the pool closed
+        return
+    _serve(conn, path, device, threads, env)
+
+
+def spawn_pooled(threads: int, env: dict[str, str]) -> Pooled:
+    """One pooled process (the `WorkerPool`'s spawn function)."""
+    parent, child = _CTX.Pipe()
+    proc = _CTX.Process(target=_pooled, args=(child, threads, dict(env)), daemon=True)
+    proc.start()
+    child.close()
+    return Pooled(proc, parent, dict(env))
+
+
 class Worker:
-    def __init__(self, artifact: Artifact, device: str = "cpu", threads: int = 1, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        artifact: Artifact,
+        device: str = "cpu",
+        threads: int = 1,
+        env: dict[str, str] | None = None,
+        pool: WorkerPool | None = None,
+    ):
+        """pool: warm processes to take one from (a fresh one is spawned when it has none)."""
         self.artifact, self.device, self.threads = artifact, device, threads
         self.env = dict(env or {})  # set in the worker process before CUDA starts
+        self.pool = pool
         self.proc: mp.Process | None = None
         self.conn: Connection | None = None
         self.info: LoadedInfo | None = None
         self.peak_mb = 0.0  # the model's peak cost so far, as the worker last measured it
         self.now_mb = 0.0  # and what it holds now (cuda: torch's reserved memory)
 
+    def _take_pooled(self) -> bool:
+        """Hand the model to a pooled process: False when the pool has none alive for this env."""
+        while self.pool is not None and (pooled := self.pool.take(self.env)) is not None:
+            try:
+                pooled.conn.send(("load", str(self.artifact.path), self.device))
+            except (OSError, BrokenPipeError):
+                stop_pooled(pooled)
+                continue
+            self.proc, self.conn = pooled.proc, pooled.conn
+            return True
+        return False
+
     def start(self, timeout_s: float = 120) -> LoadedInfo:
-        parent, child = _CTX.Pipe()
-        self.proc = _CTX.Process(
-            target=_serve,
-            args=(child, str(self.artifact.path), self.device, self.threads, self.env),
-            daemon=True,
-        )
-        self.proc.start()
-        child.close()
-        self.conn = parent
-        if not parent.poll(timeout_s):
-            self.stop()
-            raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
+        t0 = time.perf_counter()
         try:
-            kind, value = parent.recv()
-        except (EOFError, OSError):
-            self.stop()
-            raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
+            return self._start(timeout_s, t0)
+        finally:
+            if self.pool is not None:  # after the load: a spawn now would compete with it for the CPU
+                self.pool.refill(self.env)
+
+    def _start(self, timeout_s: float, t0: float) -> LoadedInfo:
+        pooled = self._take_pooled()
+        if not pooled:
+            parent, child = _CTX.Pipe()
+            self.proc = _CTX.Process(
+                target=_serve,
+                args=(child, str(self.artifact.path), self.device, self.threads, self.env),
+                daemon=True,
+            )
+            self.proc.start()
+            child.close()
+            self.conn = parent
+        parent, deadline = self.conn, time.monotonic() + timeout_s
+        kind, value = "warm", None
+        while kind == "warm":  # a pooled process says when it finished warming; the load's answer follows
+            if not parent.poll(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
+            try:
+                kind, value = parent.recv()
+            except (EOFError, OSError):
+                self.stop()
+                raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
         if kind == "oom":
             self.stop()
             raise OutOfDeviceMemory(f"model {self.artifact.digest[:12]}: out of memory while loading: {value}")
         if kind == "error":
             self.stop()
             raise ModelLoadError(f"model {self.artifact.digest[:12]}: {value}")
-        self.info = value
+        # spawn: what the miss cost beyond the worker's own load (interpreter and imports, or the hand-over)
+        spawn_s = max(0.0, time.perf_counter() - t0 - value.load_s)
+        self.info = dataclasses.replace(value, spawn_s=spawn_s, pooled=pooled)
         self.peak_mb = self.now_mb = value.memory_mb
-        return value
+        return self.info
 
     @property
     def alive(self) -> bool:

@@ -1,0 +1,216 @@
+"""A model worker's load path: artifact to model on its device, timed part by part, then warmed up.
+
+Runs inside the worker process (never the manager), after `safe_formats` checked the archive.
+Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
+
+- **read**: the archive to a model in host memory. Both formats are zips whose members torch
+  stores uncompressed; torch's C++ archive reader (`PyTorchFileReader`, behind `torch.jit.load`
+  and `torch.export.load`) reads each weight record straight into the tensor's storage: one
+  copy, from the page cache (a path or a file object measured the same here). A memory-mapped load
+  (`mmap=True` exists for `torch.load`'s pickles only, which are refused) would copy nothing
+  on the cpu back end but move the page faults into the first batch and share the pages with
+  the store's page cache, so a model's memory would no longer be its own; on cuda the weights
+  are copied to the device anyway, so the mapping would save one host copy at best.
+- **to_device**: `torch.export.passes.move_to_device_pass` for export programs (finding 3:
+  `.module().to(device)` moved parameters, but not devices burnt into graph nodes, such as
+  `arange(..., device='cpu')`, nor the example inputs), `map_location` for TorchScript.
+- **warmup**: one batch of the program's own example input (saved with it by
+  `torch.export.save`) before the worker reports ready (finding 9), so the first real batch
+  does not pay lazy kernel loading and cuBLAS/cuDNN set-up, and the manager's and scheduler's
+  execution-time averages never see it. TorchScript archives carry no example input: their
+  warm-up is skipped and the reason reported.
+
+`prewarm()` is what a pooled worker runs while it waits for a model (see `pool.py`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+import typing
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Loaded:
+    """A model on its device, with the load's parts in seconds."""
+
+    model: Any
+    fmt: str
+    read_s: float
+    to_device_s: float
+    example: tuple | None  # positional example inputs on the device, None when the artifact has none
+    warmup_s: float = 0.0
+    warmup_skipped: str | None = None  # why no warm-up batch ran
+
+
+def _force_weights_only() -> None:
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # any torch.load inside torch's own loaders
+
+
+@contextmanager
+def _cached_type_hints() -> Iterator[None]:
+    """`torch.export.load` turns its JSON into dataclasses calling `typing.get_type_hints` once
+    per object (thousands per program, ~a third of the load on the embed example); the schema's
+    classes do not change while it runs, so the answers are memoised for the load's duration
+    only, and the original is put back after."""
+    original = typing.get_type_hints
+    seen: dict[tuple, Any] = {}
+
+    def cached(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
+        key = (obj, id(globalns), id(localns), include_extras)
+        try:
+            return seen[key]
+        except KeyError:
+            seen[key] = hints = original(obj, globalns, localns, include_extras)
+            return hints
+        except TypeError:  # an unhashable object: asked as usual
+            return original(obj, globalns, localns, include_extras)
+
+    typing.get_type_hints = cached
+    try:
+        yield
+    finally:
+        typing.get_type_hints = original
+
+
+def _read_ahead(path: str) -> None:
+    """Ask the kernel to start reading the whole file now: on a cold page cache the disk reads
+    while the archive is checked and the graph parsed, not only when torch reaches the weights."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):  # no fadvise here: the reads are merely not overlapped
+        pass
+
+
+def load(path: str, device: str) -> Loaded:
+    """Checked before torch opens it (the format comes from the file, not from the caller), and
+    the loaded graphs checked before the first call; no `weights_only=False` path exists here."""
+    _force_weights_only()
+    import torch
+
+    from faas_gpu.models import safe_formats
+
+    t0 = time.perf_counter()
+    _read_ahead(path)
+    with zipfile.ZipFile(path) as z:
+        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    if fmt == "torchscript":  # an old artifact its owner chose: torch's deprecation is theirs, not this log's
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+            model = torch.jit.load(path, map_location=device)  # read straight onto the device
+        safe_formats.check_torchscript(model)
+        model.eval()
+        t1 = time.perf_counter()
+        return Loaded(model, fmt, t1 - t0, 0.0, None)
+    # torch's C++ archive reader fills each weight's storage from the file (a file object: the store
+    # names files by digest, and torch.export.load wants a path to end in .pt2)
+    with open(path, "rb") as fh, _cached_type_hints():
+        program = torch.export.load(fh)
+    t1 = time.perf_counter()
+    program = move_to_device(program, device)
+    t2 = time.perf_counter()
+    # check_guards=False: torch would exec guard code built from the file
+    model = program.module(check_guards=False)
+    safe_formats.check_graph(model)
+    example = None
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        example = None if kwargs else tuple(args)
+    # read: the archive to a module (checks, torch's loader, the module built from the graph)
+    return Loaded(model, fmt, time.perf_counter() - t0 - (t2 - t1), t2 - t1, example)
+
+
+def move_to_device(program: Any, device: str) -> Any:
+    """The whole program on `device` (finding 3): weights, constants, example inputs, and the
+    devices written into graph nodes (`arange(..., device='cpu')`, `aten.to.device`)."""
+    import torch
+    from torch.export.passes import move_to_device_pass
+
+    if _devices(program) <= {torch.device(device)}:  # all there already (a cpu program on the cpu back end)
+        return program
+    return move_to_device_pass(program, device)
+
+
+def _devices(program: Any) -> set:
+    """Every device the program names: weights, constants, example inputs, graph nodes."""
+    import torch
+
+    found = {t.device for t in program.state_dict.values()}
+    found |= {t.device for t in program.constants.values() if isinstance(t, torch.Tensor)}
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        leaves = [*torch.utils._pytree.tree_leaves(args), *torch.utils._pytree.tree_leaves(kwargs)]
+        found |= {t.device for t in leaves if isinstance(t, torch.Tensor)}
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                if "device" in node.kwargs:
+                    found.add(torch.device(node.kwargs["device"]) if node.kwargs["device"] is not None else None)
+                if node.op == "call_function" and node.target is torch.ops.aten.to.device:
+                    found.add(torch.device(node.args[1]))
+    return found
+
+
+def warm_up(loaded: Loaded, device: str) -> Loaded:
+    """One batch of the artifact's example input before the worker is ready (finding 9)."""
+    import torch
+
+    if loaded.example is None:
+        loaded.warmup_skipped = (
+            "a TorchScript archive carries no example input"
+            if loaded.fmt == "torchscript"
+            else "the program was saved without an example input (or with keyword inputs)"
+        )
+        log.info("worker: no warm-up batch: %s", loaded.warmup_skipped)
+        return loaded
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            loaded.model(*loaded.example)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    except Exception as exc:
+        from . import faults
+
+        if faults.classify(exc) in (faults.OOM, faults.DEVICE):  # the load fails as such (507/503, replaced)
+            raise
+        # the example itself fails (an input error): the first real batch will tell the caller
+        loaded.warmup_skipped = f"the example input failed: {type(exc).__name__}: {exc}"
+        log.warning("worker: warm-up batch failed: %s", exc)
+    loaded.warmup_s = time.perf_counter() - t0
+    return loaded
+
+
+def prewarm() -> None:
+    """What a pooled worker does while it waits: import and run torch's export loader once on a
+    tiny program made here (from this code, not from a file), so a model's load later pays
+    neither the imports nor their first-use set-up (~1.3 s of a 1.9 s embed load measured here).
+    Touches no GPU: CUDA is not initialised, so the unit's environment still applies."""
+    _force_weights_only()
+    import torch
+
+    import faas_gpu.contract.wire  # noqa: F401  (the serve loop's codec)
+    from faas_gpu.models import safe_formats  # noqa: F401
+
+    program = torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    buf.seek(0)
+    with _cached_type_hints():
+        loaded = torch.export.load(buf)
+    move_to_device(loaded, "cpu").module(check_guards=False)(torch.zeros(1, 2))

@@ -1,0 +1,117 @@
+"""Model loads on the real device: the worker's to-device copy against the host-to-device
+bandwidth measured here (pageable and pinned), the whole export program moved to the GPU
+(finding 3), the warm-up batch on the GPU before ready (finding 9), and a pooled worker that
+keeps its unit's CUDA_VISIBLE_DEVICES. Read-only on the device; figures are printed (`-s`)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+import torch
+
+from faas_gpu.contract.wire import decode, encode
+from faas_gpu.models import ModelStore
+from gpu_manager.pool import WorkerPool
+from gpu_manager.worker import Worker, spawn_pooled
+
+MB = 1e6
+
+
+def _h2d_gbps(pinned: bool, nbytes: int = 512 * 2**20, repeat: int = 3) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    if pinned:
+        host = host.pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=pinned)
+    torch.cuda.synchronize()
+    best = 0.0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        dev.copy_(host, non_blocking=pinned)
+        torch.cuda.synchronize()
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+class Wide(torch.nn.Module):
+    """~268 MB of fp32 weights, and a device burnt into the graph (`arange(..., device='cpu')`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x) + torch.arange(4096, device="cpu", dtype=x.dtype)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    model = Wide().eval()
+    batch = torch.export.Dim("batch", min=1, max=256)
+    program = torch.export.export(model, (torch.randn(2, 4096),), dynamic_shapes=({0: batch},))
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    store = ModelStore(tmp_path_factory.mktemp("store"))
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return store.put(buf.getvalue()), model, weight_bytes
+
+
+def test_host_to_device_bandwidth_pinned_and_pageable():
+    pageable, pinned = _h2d_gbps(False), _h2d_gbps(True)
+    print(f"host to device: pageable {pageable:.1f} GB/s, pinned {pinned:.1f} GB/s")
+    assert pinned > 1 and pageable > 1
+
+
+def test_an_export_program_loads_whole_onto_the_gpu_warmed_up(wide):
+    """The graph's `arange(device='cpu')` is rewritten by move_to_device_pass: without it the
+    first batch fails with tensors on two devices."""
+    artifact, model, weight_bytes = wide
+    worker = Worker(artifact, "cuda:0")
+    try:
+        info = worker.start()
+        x = torch.randn(3, 4096)
+        y = decode(worker.run(encode(x)))
+    finally:
+        worker.stop()
+    with torch.inference_mode():
+        assert torch.allclose(y, model(x), atol=1e-3)
+    assert info.warmup_skipped is None and info.warmup_s > 0
+    pageable = _h2d_gbps(False)
+    to_device_gbps = weight_bytes / info.to_device_s / 1e9
+    print(
+        f"load of {weight_bytes / MB:.0f} MB: spawn {info.spawn_s:.3f} s, read {info.read_s:.3f} s, to device "
+        f"{info.to_device_s:.3f} s ({to_device_gbps:.1f} GB/s vs pageable {pageable:.1f} GB/s), warm-up "
+        f"{info.warmup_s:.3f} s"
+    )
+    assert to_device_gbps >= 0.25 * pageable  # the copy to the device near the link's own bandwidth
+
+
+def test_a_pooled_worker_serves_on_its_units_device(wide):
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    env = {"CUDA_VISIBLE_DEVICES": uuid}
+    pool = WorkerPool(1, 1, spawn_pooled)
+    pool.refill(env, wait=True)
+    deadline = time.monotonic() + 120
+    while pool.ready(env) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:  # an idle pooled worker holds no CUDA context: no memory on the unit until it has a model
+        pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        assert all(p.proc.pid not in pids for p in pool._idle.get(tuple(sorted(env.items())), []))
+    finally:
+        pynvml.nvmlShutdown()
+    artifact, _, _ = wide
+    worker = Worker(artifact, "cuda:0", env=env, pool=pool)
+    try:
+        info = worker.start()
+        assert info.pooled and info.cuda_visible_devices == uuid
+        assert decode(worker.run(encode(torch.randn(2, 4096)))).shape == (2, 4096)
+    finally:
+        worker.stop()
+        pool.close()
