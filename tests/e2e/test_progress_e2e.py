@@ -49,7 +49,11 @@ def gpu_stack(tmp_path_factory):
     stack_file = classify_stack("e2e/classify-progress:latest", {})
     add_function(root, stack_file, "other", OTHER_HANDLER, "e2e/other:latest")
     write_project(root, stack_file)
-    manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "64", "--node", "local")
+    # no warm worker: a load then spawns its process (~1-2 s here), long enough for the line's
+    # half-second polls to see it; from the pool it takes ~0.1 s and can fall between two polls
+    manager = Daemon(
+        "gpu_manager", home, "--units", "1", "--unit-memory-mb", "64", "--node", "local", "--warm-workers", "0"
+    )
     scheduler = Daemon("scheduler", home)
     stack = StackProcess(home, "--scheduler", scheduler.url).start()
     build_and_deploy(root, home, stack.url)
