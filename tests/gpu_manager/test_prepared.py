@@ -269,3 +269,25 @@ def test_a_prepared_worker_dying_during_its_load_falls_back_to_the_store(tmp_pat
             worker.stop()
     finally:
         pool.close()
+
+
+def test_a_put_of_the_model_prepares_it_and_a_failure_to_do_so_keeps_the_upload(tmp_path):
+    from gpu_manager.api import create_app
+
+    store = ModelStore(tmp_path / "store")
+    mgr = GPUManager(cpu_units(1, memory_mb=64), store, prepared_mb=4096)
+    ordered: list[str] = []
+    mgr.uploaded = lambda artifact: ordered.append(artifact.digest)  # the order, not the preparation
+    client = create_app(mgr, "tok").test_client()
+    try:
+        r = client.put("/v1/models", data=exported()[0], headers={"Authorization": "Bearer tok"})
+        assert r.status_code == 201 and ordered == [r.get_json()["digest"]]
+
+        def broken(artifact):
+            raise RuntimeError("no")
+
+        mgr.uploaded = broken
+        r = client.put("/v1/models", data=exported(Other())[0], headers={"Authorization": "Bearer tok"})
+        assert r.status_code == 201
+    finally:
+        mgr.close()
