@@ -291,3 +291,30 @@ def test_a_put_of_the_model_prepares_it_and_a_failure_to_do_so_keeps_the_upload(
         assert r.status_code == 201
     finally:
         mgr.close()
+
+
+def test_finish_moves_a_prepared_program_whole_to_another_device(tmp_path):
+    """The GPU's branch of `finish`, on the meta device: the device pass, the module rebuilt from
+    the moved program, the example inputs moved; the read was all done by `prepare`."""
+    from gpu_manager import loader
+
+    store = ModelStore(tmp_path / "store")
+    artifact = store.put(exported()[0])
+    prepared = loader.prepare(str(artifact.path))
+    assert prepared.fmt == "export" and prepared.read_s > 0
+    assert prepared.module(torch.randn(2, 4)).shape == (2, 4)  # checked and usable on the cpu already
+    loaded = loader.finish(prepared, "meta")
+    assert loaded.read_s == 0.0 and loaded.to_device_s > 0
+    assert loaded.example[0].device.type == "meta"
+    assert loaded.model(torch.randn(3, 4, device="meta")).device.type == "meta"
+    assert prepared.program is None  # the host copies go with the miss
+
+
+def test_a_prepared_torchscript_archive_is_served(tmp_path):
+    from gpu_manager import loader
+    from tests.classify_model import scripted_resnet
+
+    store = ModelStore(tmp_path / "store")
+    artifact = store.put(scripted_resnet(1)[0])
+    loaded = loader.finish(loader.prepare(str(artifact.path)), "cpu")
+    assert loaded.fmt == "torchscript" and loaded.read_s == 0.0 and loaded.example is None
