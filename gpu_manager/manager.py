@@ -408,7 +408,7 @@ class GPUManager:
         running (a preparation does not start a daemon; a miss does, as before)."""
         if info.kind == "cpu" or self.mps is None:
             return self.worker_env(info, digest)
-        daemon = self.mps.daemons.get(info.id)
+        daemon = getattr(self.mps, "daemons", {}).get(info.id)
         if daemon is None or not daemon.running:
             return None
         return daemon.client_env(self._model_pct.get(digest, self.mps_thread_percentage))
@@ -749,9 +749,9 @@ class GPUManager:
     def _stop_unit(self, state: _UnitState) -> None:
         for key in [k for k in list(self.workers) if k[1] == state.info.id]:  # list(): jobs elsewhere add workers
             self._drop(key, state)
-        uid, env = state.info.id, self._known_env(state.info, "")
         # its prepared workers too: their environment names a device (or daemon) that may not exist after
-        self.pool.discard_prepared(lambda p, e: p.unit == uid or (state.info.kind != "cpu" and e == env))
+        uid, env = state.info.id, self.worker_env(state.info, "") if self.mps is None else None
+        self.pool.discard_prepared(lambda p, e: p.unit == uid or e == env)
         if self.mps is None:  # its idle pooled workers would hold a device that may not exist after
             self.pool.discard(self.worker_env(state.info, ""))
         else:

@@ -318,3 +318,58 @@ def test_a_prepared_torchscript_archive_is_served(tmp_path):
     artifact = store.put(scripted_resnet(1)[0])
     loaded = loader.finish(loader.prepare(str(artifact.path)), "cpu")
     assert loaded.fmt == "torchscript" and loaded.read_s == 0.0 and loaded.example is None
+
+
+def _gpu_manager(tmp_path, **kwargs) -> tuple[GPUManager, FakeSpawn]:
+    """Two GPU units (no NVML: the environments only) whose pool prepares on fake processes."""
+    from gpu_manager.discovery import UnitInfo
+
+    units = [UnitInfo(f"GPU-{i}", "gpu", "NVIDIA H100", 80_000, i) for i in range(2)]
+    mgr = GPUManager(units, ModelStore(tmp_path / "store"), prepared_mb=4096, **kwargs)
+    spawn = FakeSpawn()
+    mgr.pool.close()
+    mgr.pool = WorkerPool(0, 1, spawn, budget_mb=4096)
+    return mgr, spawn
+
+
+def test_an_upload_is_prepared_for_the_least_loaded_unit_only(tmp_path):
+    mgr, spawn = _gpu_manager(tmp_path)
+    try:
+        mgr.units["GPU-0"].cache.load("other", 1000)  # GPU-1 is the emptier
+        artifact = mgr.store.put(exported()[0])
+        assert mgr.uploaded(artifact)
+        assert _eventually(lambda: [u["prepared"] for u in mgr.status()] == [[], [artifact.digest]])
+        ((_, env, prepared),) = mgr.pool.prepared()
+        assert env == {"CUDA_VISIBLE_DEVICES": "GPU-1"} and prepared.device == "cuda:0"
+        assert [u["used_mb"] for u in mgr.status()] == [1000, 0]  # no unit charged for it
+    finally:
+        mgr.close()
+
+
+def test_a_unit_stopped_for_a_reconfiguration_drops_its_prepared_workers(tmp_path):
+    mgr, spawn = _gpu_manager(tmp_path)
+    try:
+        artifact = mgr.store.put(exported()[0])
+        for unit in ("GPU-0", "GPU-1"):
+            mgr._prepare(mgr.units[unit], artifact.digest)
+        assert _eventually(lambda: len(mgr.pool.prepared()) == 2)
+        mgr._stop_unit(mgr.units["GPU-0"])
+        assert [p.unit for _, _, p in mgr.pool.prepared()] == ["GPU-1"]
+    finally:
+        mgr.close()
+
+
+def test_under_mps_nothing_is_prepared_for_a_unit_whose_daemon_is_not_running(tmp_path):
+    class NoDaemons:
+        daemons: dict = {}
+
+        def stop_all(self) -> None:
+            pass
+
+    mgr, spawn = _gpu_manager(tmp_path, mps=NoDaemons())
+    try:
+        artifact = mgr.store.put(exported()[0])
+        assert not mgr.uploaded(artifact)  # a preparation never starts an MPS daemon
+        assert spawn.orders == []
+    finally:
+        mgr.close()
