@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -32,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -254,6 +254,7 @@ def load_client(token: str, scheduler: str, callers: int, seconds: float) -> Non
 
     import torch
 
+    from benchmarks.closed_loop import closed_loop
     from faas_gpu import client
 
     os.environ.update(FAAS_GPU_SCHEDULER_URL=scheduler, FAAS_GPU_TOKEN=token, FAAS_GPU_MAX_BATCH="16",
@@ -266,24 +267,9 @@ def load_client(token: str, scheduler: str, callers: int, seconds: float) -> Non
     remote(torch.zeros(1, 3, 32, 32))
     print("ready", flush=True)
     sys.stdin.readline()  # every load process starts together
-    done = [0]
-    lock = threading.Lock()
-    stop = time.perf_counter() + seconds
-
-    def caller() -> None:
-        x = torch.zeros(1, 3, 32, 32)
-        while time.perf_counter() < stop:
-            remote(x)
-            with lock:
-                done[0] += 1
-
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    print(json.dumps({"calls": done[0], "s": time.perf_counter() - t0}), flush=True)
+    _rps, lat = closed_loop(functools.partial(remote, torch.zeros(1, 3, 32, 32)), callers, seconds)
+    print(json.dumps({"calls": len(lat), "s": time.perf_counter() - t0}), flush=True)
 
 
 def _sim_rps(swarm, token: str, procs: int, callers: int, seconds: float) -> float:

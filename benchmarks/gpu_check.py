@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -49,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import closed_loop  # noqa: E402
 from faas_gpu.mps import MPSError, MPSSession  # noqa: E402
 
 SPEEDUP_GOAL = 3.0
@@ -315,39 +315,10 @@ def h2d_part(ctx: Context, mib: int = 512, repeat: int = 5) -> dict[str, Any]:
     return out
 
 
-def _closed_loop(remote: Any, example: Any, callers: int, seconds: float) -> tuple[float, float]:
-    """(calls/s, p99 s) of `callers` each calling in a loop for `seconds`."""
-    lat: list[float] = []
-    lock = threading.Lock()
-    stop = time.perf_counter() + seconds
-
-    def caller() -> None:
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            remote(example)
-            with lock:
-                lat.append(time.perf_counter() - t0)
-
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    lat.sort()
-    return len(lat) / (time.perf_counter() - t0), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-
-
 def slo_throughput(remote: Any, example: Any, slo_s: float, seconds: float) -> dict[str, float]:
     """The best closed-loop throughput whose p99 meets the SLO, over 1..64 callers."""
-    best = {"rps": 0.0, "p99_ms": 0.0, "callers": 0}
-    for callers in (1, 2, 4, 8, 16, 32, 64):
-        rps, p99 = _closed_loop(remote, example, callers, seconds)
-        if p99 > slo_s:
-            break
-        if rps > best["rps"]:
-            best = {"rps": round(rps, 2), "p99_ms": round(p99 * 1000, 2), "callers": callers}
-    return best
+    rps, tail, callers = closed_loop.slo_throughput(lambda: remote(example), slo_s, seconds)
+    return {"rps": round(rps, 2), "p99_ms": round(tail * 1000, 2), "callers": callers}
 
 
 def _worker_memory_mib(manager_pgid: int, uuid: str) -> float:

@@ -54,6 +54,7 @@ Last line: one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import io
 import json
@@ -73,6 +74,7 @@ sys.path.insert(0, str(REPO / "functions" / "classify"))
 
 from model import ResNetMini  # noqa: E402
 
+from benchmarks.closed_loop import slo_throughput  # noqa: E402
 from faas_gpu import client  # noqa: E402
 from faas_gpu.contract import headers as h  # noqa: E402
 from faas_gpu.contract.wire import encode  # noqa: E402
@@ -121,41 +123,6 @@ def path_throughput(remote: torch.nn.Module, callers: int, seconds: float, examp
     return sum(done) / (time.perf_counter() - t0)
 
 
-def _closed_loop(remote: torch.nn.Module, callers: int, seconds: float) -> tuple[float, list[float]]:
-    lat: list[float] = []
-    lock = threading.Lock()
-    stop = time.perf_counter() + seconds
-
-    def caller() -> None:
-        x = torch.zeros(1, 3, 32, 32)
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            remote(x)
-            with lock:
-                lat.append(time.perf_counter() - t0)
-
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return len(lat) / (time.perf_counter() - t0), lat
-
-
-def slo_throughput(remote: torch.nn.Module, slo_s: float, seconds: float) -> tuple[float, float, int]:
-    """The best closed-loop throughput whose p99 latency meets the SLO: (rps, p99 s, callers)."""
-    best = (0.0, 0.0, 0)
-    for callers in (1, 2, 4, 8, 16, 32, 64):
-        rps, lat = _closed_loop(remote, callers, seconds)
-        p99 = sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))]
-        if p99 > slo_s:
-            break
-        if rps > best[0]:
-            best = (rps, p99, callers)
-    return best
-
-
 def sim_path_speedup(slo_s: float, seconds: float) -> tuple[float, dict]:
     """Batched vs unbatched SLO-bound throughput through the path on the sim back end."""
     out = {}
@@ -194,7 +161,7 @@ def sim_path_speedup(slo_s: float, seconds: float) -> tuple[float, dict]:
                 torch.jit.save(torch.jit.script(torch.nn.Linear(4, 4)), buf)
                 remote._artifact = buf.getvalue()  # the sim back end runs no model: any accepted artifact does
                 remote(torch.zeros(1, 3, 32, 32))
-                out[label] = slo_throughput(remote, slo_s, seconds)
+                out[label] = slo_throughput(functools.partial(remote, torch.zeros(1, 3, 32, 32)), slo_s, seconds)
             finally:
                 scheduler.kill()
                 manager.kill()

@@ -358,10 +358,16 @@ class WorkerPool:
 
 
 def stop(pooled: Pooled) -> None:
-    pooled.conn.close()
-    if pooled.proc.is_alive():
-        pooled.proc.terminate()
-        pooled.proc.join(5)
-        if pooled.proc.is_alive():
-            pooled.proc.kill()
-            pooled.proc.join()
+    end(pooled.proc, pooled.conn)
+
+
+def end(proc: Any, conn: Connection | None) -> None:
+    """A worker process's end, pooled or serving: its pipe closed, then SIGTERM, then SIGKILL."""
+    if conn is not None:
+        conn.close()
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

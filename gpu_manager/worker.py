@@ -33,6 +33,7 @@ from faas_gpu.procs import die_with_parent
 from . import faults, loader
 from .memory import WorkerMeter
 from .pool import Pooled, PreparedWorker, WorkerPool
+from .pool import end as end_process
 from .pool import stop as stop_pooled
 
 log = logging.getLogger(__name__)
@@ -367,14 +368,8 @@ class Worker:
         raise ModelInputError(message)
 
     def stop(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
         if self.proc is not None:
-            if self.proc.is_alive():
-                self.proc.terminate()
-                self.proc.join(5)
-                if self.proc.is_alive():
-                    self.proc.kill()
-                    self.proc.join()
-            self.proc = None
+            end_process(self.proc, self.conn)
+        elif self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
