@@ -33,7 +33,8 @@ inputs, TorchScript, one torch thread per worker. Measured in the same run:
   manager of its own), over the disk's read bandwidth on that file (`store_read_cold_disk_gbps`):
   the comparison ServerlessLLM makes (checkpoint loading against the storage's bandwidth);
 - a miss served by a **prepared** worker (`--prepared-mb`: the model read and checked ahead into
-  host memory when it was uploaded, no CUDA touched), on a manager and scheduler of their own:
+  host memory when it was uploaded to the node, no CUDA touched), on a manager and scheduler of
+  their own:
   `embed_miss_prepared_ms` (the job through the scheduler, as `embed_miss_ms`) and its split
   `embed_miss_prepared_*_ms` (read 0: done ahead), `prepare_s` (that read's own time, off the
   miss) and `prepared_ahead_s`; `load_bandwidth_ratio_prepared` is the same formula as
@@ -245,7 +246,7 @@ def prepared_miss(
     artifact: bytes, payload: bytes, warm_args: tuple[str, ...], weight_bytes: int, warm_gbps: float
 ) -> dict:
     """A miss served by a prepared worker, on a manager (default `--prepared-mb`) and scheduler of
-    their own: the upload through the scheduler prepares the model on the manager; once its
+    their own: the model uploaded to the scheduler and to the manager, which prepares it; once its
     status lists it prepared, the job goes through the scheduler as `embed_figures`' miss does."""
     with tempfile.TemporaryDirectory(prefix="faas-gpu-prepared-") as tmp:
         home = Path(tmp)
@@ -258,6 +259,10 @@ def prepared_miss(
             r = requests.put(f"{scheduler.url}/v1/models", data=artifact, headers=auth, timeout=120)
             r.raise_for_status()
             digest = r.json()["digest"]
+            # the node's copy ahead of the job (the scheduler itself uploads it at the first job, which
+            # then joins the preparation under way: no earlier than a load from the store would be)
+            r = requests.put(f"{manager.url}/v1/models", data=artifact, headers=auth, timeout=120)
+            r.raise_for_status()
             deadline = time.perf_counter() + 180
             while time.perf_counter() < deadline:
                 units = requests.get(f"{manager.url}/v1/units", headers=auth, timeout=5).json()
