@@ -32,6 +32,18 @@ inputs, TorchScript, one torch thread per worker. Measured in the same run:
 - `load_bandwidth_ratio_cold`: a miss with the artifact evicted from the page cache first (on a
   manager of its own), over the disk's read bandwidth on that file (`store_read_cold_disk_gbps`):
   the comparison ServerlessLLM makes (checkpoint loading against the storage's bandwidth);
+- a miss served by a **prepared** worker (`--prepared-mb`: the model read and checked ahead into
+  host memory when it was uploaded to the node, no CUDA touched), on a manager and scheduler of
+  their own:
+  `embed_miss_prepared_ms` (the job through the scheduler, as `embed_miss_ms`) and its split
+  `embed_miss_prepared_*_ms` (read 0: done ahead), `prepare_s` (that read's own time, off the
+  miss) and `prepared_ahead_s`; `load_bandwidth_ratio_prepared` is the same formula as
+  `load_bandwidth_ratio`, weight bytes / (to-device + hand-over) / the store's read bandwidth:
+  on cuda the to-device copy (pageable host memory to the GPU) is what is left of the load; on
+  the cpu back end "to device" is nothing, so it measures only how short the hand-over is (it can
+  exceed 1: no copy happens, the weights are already where they run). Every other miss here is
+  from the store: their managers run with `--prepared-mb 0`, so `load_bandwidth_ratio` keeps
+  its meaning;
 - `sim_batching_speedup`: the same path on the GPU Manager's `sim` back end with INFless's
   measured ResNet-50 GPU profile (../shared/data/infless/profiler/) at 50% SM: the best
   throughput whose p99 latency meets a 400 ms SLO, with the client's batching (max batch 16, the
@@ -192,7 +204,16 @@ EMBED_KEYS = (
     "embed_cold_miss_read_ms",
     "store_read_cold_disk_gbps",
     "load_bandwidth_ratio_cold",
+    "embed_miss_prepared_ms",
+    "embed_miss_prepared_spawn_ms",
+    "embed_miss_prepared_read_ms",
+    "embed_miss_prepared_to_device_ms",
+    "embed_miss_prepared_warmup_ms",
+    "prepare_s",
+    "prepared_ahead_s",
+    "load_bandwidth_ratio_prepared",
 )
+NO_PREPARED = ("--prepared-mb", "0")  # misses from the store: what load_bandwidth_ratio measures
 SPLIT = ("spawn", "read", "to_device", "warmup")
 
 
@@ -207,10 +228,73 @@ def wait_warm(manager_url: str, auth: dict, timeout_s: float = 180.0) -> float:
     return time.perf_counter() - t0
 
 
+def split_parts(r: requests.Response) -> dict[str, float]:
+    """`X-Faas-Gpu-Load-Split` in seconds: spawn, read, to_device, warmup (and on a prepared
+    worker's miss prepare, prepared_ahead)."""
+    return {
+        k: float(v) for k, v in (kv.split("=", 1) for kv in r.headers.get(h.LOAD_SPLIT, "").split(";") if "=" in kv)
+    }
+
+
 def miss_split(prefix: str, r: requests.Response) -> dict:
     """The manager's load split of a miss, in ms (`X-Faas-Gpu-Load-Split`)."""
-    parts = dict(kv.split("=", 1) for kv in r.headers.get(h.LOAD_SPLIT, "").split(";") if "=" in kv)
-    return {f"{prefix}miss_{k}_ms": round(float(parts[k]) * 1000, 2) if k in parts else None for k in SPLIT}
+    parts = split_parts(r)
+    return {f"{prefix}miss_{k}_ms": round(parts[k] * 1000, 2) if k in parts else None for k in SPLIT}
+
+
+def prepared_miss(
+    artifact: bytes, payload: bytes, warm_args: tuple[str, ...], weight_bytes: int, warm_gbps: float
+) -> dict:
+    """A miss served by a prepared worker, on a manager (default `--prepared-mb`) and scheduler of
+    their own: the model uploaded to the scheduler and to the manager, which prepares it; once its
+    status lists it prepared, the job goes through the scheduler as `embed_figures`' miss does."""
+    with tempfile.TemporaryDirectory(prefix="faas-gpu-prepared-") as tmp:
+        home = Path(tmp)
+        auth = {"Authorization": f"Bearer {ensure_token(home / 'secrets')}"}
+        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args)
+        scheduler = Daemon("scheduler", home)
+        try:
+            wait_units(scheduler.url, auth, 1)
+            wait_warm(manager.url, auth)
+            r = requests.put(f"{scheduler.url}/v1/models", data=artifact, headers=auth, timeout=120)
+            r.raise_for_status()
+            digest = r.json()["digest"]
+            # the node's copy ahead of the job (the scheduler itself uploads it at the first job, which
+            # then joins the preparation under way: no earlier than a load from the store would be)
+            r = requests.put(f"{manager.url}/v1/models", data=artifact, headers=auth, timeout=120)
+            r.raise_for_status()
+            deadline = time.perf_counter() + 180
+            while time.perf_counter() < deadline:
+                units = requests.get(f"{manager.url}/v1/units", headers=auth, timeout=5).json()
+                if any(digest in u.get("prepared", []) for u in units):
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("the uploaded model was not prepared within 180 s")
+            wait_warm(manager.url, auth)  # the pool's refill after the preparation took its process
+            t0 = time.perf_counter()
+            r = requests.post(f"{scheduler.url}/v1/jobs/{digest}", data=payload, headers=auth, timeout=120)
+            r.raise_for_status()
+            miss_s = time.perf_counter() - t0
+        finally:
+            scheduler.kill()
+            manager.kill()
+    parts = split_parts(r)
+    if "prepare" not in parts:
+        raise RuntimeError(f"the miss was not served by a prepared worker: {parts}")
+    split = miss_split("embed_prepared_", r)
+    # the same formula as load_bandwidth_ratio, the miss's load part being what a prepared worker
+    # leaves: the copy to the device and the hand-over. cuda: the host-to-GPU copy of the weights
+    # (pageable), bounded by the link; cpu: nothing is copied (the weights already are where they
+    # run), so the figure says only how short the hand-over is, and may exceed 1.
+    load_part_s = parts["to_device"] + parts["spawn"]
+    return {
+        "embed_miss_prepared_ms": round(miss_s * 1000, 2),
+        **{f"embed_miss_prepared_{k}_ms": split[f"embed_prepared_miss_{k}_ms"] for k in SPLIT},
+        "prepare_s": round(parts["prepare"], 4),
+        "prepared_ahead_s": round(parts["prepared_ahead"], 3),
+        "load_bandwidth_ratio_prepared": round(weight_bytes / load_part_s / 1e9 / warm_gbps, 4),
+    }
 
 
 def cold_miss(artifact: bytes, payload: bytes, warm_args: tuple[str, ...]) -> tuple[dict, float]:
@@ -219,7 +303,7 @@ def cold_miss(artifact: bytes, payload: bytes, warm_args: tuple[str, ...]) -> tu
     with tempfile.TemporaryDirectory(prefix="faas-gpu-cold-") as tmp:
         home = Path(tmp)
         auth = {"Authorization": f"Bearer {ensure_token(home / 'secrets')}"}
-        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args)
+        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args, *NO_PREPARED)
         try:
             r = requests.put(f"{manager.url}/v1/models", data=artifact, headers=auth, timeout=120)
             r.raise_for_status()
@@ -294,7 +378,16 @@ def embed_figures(callers: int, seconds: float, warm_args: tuple[str, ...] = ())
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
         manager = Daemon(
-            "gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", "--worker-threads", "1", *warm_args
+            "gpu_manager",
+            home,
+            "--units",
+            "1",
+            "--unit-memory-mb",
+            "1024",
+            "--worker-threads",
+            "1",
+            *warm_args,
+            *NO_PREPARED,
         )
         scheduler = Daemon("scheduler", home)
         try:
@@ -353,6 +446,13 @@ def embed_figures(callers: int, seconds: float, warm_args: tuple[str, ...] = ())
         f"cache hit {hit_s * 1000:.1f} ms vs miss {miss_s * 1000:.1f} ms (load {load_s * 1000:.1f} ms)"
     )
     ratio = load_gbps / warm_gbps
+    prepared = prepared_miss(buf.getvalue(), encode(one), warm_args, weight_bytes, warm_gbps)
+    print(
+        f"embed miss on a prepared worker (read {prepared['prepare_s']:.3f} s ahead, "
+        f"{prepared['prepared_ahead_s']:.1f} s before): {prepared['embed_miss_prepared_ms']} ms, split (ms) "
+        + ", ".join(f"{k} {prepared[f'embed_miss_prepared_{k}_ms']}" for k in SPLIT)
+        + f"; load_bandwidth_ratio_prepared {prepared['load_bandwidth_ratio_prepared']} (cpu: no copy to a device)"
+    )
     cold, cold_disk_gbps = cold_miss(buf.getvalue(), encode(one), warm_args)
     cold_load_gbps = weight_bytes / ((cold["cold_miss_read_ms"] + cold["cold_miss_to_device_ms"]) / 1000) / 1e9
     print(
@@ -381,6 +481,7 @@ def embed_figures(callers: int, seconds: float, warm_args: tuple[str, ...] = ())
         "embed_cold_miss_read_ms": cold["cold_miss_read_ms"],
         "store_read_cold_disk_gbps": round(cold_disk_gbps, 3),
         "load_bandwidth_ratio_cold": round(cold_load_gbps / cold_disk_gbps, 4),
+        **prepared,
     }
 
 
@@ -432,7 +533,16 @@ def main(argv: list[str] | None = None) -> int:
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
         manager = Daemon(
-            "gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--worker-threads", "1", *warm_args
+            "gpu_manager",
+            home,
+            "--units",
+            "1",
+            "--unit-memory-mb",
+            "256",
+            "--worker-threads",
+            "1",
+            *warm_args,
+            *NO_PREPARED,
         )
         scheduler = Daemon("scheduler", home)
         try:

@@ -24,6 +24,10 @@ list the GPUs and change a GPU's MIG geometry.
   workers) and retries once, else 503. Each answer carries `X-Faas-Gpu-Model-Mb`, the model's
   measured cost on the unit.
 
+- `PUT /v1/models`: stored, then (with `--prepared-mb`) prepared in the background for the least
+  loaded unit: a worker reads and checks it into host memory, so the miss that follows pays only
+  the copy to the device and the warm-up (`GPUManager.uploaded`).
+
 - `GET /metrics`: Prometheus's text format (`faas_gpu.contract.metrics`: Triton's `nv_gpu_*` per
   unit, the model cache per unit, MIG reconfigurations), with the cluster token like `/v1/`.
 
@@ -104,6 +108,10 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(str(exc), 413)
         except ArtifactError as exc:
             return _text(str(exc), 400)
+        try:  # read and checked ahead in host memory, so its first miss pays only the copy and warm-up
+            manager.uploaded(artifact)
+        except Exception as exc:  # the upload stands: its first miss then loads from the store
+            app.logger.warning("preparing %s failed: %s", artifact.digest[:12], exc)
         return jsonify({"digest": artifact.digest, "size": artifact.size, "format": artifact.format}), 201
 
     @app.post("/v1/jobs/<digest>")

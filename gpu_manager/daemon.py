@@ -96,6 +96,7 @@ class _Daemon:
         from .discovery import cpu_units, discover_units, gpu_count
         from .manager import GPUManager
         from .mps import MPSControl
+        from .pool import host_share_mb
 
         a = self.args
         home = a.home
@@ -135,6 +136,7 @@ class _Daemon:
             warm_workers=a.warm_workers,
             max_workers_per_unit=a.max_workers_per_unit,
             charge_measured_cpu=a.charge_measured_memory,
+            prepared_mb=host_share_mb(0.25) if a.prepared_mb is None else a.prepared_mb,
         )
         try:
             self.manager.start_mps()
@@ -185,6 +187,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="cpu and cuda back ends: idle model workers kept ready per unit (torch imported), so a cache "
         "miss skips a process start; 0: none",
+    )
+    p.add_argument(
+        "--prepared-mb",
+        type=float,
+        default=None,
+        help="cpu and cuda back ends: host memory for prepared workers, models read and checked ahead (on "
+        "upload, and again when evicted from a unit) so their miss pays only the copy to the device and "
+        "the warm-up; least recently used dropped first (default: 25%% of the node's memory; 0: none)",
     )
     p.add_argument(
         "--mps",

@@ -21,6 +21,13 @@ Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
   warm-up is skipped and the reason reported.
 
 `prewarm()` is what a pooled worker runs while it waits for a model (see `pool.py`).
+
+`prepare()` and `finish()` split the same load in two for a **prepared** worker (`pool.py`'s
+host-memory tier): `prepare` does the read (checks, torch's loader, the module built and its graph
+checked) into host memory without touching CUDA, ahead of any miss; `finish`, on the miss, is
+the copy to the device (with the device pass, and the module rebuilt from the moved program on a
+GPU) and nothing else. On the cpu back end `finish` has nothing to do: the prepared module is the
+model.
 """
 
 from __future__ import annotations
@@ -133,6 +140,82 @@ def load(path: str, device: str) -> Loaded:
         example = None if kwargs else tuple(args)
     # read: the archive to a module (checks, torch's loader, the module built from the graph)
     return Loaded(model, fmt, time.perf_counter() - t0 - (t2 - t1), t2 - t1, example)
+
+
+@dataclass
+class Prepared:
+    """An artifact checked and read into host memory, nothing on a device: what `finish` needs."""
+
+    fmt: str
+    program: Any  # the ExportedProgram on the cpu (None for TorchScript)
+    module: Any  # the program's module on the cpu, its graph checked; or the TorchScript module on the cpu
+    example: tuple | None
+    data: bytes | None  # a TorchScript archive's bytes (loaded again onto a GPU: it has no device pass)
+    read_s: float
+
+
+def prepare(path: str) -> Prepared:
+    """The read of `load`, done ahead in host memory: the same checks before torch opens the file,
+    no device touched (CUDA is not initialised: a prepared worker holds no context)."""
+    _force_weights_only()
+    import torch
+
+    from faas_gpu.models import safe_formats
+
+    t0 = time.perf_counter()
+    _read_ahead(path)
+    with zipfile.ZipFile(path) as z:
+        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    if fmt == "torchscript":
+        with open(path, "rb") as fh:
+            data = fh.read()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+            model = torch.jit.load(io.BytesIO(data), map_location="cpu")
+        safe_formats.check_torchscript(model)
+        model.eval()
+        return Prepared(fmt, None, model, None, data, time.perf_counter() - t0)
+    with open(path, "rb") as fh, _cached_type_hints():
+        program = torch.export.load(fh)
+    module = program.module(check_guards=False)  # check_guards=False: torch would exec guard code built from the file
+    safe_formats.check_graph(module)
+    example = None
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        example = None if kwargs else tuple(args)
+    return Prepared(fmt, program, module, example, None, time.perf_counter() - t0)
+
+
+def finish(prepared: Prepared, device: str) -> Loaded:
+    """A prepared model onto its device: the miss's only work before the warm-up (read_s 0: the
+    read was done ahead). An export program goes through the device pass (finding 3) and its
+    module is built again from the moved program (its graph checked again); a TorchScript archive
+    is loaded again from its bytes in memory with `map_location` (it has no device pass)."""
+    import torch
+
+    from faas_gpu.models import safe_formats
+
+    t0 = time.perf_counter()
+    if prepared.fmt == "torchscript":
+        model = prepared.module
+        if device != "cpu":
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
+                model = torch.jit.load(io.BytesIO(prepared.data), map_location=device)
+            safe_formats.check_torchscript(model)
+            model.eval()
+        return Loaded(model, prepared.fmt, 0.0, time.perf_counter() - t0, None)
+    model, example = prepared.module, prepared.example
+    if not _devices(prepared.program) <= {torch.device(device)}:  # a GPU (the pass moves the program in place)
+        moved = move_to_device(prepared.program, device)
+        model = moved.module(check_guards=False)
+        safe_formats.check_graph(model)
+        example = None
+        if moved.example_inputs is not None:
+            args, kwargs = moved.example_inputs
+            example = None if kwargs else tuple(args)
+    prepared.program = prepared.module = None  # the host copies go with the miss (a GPU holds the weights now)
+    return Loaded(model, prepared.fmt, 0.0, time.perf_counter() - t0, example)
 
 
 def move_to_device(program: Any, device: str) -> Any:

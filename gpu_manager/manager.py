@@ -112,7 +112,10 @@ def load_split(worker: Worker) -> dict[str, float] | None:
     info = getattr(worker, "info", None)
     if info is None or not hasattr(info, "read_s"):
         return None
-    return {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
+    split = {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
+    if getattr(info, "prepared", False):  # read ahead by a prepared worker: how long it took, how long before
+        split.update(prepare=info.prepare_s, prepared_ahead=info.prepared_ahead_s)
+    return split
 
 
 class GPUManager:
@@ -130,6 +133,7 @@ class GPUManager:
         mig_privilege: Callable[[], mig.MigPrivilege] | None = None,
         max_workers_per_unit: int | None = None,
         charge_measured_cpu: bool = False,
+        prepared_mb: float = 0.0,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
@@ -142,7 +146,12 @@ class GPUManager:
         max_workers_per_unit: most workers (cached models) per unit; with MPS also at most the
         server's client limit (`mps_client_cap`). At the cap a load evicts the least recently used.
         charge_measured_cpu: charge cpu units the measured cost too (GPU units always are); off,
-        an emulated cpu unit's budget is in artifact megabytes, as its operator sized it."""
+        an emulated cpu unit's budget is in artifact megabytes, as its operator sized it.
+        prepared_mb: host memory for prepared workers (`pool.py`: a model read and checked ahead,
+        so its miss costs only the copy to the device and the warm-up); 0: none. A model is
+        prepared when it is uploaded (for the least loaded unit: `uploaded`) and again when the
+        cache evicts it from a unit (for that unit). Prepared workers hold no device memory: they
+        are charged to no unit, only to this budget."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
@@ -150,7 +159,12 @@ class GPUManager:
         self.units = {u.id: self._state(u) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
         # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
-        self.pool = WorkerPool(warm_workers if worker_factory is None else 0, self.threads, spawn_pooled)
+        self.pool = WorkerPool(
+            warm_workers if worker_factory is None else 0,
+            self.threads,
+            spawn_pooled,
+            budget_mb=prepared_mb if worker_factory is None else 0.0,
+        )
         self.worker_factory = worker_factory or (
             lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env, pool=self.pool)
         )
@@ -345,6 +359,63 @@ class GPUManager:
         for digest in digests:
             self._drop((digest, state.info.id), state)
             self._evictions.labels(state.info.id).inc()
+            self._prepare(state, digest)  # an LRU victim may well come back
+
+    # -- prepared workers (the host-memory tier, `pool.py`) ---------------------------------------
+    def uploaded(self, artifact: Artifact) -> bool:
+        """A model was uploaded to this node (the scheduler uploads one where it plans to run it):
+        prepare it for the unit its first job most likely goes to, the least loaded one that is
+        open and has room for it: idle first, then the least memory used, then the fewest models.
+        One unit, not every unit's environment: on a GPU node each unit's environment is its own
+        (CUDA_VISIBLE_DEVICES), so preparing for all would hold the model once per unit (7 on a
+        MIG-sliced GPU) for one miss; cpu units share one environment, so any of them gets it.
+        False when nothing was ordered (the tier off, no unit, already resident or prepared)."""
+        if self.pool.budget_mb <= 0:
+            return False
+        open_units = [
+            s
+            for s in list(self.units.values())
+            if not (s.draining or s.retired) and self.cost_mb(artifact, s.info) <= s.info.memory_mb
+        ]
+        if not open_units:
+            return False
+        state = min(
+            open_units,
+            key=lambda s: (s.busy_since is not None, s.cache.used_mb / max(s.info.memory_mb, 1e-9), len(s.cache)),
+        )
+        return self._prepare(state, artifact.digest)
+
+    def _prepare(self, state: _UnitState, digest: str) -> bool:
+        """Order a prepared worker of `digest` for the unit's environment (on the pool's thread:
+        it starts once no load runs on the node, and not at all if the model is loaded there by then)."""
+        if self.pool.budget_mb <= 0 or state.draining or state.retired:
+            return False
+        artifact = self.store.get(digest)
+        env = self._known_env(state.info, digest)
+        if artifact is None or env is None or self._resident(digest, state):
+            return False
+        return self.pool.prepare(
+            digest,
+            str(artifact.path),
+            self._device(state.info),
+            env,
+            state.info.id,
+            wanted=lambda: not self._resident(digest, state) and not state.retired,
+        )
+
+    def _known_env(self, info: UnitInfo, digest: str) -> dict[str, str] | None:
+        """`worker_env` without starting anything: None under MPS while the unit's daemon is not
+        running (a preparation does not start a daemon; a miss does, as before)."""
+        if info.kind == "cpu" or self.mps is None:
+            return self.worker_env(info, digest)
+        daemon = getattr(self.mps, "daemons", {}).get(info.id)
+        if daemon is None or not daemon.running:
+            return None
+        return daemon.client_env(self._model_pct.get(digest, self.mps_thread_percentage))
+
+    def _prepared_models(self, info: UnitInfo) -> list[str]:
+        """The models a miss on this unit would find prepared (their environment is the unit's)."""
+        return sorted(d for d, env, _ in self.pool.prepared() if env == self._known_env(info, d))
 
     def _load(self, state: _UnitState, artifact: Artifact) -> Worker:
         """Make room (memory, and the unit's worker cap), start the worker, then charge what it
@@ -425,6 +496,7 @@ class GPUManager:
             log.info("unit %s: %s grew to %.0f MB; evicting %s", state.info.id, digest[:12], measured, victim[:12])
             self._drop((victim, state.info.id), state)
             self._evictions.labels(state.info.id).inc()
+            self._prepare(state, victim)
 
     def _measure(self, state: _UnitState, worker: Worker) -> float | None:
         """The worker's cost in MB: cpu, its memory growth since before the load, at its peak;
@@ -498,6 +570,8 @@ class GPUManager:
                 "models": s.cache.models,
                 "running": s.running,  # the digest of the model running now (the operator's status page)
                 "warm_workers": self._warm_workers(s.info),  # pooled processes ready for this unit's next miss
+                # models held prepared in host memory for this unit's environment (no device memory: not in used_mb)
+                "prepared": self._prepared_models(s.info),
             }
             for s in self.units.values()
         ]
@@ -675,6 +749,9 @@ class GPUManager:
     def _stop_unit(self, state: _UnitState) -> None:
         for key in [k for k in list(self.workers) if k[1] == state.info.id]:  # list(): jobs elsewhere add workers
             self._drop(key, state)
+        # its prepared workers too: their environment names a device (or daemon) that may not exist after
+        uid, env = state.info.id, self.worker_env(state.info, "") if self.mps is None else None
+        self.pool.discard_prepared(lambda p, e: p.unit == uid or e == env)
         if self.mps is None:  # its idle pooled workers would hold a device that may not exist after
             self.pool.discard(self.worker_env(state.info, ""))
         else:

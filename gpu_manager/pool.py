@@ -14,6 +14,20 @@ context). A model whose MPS share differs from its unit's default gets a fresh p
 Processes are spawned by one long-lived thread of the pool: a worker dies with the thread that
 spawned it (`die_with_parent`), so no short-lived request thread may spawn one. A pool never
 spawns while a taken process loads: `refill` is called once the load finished.
+
+**Prepared workers** (a host-memory tier, as ServerlessLLM keeps checkpoints in host DRAM and
+Triton separates loading a model repository from serving): a pooled process given one artifact
+to read and check into host memory (`loader.prepare`: safe_formats' checks, torch's export
+deserializer, the module; CUDA untouched, so it holds no context and no device memory), kept per
+(model digest, environment). A miss on that model in that environment takes it and pays only the
+copy to the device and the warm-up. The deserializer's cost is fixed per program (~0.35 s for
+the 246-node embed program, against ~50 ms of weights), so this is the only way a miss from a
+parsed program's format approaches the bandwidth. Bounded by a host-memory budget (`budget_mb`,
+each worker's measured USS: interpreter, torch and the model), least recently prepared or
+asked-for dropped first. Preparations run on the pool's thread, one at a time, and start only
+while no load runs on the node (`loading()`): they never take a job's CPU at its start; a load
+that begins during one runs beside it (one process, ~0.4 s for the embed model). A miss on a
+model whose preparation is under way waits for it rather than read the same file again beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +36,9 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,6 +46,19 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EnvKey = tuple[tuple[str, str], ...]
+
+
+def host_share_mb(share: float = 0.25, meminfo: str = "/proc/meminfo") -> float:
+    """`share` of the node's memory (MemTotal), in MB: the prepared workers' default budget.
+    0 where /proc/meminfo cannot be read (the tier is then off unless sized explicitly)."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return share * int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 def env_key(env: dict[str, str] | None) -> EnvKey:
@@ -45,30 +75,66 @@ class Pooled:
     spawned_at: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class PreparedWorker:
+    """A pooled process holding one artifact read and checked in host memory, for one environment
+    and device, waiting for the miss that takes it (`Worker` sends it the load order)."""
+
+    pooled: Pooled
+    digest: str
+    path: str
+    device: str
+    unit: str  # the unit it was prepared for (any unit with the same environment may take it)
+    prepare_s: float  # the read's own time, in the worker
+    host_mb: float  # the process's private memory after the read (interpreter, torch, the model)
+    ready_at: float = field(default_factory=time.monotonic)
+
+
+PREPARE_TIMEOUT_S = 300.0
+
+PreparedKey = tuple[str, EnvKey]
+
+
 class WorkerPool:
-    def __init__(self, size: int, threads: int, spawn: Any):
+    def __init__(self, size: int, threads: int, spawn: Any, budget_mb: float = 0.0):
         """size: idle processes kept per environment (0: no pool, every miss spawns).
-        spawn(threads, env) -> Pooled: starts one pooled process (the worker module's)."""
+        spawn(threads, env) -> Pooled: starts one pooled process (the worker module's).
+        budget_mb: host memory for prepared workers (0: none are kept)."""
         self.size, self.threads, self._spawn = max(0, size), threads, spawn
+        self.budget_mb = max(0.0, budget_mb)
         self._idle: dict[EnvKey, list[Pooled]] = {}
         self._lock = threading.Lock()
-        self._orders: queue.Queue[tuple[dict[str, str], threading.Event] | None] = queue.Queue()
+        self._no_loads = threading.Condition(self._lock)
+        self._loads = 0  # loads running on the node now: no preparation starts meanwhile
+        self._prepared: OrderedDict[PreparedKey, PreparedWorker] = OrderedDict()  # least recent first
+        self._preparing: dict[PreparedKey, tuple[threading.Event, list[bool]]] = {}  # (done, [started])
+        self._orders: queue.Queue[tuple[Callable[[], None], threading.Event] | None] = queue.Queue()
         self._closed = False
         self._thread: threading.Thread | None = None
         self.spawned = 0  # processes spawned by the pool, for tests and the benchmark
+        self.prepared_count = 0  # preparations done, for tests and the benchmark
 
     def _spawner(self) -> None:
         while True:
             order = self._orders.get()
             if order is None:
                 return
-            env, done = order
+            work, done = order
             try:
-                self._top_up(env)
+                work()
             except Exception as exc:  # a failed spawn leaves the pool short: the next miss spawns itself
-                log.warning("worker pool: spawning a warm worker failed: %s", exc)
+                log.warning("worker pool: %s", exc)
             finally:
                 done.set()
+
+    def _order(self, work: Callable[[], None]) -> threading.Event:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._spawner, name="worker-pool", daemon=True)
+                self._thread.start()
+        done = threading.Event()
+        self._orders.put((work, done))
+        return done
 
     def _top_up(self, env: dict[str, str]) -> None:
         key = env_key(env)
@@ -90,14 +156,166 @@ class WorkerPool:
         """Bring the environment's idle processes back to `size`, on the pool's own thread."""
         if self.size == 0 or self._closed:
             return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._spawner, name="worker-pool", daemon=True)
-                self._thread.start()
-        done = threading.Event()
-        self._orders.put((dict(env or {}), done))
+        env = dict(env or {})
+        done = self._order(lambda: self._top_up(env))
         if wait:
             done.wait()
+
+    # -- prepared workers ---------------------------------------------------------------------
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """A load runs on the node while inside: no preparation starts until none does."""
+        with self._lock:
+            self._loads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loads -= 1
+                self._no_loads.notify_all()
+
+    def prepare(
+        self,
+        digest: str,
+        path: str,
+        device: str,
+        env: dict[str, str] | None,
+        unit: str,
+        wait: bool = False,
+        wanted: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Order a prepared worker for (digest, env) on the pool's thread; False when the tier is
+        off, or one is already there or under way (then it only counts as used, for the LRU).
+        wanted(): asked again when the preparation may start (the model may have been loaded since)."""
+        key = (digest, env_key(env))
+        with self._lock:
+            if self.budget_mb <= 0 or self._closed:
+                return False
+            if key in self._prepared:
+                self._prepared.move_to_end(key)
+                return False
+            if key in self._preparing:
+                return False
+            self._preparing[key] = entry = (threading.Event(), [False])
+        env = dict(env or {})
+        done = self._order(lambda: self._prepare(key, entry, path, device, env, unit, wanted))
+        if wait:
+            done.wait()
+        return True
+
+    def _prepare(
+        self,
+        key: PreparedKey,
+        entry: tuple[threading.Event, list[bool]],
+        path: str,
+        device: str,
+        env: dict[str, str],
+        unit: str,
+        wanted: Callable[[], bool] | None,
+    ) -> None:
+        finished, started = entry
+        try:
+            with self._lock:
+                while self._loads and not self._closed:  # never beside a job's load: after it
+                    self._no_loads.wait(1.0)
+                if self._closed or self._preparing.get(key) is not entry:
+                    return
+            if wanted is not None and not wanted():
+                return
+            with self._lock:
+                started[0] = True
+            prepared = self._prepare_one(key[0], path, device, env, unit)
+            if prepared is not None:
+                self._keep(key, prepared)  # before `finished`: a miss waiting for it finds it
+        finally:
+            with self._lock:
+                if self._preparing.get(key) is entry:
+                    del self._preparing[key]
+            finished.set()
+        if self.size:
+            self._top_up(env)  # the idle process it took, replaced
+
+    def _prepare_one(
+        self, digest: str, path: str, device: str, env: dict[str, str], unit: str
+    ) -> PreparedWorker | None:
+        pooled = self.take(env)
+        if pooled is None:
+            pooled = self._spawn(self.threads, dict(env))
+            self.spawned += 1
+        try:
+            pooled.conn.send(("prepare", path, device))
+            kind, value, deadline = "warm", None, time.monotonic() + PREPARE_TIMEOUT_S
+            while kind == "warm":  # the pooled process's own warm-up report comes first
+                if not pooled.conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"not prepared within {PREPARE_TIMEOUT_S:.0f}s")
+                kind, value = pooled.conn.recv()
+        except (EOFError, OSError, TimeoutError) as exc:
+            log.warning("worker pool: preparing %s failed: %s", digest[:12], exc)
+            stop(pooled)
+            return None
+        if kind != "prepared":
+            log.warning("worker pool: %s not prepared: %s", digest[:12], value)
+            stop(pooled)
+            return None
+        prepare_s, host_mb = value
+        self.prepared_count += 1
+        return PreparedWorker(pooled, digest, path, device, unit, prepare_s, host_mb)
+
+    def _keep(self, key: PreparedKey, prepared: PreparedWorker) -> None:
+        """Into the tier, the least recent dropped while over the budget (the new one too, alone over it)."""
+        dropped: list[PreparedWorker] = []
+        with self._lock:
+            if self._closed:
+                dropped.append(prepared)
+            else:
+                old = self._prepared.pop(key, None)
+                if old is not None:
+                    dropped.append(old)
+                self._prepared[key] = prepared
+                while self._prepared and sum(p.host_mb for p in self._prepared.values()) > self.budget_mb:
+                    dropped.append(self._prepared.popitem(last=False)[1])
+        for p in dropped:
+            log.info("worker pool: %s no longer prepared (budget %.0f MB)", p.digest[:12], self.budget_mb)
+            stop(p.pooled)
+
+    def take_prepared(
+        self, digest: str, env: dict[str, str] | None, device: str, wait_s: float = 0.0
+    ) -> PreparedWorker | None:
+        """The prepared worker of (digest, env) for `device`, out of the tier, or None. One whose
+        preparation has started is waited for (up to `wait_s`): it read the file before this miss."""
+        key = (digest, env_key(env))
+        with self._lock:
+            entry = self._preparing.get(key)
+        if entry is not None and entry[1][0]:
+            entry[0].wait(wait_s)
+        with self._lock:
+            prepared = self._prepared.get(key)
+            if prepared is None or prepared.device != device:
+                return None
+            del self._prepared[key]
+        if prepared.pooled.proc.is_alive():
+            return prepared
+        log.warning("worker pool: the prepared worker of %s died; the miss loads from the store", digest[:12])
+        stop(prepared.pooled)
+        return None
+
+    def prepared(self) -> list[tuple[str, dict[str, str], PreparedWorker]]:
+        """(digest, environment, worker) of each prepared worker alive, least recent first."""
+        with self._lock:
+            items = list(self._prepared.items())
+        return [(d, dict(e), p) for (d, e), p in items if p.pooled.proc.is_alive()]
+
+    def prepared_mb(self) -> float:
+        with self._lock:
+            return sum(p.host_mb for p in self._prepared.values())
+
+    def discard_prepared(self, match: Callable[[PreparedWorker, dict[str, str]], bool]) -> None:
+        """Stop the prepared workers `match(worker, env)` names (their unit is gone or reconfigured)."""
+        with self._lock:
+            keys = [k for k, p in self._prepared.items() if match(p, dict(k[1]))]
+            gone = [self._prepared.pop(k) for k in keys]
+        for p in gone:
+            stop(p.pooled)
 
     def take(self, env: dict[str, str] | None) -> Pooled | None:
         """The oldest idle process for this environment (the furthest in its warm-up), or None."""
@@ -130,6 +348,9 @@ class WorkerPool:
         with self._lock:
             self._closed = True
             pools, self._idle = list(self._idle.values()), {}
+            pools.append([p.pooled for p in self._prepared.values()])
+            self._prepared.clear()
+            self._no_loads.notify_all()
         self._orders.put(None)
         for idle in pools:
             for pooled in idle:

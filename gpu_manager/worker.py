@@ -9,6 +9,11 @@ takes down only its worker.
 A miss takes a warm process from the `WorkerPool` (torch imported, loader warmed, its unit's
 environment set) when the manager keeps one, and spawns one otherwise; either way the worker
 reports its load split (spawn, read, to-device, warm-up) in `LoadedInfo`.
+
+A miss on a model the node holds **prepared** (`pool.py`'s host-memory tier: a pooled process
+that already read and checked this artifact for this unit's environment, no CUDA touched) takes
+that process instead: its load is only the copy to the device and the warm-up (read 0, done
+ahead; `prepare_s` and `prepared_ahead_s` say how long it took and how long before the miss).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from faas_gpu.procs import die_with_parent
 
 from . import faults, loader
 from .memory import WorkerMeter
-from .pool import Pooled, WorkerPool
+from .pool import Pooled, PreparedWorker, WorkerPool
 from .pool import end as end_process
 from .pool import stop as stop_pooled
 
@@ -78,6 +83,9 @@ class LoadedInfo:
     spawn_s: float = 0.0
     pooled: bool = False  # a warm process from the pool, not a fresh spawn
     cuda_visible_devices: str | None = None  # as the worker process saw it when it loaded
+    prepared: bool = False  # a prepared process: the read was done ahead, in host memory
+    prepare_s: float = 0.0  # that read's own time (checks, torch's loader, the module), off the miss
+    prepared_ahead_s: float = 0.0  # how long before the miss the preparation was done
 
 
 def _load(path: str, device: str) -> loader.Loaded:
@@ -92,9 +100,14 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
 
     torch.set_num_threads(threads)
     meter = WorkerMeter(device, torch)  # the baseline before the model: its cost is the growth
+    _load_and_serve(conn, lambda: _load(path, device), device, torch, meter)
+
+
+def _load_and_serve(conn: Connection, load, device: str, torch, meter: WorkerMeter, prepare_s: float = 0.0) -> None:
+    """`load()` -> loader.Loaded, its answer to the manager, then batches."""
     t0 = time.perf_counter()
     try:
-        loaded = _load(path, device)
+        loaded = load()
         model = loaded.model
         tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "parameters") else []
         size = sum(t.numel() * t.element_size() for t in tensors)
@@ -112,6 +125,8 @@ def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str
         warmup_s=loaded.warmup_s,
         warmup_skipped=loaded.warmup_skipped,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        prepared=prepare_s > 0,
+        prepare_s=prepare_s,
     )
     conn.send(("ready", info))
     _serve_batches(conn, model, device, torch, meter)
@@ -171,7 +186,39 @@ def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
         kind, path, device = conn.recv()
     except (EOFError, OSError):  # the pool closed
         return
+    if kind == "prepare":
+        _prepared(conn, path, device, torch)
+        return
     _serve(conn, path, device, threads, env)
+
+
+def _prepared(conn: Connection, path: str, device: str, torch) -> None:
+    """A prepared worker: the artifact read and checked into host memory now (`loader.prepare`,
+    no CUDA touched), then, on the miss that takes it, only the copy to the device and the
+    warm-up. The meter's baseline is taken before the read, so the model's measured cost is the
+    same as after a load from the store."""
+    from .memory import process_uss_mb
+
+    meter = WorkerMeter(device, torch)
+    t0 = time.perf_counter()
+    try:
+        prepared = loader.prepare(path)
+    except Exception as exc:  # an artifact that does not load: the pool drops this process
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    prepare_s = max(time.perf_counter() - t0, 1e-9)
+    conn.send(("prepared", (prepare_s, process_uss_mb())))  # its host memory, for the pool's budget
+    try:
+        kind, load_path, load_device = conn.recv()
+    except (EOFError, OSError):  # dropped from the tier (its budget, the unit gone, the pool closed)
+        return
+    if (load_path, load_device) != (path, device):  # not what was prepared: loaded from the store
+        prepared = None
+        _load_and_serve(conn, lambda: _load(load_path, load_device), load_device, torch, meter)
+        return
+    _load_and_serve(
+        conn, lambda: loader.warm_up(loader.finish(prepared, device), device), device, torch, meter, prepare_s
+    )
 
 
 def spawn_pooled(threads: int, env: dict[str, str]) -> Pooled:
@@ -201,6 +248,8 @@ class Worker:
         self.info: LoadedInfo | None = None
         self.peak_mb = 0.0  # the model's peak cost so far, as the worker last measured it
         self.now_mb = 0.0  # and what it holds now (cuda: torch's reserved memory)
+        self._prepared_ahead_s = 0.0
+        self._died_loading = False
 
     def _take_pooled(self) -> bool:
         """Hand the model to a pooled process: False when the pool has none alive for this env."""
@@ -214,16 +263,43 @@ class Worker:
             return True
         return False
 
+    def _take_prepared(self, timeout_s: float) -> PreparedWorker | None:
+        """The process holding this model prepared for this environment and device, if one is
+        alive (one whose preparation is under way is waited for: it started before this miss)."""
+        if self.pool is None:
+            return None
+        prepared = self.pool.take_prepared(self.artifact.digest, self.env, self.device, timeout_s)
+        if prepared is None:
+            return None
+        self._prepared_ahead_s = max(0.0, time.monotonic() - prepared.ready_at)
+        try:
+            prepared.pooled.conn.send(("load", str(self.artifact.path), self.device))
+        except (OSError, BrokenPipeError):  # it died since: a load from the store, as without it
+            stop_pooled(prepared.pooled)
+            return None
+        self.proc, self.conn = prepared.pooled.proc, prepared.pooled.conn
+        return prepared
+
     def start(self, timeout_s: float = 120) -> LoadedInfo:
         t0 = time.perf_counter()
+        prepared = self._take_prepared(timeout_s)
         try:
-            return self._start(timeout_s, t0)
+            if self.pool is None:
+                return self._start(timeout_s, t0, prepared)
+            with self.pool.loading():  # no preparation starts on this node while it loads
+                try:
+                    return self._start(timeout_s, t0, prepared)
+                except ModelLoadError:
+                    if prepared is None or not self._died_loading:
+                        raise
+                    log.warning("model %s: its prepared worker died; loading from the store", self.artifact.digest[:12])
+                    return self._start(timeout_s, time.perf_counter(), None)
         finally:
             if self.pool is not None:  # after the load: a spawn now would compete with it for the CPU
                 self.pool.refill(self.env)
 
-    def _start(self, timeout_s: float, t0: float) -> LoadedInfo:
-        pooled = self._take_pooled()
+    def _start(self, timeout_s: float, t0: float, prepared: PreparedWorker | None = None) -> LoadedInfo:
+        pooled = prepared is not None or self._take_pooled()
         if not pooled:
             parent, child = _CTX.Pipe()
             self.proc = _CTX.Process(
@@ -234,6 +310,7 @@ class Worker:
             self.proc.start()
             child.close()
             self.conn = parent
+        self._died_loading = False
         parent, deadline = self.conn, time.monotonic() + timeout_s
         kind, value = "warm", None
         while kind == "warm":  # a pooled process says when it finished warming; the load's answer follows
@@ -244,6 +321,7 @@ class Worker:
                 kind, value = parent.recv()
             except (EOFError, OSError):
                 self.stop()
+                self._died_loading = True
                 raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
         if kind == "oom":
             self.stop()
@@ -254,6 +332,8 @@ class Worker:
         # spawn: what the miss cost beyond the worker's own load (interpreter and imports, or the hand-over)
         spawn_s = max(0.0, time.perf_counter() - t0 - value.load_s)
         self.info = dataclasses.replace(value, spawn_s=spawn_s, pooled=pooled)
+        if prepared is not None:  # its own report says how long the read took; the pool, when it was done
+            self.info = dataclasses.replace(self.info, prepared=True, prepared_ahead_s=self._prepared_ahead_s)
         self.peak_mb = self.now_mb = value.memory_mb
         return self.info
 

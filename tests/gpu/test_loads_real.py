@@ -1,7 +1,9 @@
 """Model loads on the real device: the worker's to-device copy against the host-to-device
 bandwidth measured here (pageable and pinned), the whole export program moved to the GPU
-(finding 3), the warm-up batch on the GPU before ready (finding 9), and a pooled worker that
-keeps its unit's CUDA_VISIBLE_DEVICES. Read-only on the device; figures are printed (`-s`)."""
+(finding 3), the warm-up batch on the GPU before ready (finding 9), a pooled worker that
+keeps its unit's CUDA_VISIBLE_DEVICES, and a prepared worker (the model read ahead into host
+memory, no CUDA context) whose miss is the copy to the device and the warm-up. Read-only on the
+device; figures are printed (`-s`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.models import ModelStore
-from gpu_manager.pool import WorkerPool
+from gpu_manager.pool import WorkerPool, host_share_mb
 from gpu_manager.worker import Worker, spawn_pooled
 
 MB = 1e6
@@ -115,3 +117,58 @@ def test_a_pooled_worker_serves_on_its_units_device(wide):
     finally:
         worker.stop()
         pool.close()
+
+
+def _gpu_pids(pynvml, handle) -> set[int]:
+    """Processes holding a context on the device: compute and MPS clients alike."""
+    pids: set[int] = set()
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+        try:
+            pids |= {p.pid for p in getattr(pynvml, name)(handle)}
+        except (pynvml.NVMLError, AttributeError):
+            pass
+    return pids
+
+
+def test_a_prepared_miss_is_the_copy_to_the_gpu_and_its_warm_up(wide):
+    """Prepared: read and checked in host memory, no CUDA context (NVML lists no process of it);
+    its miss: read 0, the device pass and copy at a share of the link's bandwidth, the warm-up."""
+    import pynvml
+
+    artifact, model, weight_bytes = wide
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        env = {"CUDA_VISIBLE_DEVICES": uuid}
+        pool = WorkerPool(0, 1, spawn_pooled, budget_mb=host_share_mb(0.25))
+        assert pool.prepare(artifact.digest, str(artifact.path), "cuda:0", env, uuid, wait=True)
+        ((_, _, prepared),) = pool.prepared()
+        assert prepared.pooled.proc.pid not in _gpu_pids(pynvml, handle)  # no context while prepared
+        assert prepared.host_mb * 2**20 > weight_bytes  # the weights are in its host memory (MiB)
+        worker = Worker(artifact, "cuda:0", env=env, pool=pool)
+        try:
+            info = worker.start()
+            x = torch.randn(3, 4096)
+            y = decode(worker.run(encode(x)))
+        finally:
+            worker.stop()
+            pool.close()
+    finally:
+        pynvml.nvmlShutdown()
+    with torch.inference_mode():
+        assert torch.allclose(y, model(x), atol=1e-3)
+    assert info.prepared and info.read_s == 0.0 and info.prepare_s > 0
+    assert info.warmup_skipped is None and info.warmup_s > 0
+    pageable, pinned = _h2d_gbps(False), _h2d_gbps(True)
+    to_device_gbps = weight_bytes / info.to_device_s / 1e9
+    print(
+        f"prepared miss of {weight_bytes / MB:.0f} MB: prepared {info.prepare_s:.3f} s, "
+        f"{info.prepared_ahead_s:.1f} s ahead; hand-over {info.spawn_s:.3f} s, to device {info.to_device_s:.3f} s "
+        f"({to_device_gbps:.1f} GB/s vs pageable {pageable:.1f}, pinned {pinned:.1f} GB/s), warm-up "
+        f"{info.warmup_s:.3f} s"
+    )
+    # pageable memory (pinning needs a CUDA context, which a prepared worker must not hold), the
+    # device pass and the module rebuilt from the moved program included
+    assert to_device_gbps >= 0.25 * pageable
