@@ -69,7 +69,7 @@ from .manager import (
     UnknownModel,
     UnknownUnit,
 )
-from .worker import ModelInputError, ModelLoadError, OutOfDeviceMemory, WorkerDied
+from .worker import LoadLost, ModelInputError, ModelLoadError, OutOfDeviceMemory, WorkerDied
 
 
 def _text(message: str, status: int) -> Response:
@@ -168,6 +168,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             return _text(str(exc), 507)
         except (DeviceMemoryBusy, OutOfDeviceMemory) as exc:  # memory held elsewhere: the scheduler places it again
             return _text(str(exc), 503)
+        except LoadLost as exc:  # the worker died or hung while loading: not the artifact's fault
+            return _text(f"unit {unit}: {exc}", 503)
         except ModelLoadError as exc:
             return _text(str(exc), 400)
         except WorkerDied as exc:

@@ -49,6 +49,12 @@ class ModelLoadError(WorkerError):
     """The artifact would not load on this device."""
 
 
+class LoadLost(ModelLoadError):
+    """The worker died or stopped answering while it loaded: the kernel's OOM killer, a crash in
+    torch, a machine too busy to load within the time. Not the caller's error: answered 503, so
+    the scheduler places the job again, rather than the 400 of an artifact that will not load."""
+
+
 class ModelInputError(WorkerError):
     """The model refused the batch (wrong shape or dtype): its message goes back to the caller."""
 
@@ -316,13 +322,14 @@ class Worker:
         while kind == "warm":  # a pooled process says when it finished warming; the load's answer follows
             if not parent.poll(max(0.0, deadline - time.monotonic())):
                 self.stop()
-                raise ModelLoadError(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
+                raise LoadLost(f"model {self.artifact.digest[:12]} did not load within {timeout_s:.0f}s")
             try:
                 kind, value = parent.recv()
             except (EOFError, OSError):
+                how = self._how_it_ended()
                 self.stop()
                 self._died_loading = True
-                raise ModelLoadError(f"model {self.artifact.digest[:12]}: the worker died while loading") from None
+                raise LoadLost(f"model {self.artifact.digest[:12]}: the worker died while loading ({how})") from None
         if kind == "oom":
             self.stop()
             raise OutOfDeviceMemory(f"model {self.artifact.digest[:12]}: out of memory while loading: {value}")
@@ -336,6 +343,18 @@ class Worker:
             self.info = dataclasses.replace(self.info, prepared=True, prepared_ahead_s=self._prepared_ahead_s)
         self.peak_mb = self.now_mb = value.memory_mb
         return self.info
+
+    def _how_it_ended(self) -> str:
+        """The dead worker's exit, in words: a SIGKILL is most often the kernel's OOM killer."""
+        if self.proc is None:
+            return "no process"
+        self.proc.join(2)
+        code = self.proc.exitcode
+        if code is None:
+            return "still running, its pipe closed"
+        if code == -9:
+            return "killed by SIGKILL: the kernel's OOM killer when host memory runs out"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
     @property
     def alive(self) -> bool:

@@ -123,3 +123,51 @@ def test_torchscript_that_writes_files_is_refused_before_its_first_call(tmp_path
     with pytest.raises(ModelLoadError, match="pickle is refused"):
         Worker(Artifact("e" * 64, planted.stat().st_size, "export", planted)).start()
     assert not marker.exists()
+
+
+def test_a_worker_killed_while_it_loads_is_not_the_callers_error(tmp_path, models):
+    """The kernel's OOM killer (SIGKILL) taking a worker mid-load: LoadLost, answered 503 so the
+    scheduler places the job again, and the exit named, not the 400 of an artifact that will not load."""
+    import threading
+
+    from gpu_manager.api import create_app
+    from gpu_manager.worker import LoadLost
+
+    store = ModelStore(tmp_path / "store")
+    artifact = store.put(models[0][0])
+    worker = Worker(artifact)  # no pool: a fresh process, which imports torch (seconds) before it loads
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            worker.start()
+        except BaseException as exc:  # noqa: BLE001 — what start raised, for the assertion below
+            failure.append(exc)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    deadline = time.monotonic() + 30
+    while (worker.proc is None or worker.proc.pid is None) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    starting.join(60)
+    assert failure and isinstance(failure[0], LoadLost), failure
+    assert "SIGKILL" in str(failure[0]) and "OOM killer" in str(failure[0])
+
+    class Killed:  # the manager as the API sees it when a load's worker was lost
+        def __getattr__(self, name):
+            return getattr(manager, name)
+
+        def run(self, *args, **kwargs):
+            raise failure[0]
+
+    manager = GPUManager(cpu_units(1, 64), store)
+    try:
+        client = create_app(Killed(), "t").test_client()
+        r = client.post(
+            f"/v1/jobs/{artifact.digest}?unit=cpu-0", data=encode(torch.randn(1, 3, 32, 32)),
+            headers={"Authorization": "Bearer t"},
+        )  # fmt: skip
+        assert r.status_code == 503 and b"died while loading" in r.data
+    finally:
+        manager.close()
