@@ -668,7 +668,9 @@ class GPUManager:
             result, changed = self._reconfigure(index, profiles, drain_timeout_s)
         except mig.MigNotPermitted as exc:
             self._reconfigurations.labels(str(index), "refused").inc()
-            if self._nvml_refused is None and self.privilege.allowed:
+            # NVML refusing a create or destroy says the probe was wrong; an unreadable process list
+            # (another user's processes on an instance) is about that instance, now
+            if self._nvml_refused is None and self.privilege.allowed and not isinstance(exc, mig.ProcessesUnseen):
                 self._nvml_refused = f"NVML refused: {exc}"
                 log.warning("MIG geometry control: no (%s)", self._nvml_refused)
             raise

@@ -21,7 +21,7 @@ this package's names (`mig.apply_geometry`, `mig.MigError`, ...).
 """
 
 from .acting import apply_geometry, check_geometry
-from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, UnitsBusy, UnknownGPU
+from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, ProcessesUnseen, UnitsBusy, UnknownGPU
 from .planning import Instance, InvalidGeometry, Plan, Profile, plan_geometry, valid_geometries
 from .privilege import MigPrivilege, probe_privilege
 from .reading import (
@@ -44,6 +44,7 @@ __all__ = [
     "MigError",
     "MigModeOff",
     "MigNotPermitted",
+    "ProcessesUnseen",
     "MigPrivilege",
     "Plan",
     "Profile",

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, UnitsBusy
+from .errors import InstancesInUse, MigError, MigModeOff, MigNotPermitted, ProcessesUnseen, UnitsBusy
 from .planning import Instance, Plan, Profile, plan_geometry
 from .reading import _code, ci_profiles, current_instances, handle, mig_mode, nvml_session, read_profiles, text
 
@@ -33,7 +33,7 @@ def _busy_processes(nvml: Any, dev: Any, gi_ids: set[int], index: int) -> list[s
     """MIG devices (UUIDs) of those GPU instances that still have processes, CUDA or MPS clients.
 
     A list NVML will not show (NVML_ERROR_NO_PERMISSION: another user's processes, a container)
-    is not an idle device: MigNotPermitted, as nothing can tell that destroying it is safe. The
+    is not an idle device: ProcessesUnseen (a MigNotPermitted), as nothing can tell that destroying it is safe. The
     MPS list missing from an old driver or binding (NOT_SUPPORTED, FUNCTION_NOT_FOUND) is skipped;
     any other error counts the device busy, so it is waited for like a running process."""
     busy = []
@@ -56,7 +56,7 @@ def _busy_processes(nvml: Any, dev: Any, gi_ids: set[int], index: int) -> list[s
             except nvml.NVMLError as exc:
                 code = _code(exc)
                 if code == nvml.NVML_ERROR_NO_PERMISSION:
-                    raise MigNotPermitted(
+                    raise ProcessesUnseen(
                         index, f"{name} on {uuid}: no permission to see its processes, so it may be in use"
                     ) from exc
                 if name != PROCESS_LISTS[0] and code in absent:
@@ -76,12 +76,16 @@ def _require_mig(nvml: Any, dev: Any, index: int) -> None:
 
 
 def check_geometry(nvml: Any, index: int, target: list[str]) -> Plan:
-    """The plan for `target`, without changing anything (InvalidGeometry, MigModeOff, UnknownGPU)."""
+    """The plan for `target`, without changing anything (InvalidGeometry, MigModeOff, UnknownGPU;
+    ProcessesUnseen when NVML will not show the processes of an instance the plan destroys, so
+    the caller refuses before it drains anything for a change that would be refused after)."""
     with nvml_session(nvml):
         dev = handle(nvml, index)
         _require_mig(nvml, dev, index)
         profiles = read_profiles(nvml, dev)
-        return plan_geometry(profiles, current_instances(nvml, dev, profiles), list(target), index)
+        plan = plan_geometry(profiles, current_instances(nvml, dev, profiles), list(target), index)
+        _busy_processes(nvml, dev, {i.id for i in plan.destroy}, index)  # busy now is fine: drained next
+        return plan
 
 
 def apply_geometry(

@@ -42,6 +42,12 @@ class MigNotPermitted(MigError):
         super().__init__(f"gpu {index}: MIG geometry cannot be changed by this manager: {detail}")
 
 
+class ProcessesUnseen(MigNotPermitted):
+    """NVML will not list the processes on an instance to destroy (NO_PERMISSION: another user's
+    or another container's): nothing says it is idle. Found before anything is drained; unlike
+    NVML refusing a create or destroy, it says nothing lasting about this manager's privilege."""
+
+
 class InstancesInUse(MigError):
     """NVML refused a destroy with NVML_ERROR_IN_USE though no process is visible on the instance
     (e.g. DCGM or another monitor holds a handle to it). What was half destroyed has been put back;

@@ -491,6 +491,31 @@ def test_nvml_refusing_what_the_probe_allowed_is_403_and_not_drained_again(tmp_p
     mgr.close()
 
 
+def test_an_unreadable_process_list_is_403_before_draining_and_not_remembered(tmp_path):
+    """Another user's processes on an instance to destroy: NVML will not list them, so nothing
+    says it is idle. Refused before any worker stops; once the list reads again, it proceeds."""
+    gpu = FakeGPU.a100_40gb()
+    nvml = MigNVML([gpu])
+    nvml.preset(gpu, [("4g.20gb", 0), ("3g.20gb", 4)])
+    store = ModelStore(tmp_path)
+    mgr = GPUManager(discover_units(nvml), store, worker_factory=FakeWorker, nvml=nvml)
+    client = create_app(mgr, "t").test_client()
+    digest = stored_program(store, "m1")
+    four_g = _unit(mgr, "4g.20gb")
+    mgr.run(digest, four_g, b"x")
+    worker = FakeWorker.made[-1]
+    nvml.can_list_processes = False
+    body = {"profiles": ["7g.40gb"]}
+    r = client.post("/v1/gpus/0/geometry", json=body, headers=AUTH)
+    assert r.status_code == 403 and "no permission to see its processes" in r.get_data(as_text=True)
+    assert worker.alive and mgr.units[four_g].draining is False and nvml.log == []
+    nvml.can_list_processes = True
+    r = client.post("/v1/gpus/0/geometry", json=body, headers=AUTH)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert gpu.geometry() == ["7g.40gb"] and not worker.alive
+    mgr.close()
+
+
 def test_a_destroy_in_use_answers_409_with_retry_after_and_the_units_serve_on(node):
     mgr, nvml, a100, _, client, digest, gate = node
     gate.set()
