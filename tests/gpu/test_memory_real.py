@@ -81,3 +81,20 @@ def test_a_device_fault_replaces_the_worker_and_is_not_an_input_error(manager):
         mgr.run(digest, unit.id, encode(torch.tensor([1000.0])))  # device-side assert, twice
     assert not first.alive
     assert decode(mgr.run(digest, unit.id, good).payload).shape == (2, 8)  # a fresh worker serves
+
+
+def test_the_mps_client_cap_reads_the_real_units_profiles():
+    """Finding 5 on the real device: each unit's worker cap under MPS comes from the profile in
+    NVML's own MIG device name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> 6 of 48), a whole GPU's is 48."""
+    import pynvml
+
+    from gpu_manager.manager import MPS_MAX_CLIENTS, mps_client_cap
+
+    for unit in discover_units(pynvml):
+        cap = mps_client_cap(unit)
+        if unit.kind == "mig":
+            slices = int(unit.profile.split("g.", 1)[0])
+            assert 1 <= slices <= 7, unit.name
+            assert cap == max(1, MPS_MAX_CLIENTS * slices // 7), (unit.name, cap)
+        else:
+            assert cap == MPS_MAX_CLIENTS, (unit.name, cap)
