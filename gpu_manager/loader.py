@@ -131,13 +131,7 @@ def load(path: str, device: str) -> Loaded:
     t1 = time.perf_counter()
     program = move_to_device(program, device)
     t2 = time.perf_counter()
-    # check_guards=False: torch would exec guard code built from the file
-    model = program.module(check_guards=False)
-    safe_formats.check_graph(model)
-    example = None
-    if program.example_inputs is not None:
-        args, kwargs = program.example_inputs
-        example = None if kwargs else tuple(args)
+    model, example = _runnable(program)
     # read: the archive to a module (checks, torch's loader, the module built from the graph)
     return Loaded(model, fmt, time.perf_counter() - t0 - (t2 - t1), t2 - t1, example)
 
@@ -207,15 +201,24 @@ def finish(prepared: Prepared, device: str) -> Loaded:
         return Loaded(model, prepared.fmt, 0.0, time.perf_counter() - t0, None)
     model, example = prepared.module, prepared.example
     if not _devices(prepared.program) <= {torch.device(device)}:  # a GPU (the pass moves the program in place)
-        moved = move_to_device(prepared.program, device)
-        model = moved.module(check_guards=False)
-        safe_formats.check_graph(model)
-        example = None
-        if moved.example_inputs is not None:
-            args, kwargs = moved.example_inputs
-            example = None if kwargs else tuple(args)
+        model, example = _runnable(move_to_device(prepared.program, device))
     prepared.program = prepared.module = None  # the host copies go with the miss (a GPU holds the weights now)
     return Loaded(model, prepared.fmt, 0.0, time.perf_counter() - t0, example)
+
+
+def _runnable(program: Any) -> tuple[Any, tuple | None]:
+    """An export program's module, its graph checked before any call, and its positional example
+    inputs (None when it has none, or keyword ones). check_guards=False: torch would exec guard
+    code built from the file."""
+    from faas_gpu.models import safe_formats
+
+    model = program.module(check_guards=False)
+    safe_formats.check_graph(model)
+    example = None
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        example = None if kwargs else tuple(args)
+    return model, example
 
 
 def move_to_device(program: Any, device: str) -> Any:
