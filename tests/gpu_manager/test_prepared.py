@@ -9,6 +9,7 @@ import threading
 import time
 from multiprocessing import Pipe
 
+import pytest
 import torch
 
 from faas_gpu.contract.wire import encode
@@ -226,49 +227,49 @@ def test_an_evicted_model_is_prepared_again_and_served_from_it(tmp_path):
         mgr.close()
 
 
-def test_a_prepared_worker_that_died_is_replaced_by_a_load_from_the_store(tmp_path):
-    store = ModelStore(tmp_path / "store")
-    artifact = store.put(exported()[0])
+@pytest.fixture
+def prepared_pool(tmp_path):
+    """An export program in a store and a pool holding it prepared for the cpu unit."""
+    artifact = ModelStore(tmp_path / "store").put(exported()[0])
     pool = WorkerPool(0, 1, spawn_pooled, 4096)
     try:
         assert pool.prepare(artifact.digest, str(artifact.path), "cpu", {}, "cpu-0", wait=True)
-        (_, _, prepared), *_ = pool.prepared()
-        prepared.pooled.proc.kill()
-        prepared.pooled.proc.join()
-        worker = Worker(artifact, "cpu", pool=pool)
-        try:
-            info = worker.start()
-            assert not info.prepared and info.read_s > 0  # read from the store, as without the tier
-        finally:
-            worker.stop()
+        yield artifact, pool
     finally:
         pool.close()
 
 
-def test_a_prepared_worker_dying_during_its_load_falls_back_to_the_store(tmp_path):
+def test_a_prepared_worker_that_died_is_replaced_by_a_load_from_the_store(prepared_pool):
+    artifact, pool = prepared_pool
+    (_, _, prepared), *_ = pool.prepared()
+    prepared.pooled.proc.kill()
+    prepared.pooled.proc.join()
+    worker = Worker(artifact, "cpu", pool=pool)
+    try:
+        info = worker.start()
+        assert not info.prepared and info.read_s > 0  # read from the store, as without the tier
+    finally:
+        worker.stop()
+
+
+def test_a_prepared_worker_dying_during_its_load_falls_back_to_the_store(prepared_pool):
     """It died after it was handed the load order: the miss loads from the store once more."""
-    store = ModelStore(tmp_path / "store")
-    artifact = store.put(exported()[0])
-    pool = WorkerPool(0, 1, spawn_pooled, 4096)
+    artifact, pool = prepared_pool
+    original = pool.take_prepared
+
+    def take_and_kill(*args, **kwargs):
+        prepared = original(*args, **kwargs)
+        prepared.pooled.conn.send = lambda *_: prepared.pooled.proc.kill()  # dies on the load order
+        return prepared
+
+    pool.take_prepared = take_and_kill
+    worker = Worker(artifact, "cpu", pool=pool)
     try:
-        assert pool.prepare(artifact.digest, str(artifact.path), "cpu", {}, "cpu-0", wait=True)
-        original = pool.take_prepared
-
-        def take_and_kill(*args, **kwargs):
-            prepared = original(*args, **kwargs)
-            prepared.pooled.conn.send = lambda *_: prepared.pooled.proc.kill()  # dies on the load order
-            return prepared
-
-        pool.take_prepared = take_and_kill
-        worker = Worker(artifact, "cpu", pool=pool)
-        try:
-            info = worker.start()
-            assert not info.prepared and info.read_s > 0
-            assert worker.run(encode(torch.randn(1, 4)))
-        finally:
-            worker.stop()
+        info = worker.start()
+        assert not info.prepared and info.read_s > 0
+        assert worker.run(encode(torch.randn(1, 4)))
     finally:
-        pool.close()
+        worker.stop()
 
 
 def test_a_put_of_the_model_prepares_it_and_a_failure_to_do_so_keeps_the_upload(tmp_path):
