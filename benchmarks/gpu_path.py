@@ -86,6 +86,13 @@ SIZE = 64  # input side: at 64x64 these widths cost what the issue's ResNet-18-l
 PROFILE = REPO.parent / "shared" / "data" / "infless" / "profiler" / "resnet-50-profile-results.txt"
 
 
+def one_unit_manager(home: Path, memory_mb: int, *args: str) -> Daemon:
+    """A GPU Manager on the cpu back end with one unit of `memory_mb` and one torch thread per worker."""
+    return Daemon(
+        "gpu_manager", home, "--units", "1", "--unit-memory-mb", str(memory_mb), "--worker-threads", "1", *args
+    )
+
+
 def offline_best(
     model: torch.nn.Module, batches=(1, 2, 4, 8, 16), seconds: float = 2.0, make=None
 ) -> tuple[float, int, dict]:
@@ -251,7 +258,7 @@ def prepared_miss(
     with tempfile.TemporaryDirectory(prefix="faas-gpu-prepared-") as tmp:
         home = Path(tmp)
         auth = {"Authorization": f"Bearer {ensure_token(home / 'secrets')}"}
-        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args)
+        manager = one_unit_manager(home, 1024, *warm_args)
         scheduler = Daemon("scheduler", home)
         try:
             wait_units(scheduler.url, auth, 1)
@@ -303,7 +310,7 @@ def cold_miss(artifact: bytes, payload: bytes, warm_args: tuple[str, ...]) -> tu
     with tempfile.TemporaryDirectory(prefix="faas-gpu-cold-") as tmp:
         home = Path(tmp)
         auth = {"Authorization": f"Bearer {ensure_token(home / 'secrets')}"}
-        manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "1024", *warm_args, *NO_PREPARED)
+        manager = one_unit_manager(home, 1024, *warm_args, *NO_PREPARED)
         try:
             r = requests.put(f"{manager.url}/v1/models", data=artifact, headers=auth, timeout=120)
             r.raise_for_status()
@@ -377,18 +384,7 @@ def embed_figures(callers: int, seconds: float, warm_args: tuple[str, ...] = ())
         home = Path(tmp)
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
-        manager = Daemon(
-            "gpu_manager",
-            home,
-            "--units",
-            "1",
-            "--unit-memory-mb",
-            "1024",
-            "--worker-threads",
-            "1",
-            *warm_args,
-            *NO_PREPARED,
-        )
+        manager = one_unit_manager(home, 1024, *warm_args, *NO_PREPARED)
         scheduler = Daemon("scheduler", home)
         try:
             wait_units(scheduler.url, auth, 1)
@@ -532,18 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(tmp)
         token = ensure_token(home / "secrets")
         auth = {"Authorization": f"Bearer {token}"}
-        manager = Daemon(
-            "gpu_manager",
-            home,
-            "--units",
-            "1",
-            "--unit-memory-mb",
-            "256",
-            "--worker-threads",
-            "1",
-            *warm_args,
-            *NO_PREPARED,
-        )
+        manager = one_unit_manager(home, 256, *warm_args, *NO_PREPARED)
         scheduler = Daemon("scheduler", home)
         try:
             wait_units(scheduler.url, auth, 1)
