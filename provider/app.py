@@ -75,7 +75,6 @@ def build_provider(config: ProviderConfig) -> Provider:
         config.namespaces,
         upstream_timeout_s=config.upstream_timeout_s,
         ready_timeout_s=config.ready_timeout_s,
-        pool_size=config.threads,
         threads=config.threads,
         max_inflight_per_function=config.max_inflight_per_function,
     )

@@ -1,7 +1,7 @@
 """Invocation routes (`/function/*`, `/async-function/*`) as plain WSGI: the hot path.
 
 Flask would add ~100 µs a call; these routes parse the path themselves and forward through a
-pooled keep-alive connection to the chosen replica.
+kept-alive connection (one per thread and replica, `provider.upstream`) to the chosen replica.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 import requests
-import urllib3
 
 from faas_gpu import tracing
 from faas_gpu.contract import headers as h
@@ -25,7 +24,7 @@ from faas_gpu.datastore import DatastoreUnavailable
 
 from .core import Provider
 from .inflight import TooManyInFlight
-from .invoke import NotFound, Result, Unavailable
+from .invoke import NotFound, ReplicaDropped, ReplicaError, ReplicaRefused, ReplicaTimeout, Result, Unavailable
 from .metrics import GatewayMetrics
 from .scaling.harmony import APP_HEADER, APPS, BadApp, parse_apps
 
@@ -231,11 +230,9 @@ class InvocationApp:
             result = _error(400, str(exc))
         except DatastoreUnavailable as exc:  # a function not known here yet, or one to scale from zero
             result = _error(503, f"{exc}; retry later")
-        except urllib3.exceptions.NewConnectionError:  # a ConnectTimeoutError to urllib3, but nothing timed out
-            result = _error(502, f"Can't reach service for: {raw_name}.")
-        except urllib3.exceptions.TimeoutError:
+        except ReplicaTimeout:
             result = _error(504, f"Timeout reaching service for: {raw_name}.")
-        except urllib3.exceptions.HTTPError:
+        except ReplicaError:  # refused past the ready timeout, dropped and not resent
             result = _error(502, f"Can't reach service for: {raw_name}.")
         return result
 
@@ -258,7 +255,10 @@ class InvocationApp:
         resent = False
         while True:
             try:
-                result = self.invoker.forward(url, method, path, query, headers, body)
+                # a kept-alive connection the replica closed under the call: sent once more on a
+                # fresh one where a dropped call would be resent, and not after this gateway's resend
+                may_resend = (lambda: False) if resent else (lambda: self._retry_on_reset(key))
+                result = self.invoker.forward(url, method, path, query, headers, body, may_resend=may_resend)
                 if result.status != 500 or resent or not lost_its_function(result) or not self._retry_on_reset(key):
                     return result
                 # the replica's watchdog answered, but its function process had gone (a container
@@ -267,14 +267,14 @@ class InvocationApp:
                 log.info("%s.%s: %s lost its function process; sending the call once more", key[1], key[0], url)
                 time.sleep(0.05)
                 url = self._another(key, headers, url)
-            except urllib3.exceptions.ProtocolError:
+            except ReplicaDropped:
                 if resent or not self._retry_on_reset(key):
                     raise
                 resent = True
                 log.info("%s.%s: %s dropped the call before answering; sending it once more", key[1], key[0], url)
                 time.sleep(0.05)  # the runtime's supervisor notices a dead replica within its tick
                 url = self._another(key, headers, url)
-            except urllib3.exceptions.NewConnectionError:
+            except ReplicaRefused:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise

@@ -10,9 +10,8 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-
-import urllib3
 
 from faas_gpu.datastore import DatastoreUnavailable
 
@@ -20,6 +19,9 @@ from .inflight import InflightLimiter, max_inflight_of
 from .runtime import Runtime
 from .store import FunctionStore
 from .types import split_namespace
+from .upstream import ReplicaConnections, ReplicaDropped, ReplicaError, ReplicaRefused, ReplicaTimeout, request_target
+
+__all__ = ["Invoker", "NotFound", "ReplicaDropped", "ReplicaError", "ReplicaRefused", "ReplicaTimeout", "Result"]
 
 log = logging.getLogger(__name__)
 KNOWN_TTL_S = 1.0
@@ -66,7 +68,6 @@ class Invoker:
         *,
         upstream_timeout_s: float,
         ready_timeout_s: float,
-        pool_size: int = 64,
         threads: int = 64,
         max_inflight_per_function: int | None = None,
     ):
@@ -76,7 +77,7 @@ class Invoker:
         self.default_namespace = namespaces[0]
         self.upstream_timeout_s = upstream_timeout_s
         self.ready_timeout_s = ready_timeout_s
-        self.http = urllib3.PoolManager(num_pools=256, maxsize=pool_size, retries=False)
+        self.replicas = ReplicaConnections()
         self._rr: dict[tuple[str, str], itertools.count] = {}
         self._known: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -180,17 +181,21 @@ class Invoker:
         headers: dict[str, str],
         body: bytes,
         timeout_s: float | None = None,
+        may_resend: Callable[[], bool] | None = None,
     ) -> Result:
-        url = f"{base_url}{path or '/'}" + (f"?{query}" if query else "")
+        """One call to the replica at `base_url`; raises a `ReplicaError` (see `provider.upstream`).
+
+        `may_resend`, asked only when a kept-alive connection turns out closed by the replica
+        under the call, says whether the call may go once more on a fresh connection (None: it
+        may)."""
         out_headers = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
-        resp = self.http.request(
+        status, resp_headers, data = self.replicas.request(
+            base_url,
             method,
-            url,
-            body=body if body or method not in ("GET", "HEAD") else None,
-            headers=out_headers,
-            timeout=timeout_s or self.upstream_timeout_s,
-            redirect=False,
-            preload_content=True,
+            request_target(path, query),
+            out_headers,
+            body if body or method not in ("GET", "HEAD") else None,
+            timeout_s or self.upstream_timeout_s,
+            may_resend,
         )
-        resp_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
-        return Result(resp.status, resp_headers, resp.data)
+        return Result(status, [(k, v) for k, v in resp_headers if k.lower() not in HOP_BY_HOP], data)

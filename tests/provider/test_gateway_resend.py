@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import urllib3
-
 from provider.gateway import InvocationApp, lost_its_function
-from provider.invoke import Result
+from provider.invoke import ReplicaDropped, Result
 
 KEY = ("fn", "openfaas-fn")
 LOST = Result(
@@ -34,7 +32,7 @@ class Replicas:
         self.ready, self.turn = list(ready), 0
         self.runtime = SimpleNamespace(endpoints=lambda name, namespace: self.ready)
 
-    def forward(self, url, method, path, query, headers, body) -> Result:
+    def forward(self, url, method, path, query, headers, body, may_resend=None) -> Result:
         self.sent_to.append(url)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
@@ -69,7 +67,7 @@ def test_the_resend_never_goes_back_to_the_replica_that_lost_the_call():
     """The runtime still lists a replica of a node just lost, or of a container being stopped
     (its watchdog accepts, then drops the call again): round robin would send the resend back to
     it every other time. Seen as 2 of 1,395 calls answered 502 on a Swarm node loss under load."""
-    reset = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
+    reset = ReplicaDropped("http://replica-a: ConnectionResetError(104, 'reset')")
     for first in (reset, LOST):
         replicas = Replicas(first, OK)
         replicas.turn = 1  # the next pick is replica-a, the one that lost the call
