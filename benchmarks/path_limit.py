@@ -6,7 +6,8 @@ torch thread), same JSON requests (`{"seed": n}`):
 - the whole faas-gpu path (gateway, watchdog, handler + client, scheduler, GPU Manager on the
   cpu back end, worker) for the classify function sized by INFless (SLO 250 ms), twice:
   * before: INFless predicting from the model's time alone (no path cost in the store): 32 clients
-    closed loop, then an open loop at that maximum (today's: the path at batch 1);
+    closed loop, then an open loop at that maximum (today's: the path at batch 1, its watchdog
+    proxying to index.py's own server as the template did before `mode=inproc`);
   * after: `faas-gpu profile --path classify` measures the path's fixed + per-request cost, the
     function is deployed again, and the planner counts it (and corrects itself by what it
     observes): 1 / 8 / 32 clients closed loop (each after a warm-up that lets the autoscaler
@@ -253,13 +254,16 @@ def project(root: Path) -> None:
             "com.faas-gpu.slo-ms": str(int(SLO_S * 1000)),
         },
     }
-    # today's plan under load, as the issue saw it: batch 1, timeout 0, one instance
+    # today's plan under load, as the issue saw it: batch 1, timeout 0, one instance, and today's
+    # hops: the watchdog proxying every call to index.py's own server (http mode, the template's
+    # way before it served the handler in the watchdog's process)
     today = {
         "lang": "python3-gpu",
         "handler": "./classify",
         "image": "bench/classify:latest",
         "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"},
         "annotations": {"com.faas-gpu.max-batch": "1", "com.faas-gpu.slo-ms": str(int(SLO_S * 1000))},
+        "environment": {"mode": "http"},
     }
     functions = {"classify": fn, "classify-b1": today}
     stack = {"version": 1.0, "provider": {"name": "openfaas"}, "functions": functions}

@@ -27,6 +27,7 @@ on H100s (issue 19); docs/GPU-MEMORY.md has the figures.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,19 +102,32 @@ class WorkerMeter:
     (VmHWM over the baseline's RSS) once batches ran. cuda: torch's reserved memory (now and at its
     peak); the manager adds the context from NVML's per-process figure or `CUDA_CONTEXT_MB`."""
 
-    def __init__(self, device: str, torch: Any):
+    USS_EVERY_S = 1.0
+    """How stale the cpu figure *now* may be. USS comes from /proc/self/smaps_rollup, for which the
+    kernel walks every mapping of the process: ~3 ms of CPU in a torch worker, more than the
+    model's own batch (issue 20 found it as ~10 ms of path a batch). The peak (VmHWM, from
+    /proc/self/status: ~30 µs) is read every batch, so no growth is missed."""
+
+    def __init__(self, device: str, torch: Any, clock: Any = time.monotonic):
         self.cuda = device.startswith("cuda")
         self.torch = torch
+        self.clock = clock
         self.base_uss = 0.0 if self.cuda else process_uss_mb()
         self.base_rss = 0.0 if self.cuda else process_rss_mb()[0]
         self.process_mb = self.base_uss  # the interpreter and torch, before any model (cpu only)
+        self._uss = 0.0
+        self._uss_at = -float("inf")
 
     def cost_mb(self) -> tuple[float, float]:
         """(the model's cost now, its peak so far), in MB, without the cuda context."""
         if self.cuda:
             r = read_cuda(self.torch)
             return r.now_mb, r.peak_mb
-        uss = process_uss_mb() - self.base_uss
+        now = self.clock()
+        if now - self._uss_at >= self.USS_EVERY_S:
+            self._uss = process_uss_mb() - self.base_uss
+            self._uss_at = now
+        uss = self._uss
         _, hwm = process_rss_mb()
         return max(0.0, uss), max(0.0, uss, hwm - self.base_rss)
 

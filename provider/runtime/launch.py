@@ -66,12 +66,14 @@ def plan_launch(
         watchdog = Path(image.context) / "fwatchdog.py"
         if not watchdog.exists():
             watchdog = CLASSIC_WATCHDOG
-        argv = [sys.executable, str(watchdog)]
+        # the watchdog runs in the function's environment, as it does in the image: in inproc mode
+        # the function's code and requirements are imported into its process
+        python = Path(image.python)
+        argv = [str(python) if python.exists() else sys.executable, str(watchdog)]
         cwd = Path(image.context)
-        venv_bin = str(Path(image.python).parent)
-        base_env["PATH"] = venv_bin + os.pathsep + base_env.get("PATH", os.defpath)
-        base_env["VIRTUAL_ENV"] = str(Path(image.python).parent.parent)
-        mode = env_vars.get("mode", "http")
+        base_env["PATH"] = str(python.parent) + os.pathsep + base_env.get("PATH", os.defpath)
+        base_env["VIRTUAL_ENV"] = str(python.parent.parent)
+        mode = env_vars.get("mode") or dockerfile_env(cwd / "Dockerfile").get("mode") or "http"
         image_id = f"{image.image}@{getattr(image, 'created', '')}"
     elif dep.envProcess:
         try:
@@ -113,6 +115,30 @@ def plan_launch(
     identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
     digest = hashlib.sha256(identity).hexdigest()[:16]
     return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+
+
+def dockerfile_env(path: Path) -> dict[str, str]:
+    """The `ENV` a Dockerfile sets (both forms, `k=v ...` and `k v`, lines continued with `\\`):
+    what a replica of its image would have in a container, so that a process replica runs the
+    watchdog mode its template chose (python3-gpu's `inproc`; an older build's `http`)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    env: dict[str, str] = {}
+    for instruction in text.replace("\\\n", " ").splitlines():
+        words = instruction.strip().split(None, 1)
+        if len(words) != 2 or words[0].upper() != "ENV":
+            continue
+        try:
+            tokens = shlex.split(words[1], comments=True)
+        except ValueError:
+            continue
+        if tokens and "=" not in tokens[0]:
+            env[tokens[0]] = " ".join(tokens[1:])
+        else:
+            env.update(t.split("=", 1) for t in tokens if "=" in t)
+    return env
 
 
 def check_env_process(record: FunctionRecord) -> None:

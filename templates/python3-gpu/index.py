@@ -1,16 +1,22 @@
-"""python3-gpu entry point: python3-http's index.py (Flask served by waitress).
+"""python3-gpu entry point: python3-http's index.py, served two ways.
 
-It listens on the host and port of env `upstream_url` (default http://127.0.0.1:5000), so that
-several replicas can share one host. The handler module is imported once, at start-up: a model
-loaded at import time is loaded once per instance.
+- In the watchdog's process (the template's `mode=inproc`): the watchdog imports this file and
+  calls `handle_http` per request, with the request it has parsed; no second server, no WSGI.
+- As its own server (`mode=http`, or `python index.py`): Flask served by waitress on the host and
+  port of env `upstream_url` (default http://127.0.0.1:5000), so that several replicas can share
+  one host.
+
+Both give the handler the same `event` and `context` and turn what it returns into the same
+answer (`_answer`: Flask's own conversion where the fast one does not apply). The handler module
+is imported once, at start-up: a model loaded at import time is loaded once per instance.
 """
 
 import os
 import traceback
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from flask import Flask, jsonify, request
-from waitress import serve
+from flask import Flask, request
+from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 try:  # the GPU client ships with faas-gpu's stack; a plain image runs its models as they are
     from faas_gpu import client as gpu_client
@@ -58,17 +64,20 @@ app = Flask(__name__)
 
 
 class Event:
-    def __init__(self):
-        self.body = request.get_data()
-        self.headers = request.headers
-        self.method = request.method
-        self.query = request.args
-        self.path = request.path
+    """What python3-http's handlers get: the body, werkzeug headers and query, method, path."""
+
+    __slots__ = ("body", "headers", "method", "query", "path")
+
+    def __init__(self, body, headers, method, query, path):
+        self.body, self.headers, self.method, self.query, self.path = body, headers, method, query, path
 
 
 class Context:
     def __init__(self):
         self.hostname = os.getenv("HOSTNAME", "localhost")
+
+
+_CONTEXT = Context()
 
 
 def _request_class(headers):
@@ -89,16 +98,6 @@ def format_status_code(res):
     return res.get("statusCode", 200) if isinstance(res, dict) else 200
 
 
-def format_body(res, content_type):
-    if content_type == "application/octet-stream":
-        return res["body"]
-    if "body" not in res:
-        return ""
-    if isinstance(res["body"], dict):
-        return jsonify(res["body"])
-    return str(res["body"])
-
-
 def format_headers(res):
     if "headers" not in res:
         return []
@@ -114,53 +113,105 @@ def get_content_type(res):
     return content_type
 
 
-def format_response(res):
+def _call(event, headers):
+    """The handler's answer to `event` as (status, [(header, value)], body bytes), what Flask
+    would send for python3-http's conversions of it; an exception is this call's error."""
+    if handler is None:
+        return 500, [("Content-Type", "text/plain")], _import_error.encode()
+    if gpu_client is not None:
+        gpu_client.last_job.set(None)
+        gpu_client.current_app.set(headers.get(gpu_headers.APP))
+        gpu_client.request_class.set(_request_class(headers))
+    try:
+        if gpu_tracing is not None and gpu_tracing.enabled():
+            with gpu_tracing.server_span("instance.handle", headers, {"http.method": event.method}):
+                res = handler.handle(event, _CONTEXT)
+        else:
+            res = handler.handle(event, _CONTEXT)
+    except Exception as exc:  # the instance keeps serving; the caller gets the error
+        traceback.print_exc()
+        status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)
+        return (
+            status if isinstance(status, int) else 500,
+            [("Content-Type", "text/plain")],
+            f"{type(exc).__name__}: {exc}\n".encode(),
+        )
+    status, out, data = _answer(res)
+    job = gpu_client.last_job.get() if gpu_client is not None else None
+    if job:  # which unit ran the model, whether it was a cache hit, and the batch it ran in
+        shown = {k.lower() for k in gpu_headers.SHOWN_BY_INSTANCE if k in job}
+        out = [(k, v) for k, v in out if k.lower() not in shown]
+        out.extend((k, job[k]) for k in gpu_headers.SHOWN_BY_INSTANCE if k in job)
+    return status, out, data
+
+
+_HTML = ("Content-Type", "text/html; charset=utf-8")  # Flask's default mimetype
+
+
+def _answer(res):
+    """python3-http's conversion (a dict's statusCode, headers and body; a dict body as JSON)
+    and then Flask's `make_response`, without Flask for the shapes handlers return (None, str,
+    bytes, a dict with a dict, str or bytes body), with it for the rest (tuples, lists,
+    Response objects)."""
     if res is None:
-        return ("", 200)
-    if isinstance(res, dict):
-        status_code = format_status_code(res)
-        content_type = get_content_type(res)
-        body = format_body(res, content_type)
-        headers = format_headers(res)
-        return (body, status_code, headers)
-    return res
+        return 200, [_HTML], b""
+    if isinstance(res, str | bytes):
+        return 200, [_HTML], res.encode() if isinstance(res, str) else res
+    if not isinstance(res, dict):
+        return _flask_answer(res)
+    status = format_status_code(res)
+    headers = format_headers(res)
+    body = res.get("body", "")
+    if get_content_type(res) != "application/octet-stream" and isinstance(body, dict):
+        # jsonify: the app's JSON provider, compact; Flask's tuple conversion then *updates* its
+        # headers (a handler's Content-Type replaces application/json)
+        data = (app.json.dumps(body, separators=(",", ":")) + "\n").encode()
+        merged = {"content-type": ("Content-Type", app.json.mimetype)}
+        for k, v in headers:
+            merged[k.lower()] = (k, v)
+        return status, list(merged.values()), data
+    if get_content_type(res) != "application/octet-stream" and "body" in res:
+        body = str(body)
+    if not isinstance(body, str | bytes) or not isinstance(status, int):
+        return _flask_answer((body, status, headers))
+    out = list(headers) if isinstance(headers, list) else None
+    if out is None:
+        return _flask_answer((body, status, headers))
+    if not any(k.lower() == "content-type" for k, _ in out):
+        out.append(_HTML)
+    return status, out, body.encode() if isinstance(body, str) else body
+
+
+def _flask_answer(rv):
+    with app.app_context():
+        resp = app.make_response(rv)
+        return resp.status_code, resp.headers.to_wsgi_list(), resp.get_data()
+
+
+def handle_http(method, path, query, headers, body):
+    """One call, from the watchdog's `mode=inproc`: `headers` as the watchdog parsed them;
+    (status, [(header, value)], body bytes)."""
+    event = Event(
+        body,
+        Headers(headers.items()),
+        method,
+        ImmutableMultiDict(parse_qsl(query, keep_blank_values=True)) if query else ImmutableMultiDict(),
+        unquote(path, errors="replace"),
+    )
+    return _call(event, event.headers)
 
 
 @app.route("/", defaults={"path": ""}, methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 @app.route("/<path:path>", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 def call_handler(path):
-    if handler is None:
-        return (_import_error, 500, [("Content-Type", "text/plain")])
-    event = Event()
-    context = Context()
-    if gpu_client is not None:
-        gpu_client.last_job.set(None)
-        gpu_client.current_app.set(request.headers.get(gpu_headers.APP))
-        gpu_client.request_class.set(_request_class(request.headers))
-    try:
-        if gpu_tracing is not None and gpu_tracing.enabled():
-            with gpu_tracing.server_span("instance.handle", request.headers, {"http.method": request.method}):
-                response_data = handler.handle(event, context)
-        else:
-            response_data = handler.handle(event, context)
-    except Exception as exc:  # the instance keeps serving; the caller gets the error
-        traceback.print_exc()
-        status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)
-        return (
-            f"{type(exc).__name__}: {exc}\n",
-            status if isinstance(status, int) else 500,
-            [("Content-Type", "text/plain")],
-        )
-    response = app.make_response(format_response(response_data))
-    job = gpu_client.last_job.get() if gpu_client is not None else None
-    if job:  # which unit ran the model, whether it was a cache hit, and the batch it ran in
-        for key in gpu_headers.SHOWN_BY_INSTANCE:
-            if key in job:
-                response.headers[key] = job[key]
-    return response
+    event = Event(request.get_data(), request.headers, request.method, request.args, request.path)
+    status, headers, data = _call(event, request.headers)
+    return app.response_class(data, status=status, headers=headers)
 
 
 if __name__ == "__main__":
+    from waitress import serve
+
     upstream = urlsplit(os.getenv("upstream_url", "http://127.0.0.1:5000"))
     serve(
         app,

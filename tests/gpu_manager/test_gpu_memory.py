@@ -354,3 +354,33 @@ def test_a_cpu_worker_measures_its_model_from_its_process_memory(tmp_path):
         assert result.model_mb >= loaded and mgr.status()[0]["measured_mb"][digest] == result.model_mb
     finally:
         mgr.close()
+
+
+def test_a_cpu_meter_reads_the_costly_uss_at_most_once_a_second_and_the_peak_every_batch(monkeypatch):
+    """smaps_rollup costs a torch worker ~3 ms a read: once a batch it was more than the model."""
+    from gpu_manager import memory
+
+    reads = {"uss": 0, "rss": 0}
+    uss = iter(range(100, 10_000, 10))
+    hwm = iter(range(500, 10_000, 50))
+
+    def fake_uss(pid="self"):
+        reads["uss"] += 1
+        return float(next(uss))
+
+    def fake_rss(pid="self"):
+        reads["rss"] += 1
+        return 400.0, float(next(hwm))
+
+    monkeypatch.setattr(memory, "process_uss_mb", fake_uss)
+    monkeypatch.setattr(memory, "process_rss_mb", fake_rss)
+    now = [0.0]
+    meter = WorkerMeter("cpu", torch, clock=lambda: now[0])  # baseline: USS 100, RSS 400
+    first = meter.cost_mb()
+    for _ in range(20):  # twenty batches within a second
+        now[0] += 0.04
+        later = meter.cost_mb()
+    assert reads["uss"] == 2 and reads["rss"] == 22  # baseline + one; baseline + 21
+    assert first == (10.0, 150.0) and later[0] == 10.0 and later[1] > first[1]  # the peak keeps up
+    now[0] += 1.0
+    assert meter.cost_mb()[0] == 20.0 and reads["uss"] == 3

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -118,9 +122,20 @@ def http_env(**extra: str) -> dict[str, str]:
     }
 
 
-# -- http mode with the real index.py ----------------------------------------------------
-def test_http_mode_dict_body_status_and_headers(watchdogs, function_dir):
-    wd = watchdogs(http_env(), cwd=function_dir)
+def inproc_env(**extra: str) -> dict[str, str]:
+    return {"mode": "inproc", "fprocess": "python index.py", **extra}
+
+
+@pytest.fixture(params=["http", "inproc"])
+def serve_env(request):
+    """The template's index.py behind the watchdog both ways: its own server proxied (http), and
+    called in the watchdog's process (inproc, the template's default)."""
+    return http_env if request.param == "http" else inproc_env
+
+
+# -- the real index.py, proxied (http) and in process (inproc) ---------------------------
+def test_dict_body_status_and_headers(watchdogs, function_dir, serve_env):
+    wd = watchdogs(serve_env(), cwd=function_dir)
     r = requests.post(f"{wd.url}/any?x=1", data=b"hi", timeout=10)
     assert r.status_code == 201
     assert r.headers["Content-Type"] == "application/json" and r.headers["X-Custom"] == "yes"
@@ -151,15 +166,15 @@ def test_http_mode_answers_carry_the_upstreams_one_date_and_one_server(watchdogs
     conn.close()
 
 
-def test_handler_that_raises_gives_500_and_instance_survives(watchdogs, function_dir):
-    wd = watchdogs(http_env(), cwd=function_dir)
+def test_handler_that_raises_gives_500_and_instance_survives(watchdogs, function_dir, serve_env):
+    wd = watchdogs(serve_env(), cwd=function_dir)
     r = requests.post(f"{wd.url}/raise", timeout=10)
     assert r.status_code == 500 and "handler exploded" in r.text
     assert requests.post(f"{wd.url}/ok", data=b"again", timeout=10).status_code == 201
 
 
-def test_hang_times_out_with_504_and_x_timeout_shortens(watchdogs, function_dir):
-    wd = watchdogs(http_env(exec_timeout="2s"), cwd=function_dir)
+def test_hang_times_out_with_504_and_x_timeout_shortens(watchdogs, function_dir, serve_env):
+    wd = watchdogs(serve_env(exec_timeout="2s"), cwd=function_dir)
     t0 = time.monotonic()
     r = requests.post(f"{wd.url}/hang", headers={"X-Timeout": "500ms"}, timeout=20)
     assert r.status_code == 504 and time.monotonic() - t0 < 2
@@ -168,8 +183,8 @@ def test_hang_times_out_with_504_and_x_timeout_shortens(watchdogs, function_dir)
     assert requests.post(f"{wd.url}/ok", timeout=10).status_code == 201
 
 
-def test_max_inflight_answers_429(watchdogs, function_dir):
-    wd = watchdogs(http_env(max_inflight="1", exec_timeout="3s"), cwd=function_dir)
+def test_max_inflight_answers_429(watchdogs, function_dir, serve_env):
+    wd = watchdogs(serve_env(max_inflight="1", exec_timeout="3s"), cwd=function_dir)
     slow = threading.Thread(target=lambda: requests.post(f"{wd.url}/hang", timeout=10))
     slow.start()
     time.sleep(0.5)
@@ -178,17 +193,17 @@ def test_max_inflight_answers_429(watchdogs, function_dir):
     slow.join()
 
 
-def test_chunked_body_and_oversized_body(watchdogs, function_dir):
-    wd = watchdogs(http_env(max_body_bytes="100"), cwd=function_dir)
+def test_chunked_body_and_oversized_body(watchdogs, function_dir, serve_env):
+    wd = watchdogs(serve_env(max_body_bytes="100"), cwd=function_dir)
     r = requests.post(f"{wd.url}/c", data=iter([b"ab", b"cd"]), timeout=10)
     assert r.json()["echo"] == "abcd"
     assert requests.post(f"{wd.url}/c", data=b"x" * 200, timeout=10).status_code == 413
     assert requests.post(f"{wd.url}/c", data=iter([b"x" * 60, b"x" * 60]), timeout=10).status_code == 413
 
 
-def test_ready_waits_for_upstream_and_health_follows_lock(watchdogs, function_dir):
+def test_ready_waits_for_the_function_and_health_follows_lock(watchdogs, function_dir, serve_env):
     (function_dir / "function" / "handler.py").write_text("import time\ntime.sleep(1.5)\n" + HANDLER)
-    wd = watchdogs(http_env(), cwd=function_dir, wait=False)
+    wd = watchdogs(serve_env(), cwd=function_dir, wait=False)
     wd.wait("/_/health")
     assert requests.get(f"{wd.url}/_/ready", timeout=5).status_code == 503
     wd.wait("/_/ready")
@@ -205,11 +220,11 @@ def test_run_healthcheck_flag(tmp_path):
     assert subprocess.run(cmd, env=env).returncode == 0
 
 
-def test_sigterm_drains_inflight_then_exits_zero(watchdogs, function_dir):
+def test_sigterm_drains_inflight_then_exits_zero(watchdogs, function_dir, serve_env):
     (function_dir / "function" / "handler.py").write_text(
         "import time\ndef handle(event, context):\n    time.sleep(1.5)\n    return {'body': 'done'}\n"
     )
-    wd = watchdogs(http_env(write_timeout="10s"), cwd=function_dir)
+    wd = watchdogs(serve_env(write_timeout="10s"), cwd=function_dir)
     result = {}
     t = threading.Thread(target=lambda: result.update(r=requests.post(wd.url, timeout=20)))
     t.start()
@@ -221,9 +236,9 @@ def test_sigterm_drains_inflight_then_exits_zero(watchdogs, function_dir):
     assert not (wd.tmpdir / ".lock").exists()
 
 
-def test_metrics_port(watchdogs, function_dir):
+def test_metrics_port(watchdogs, function_dir, serve_env):
     mport = free_port()
-    wd = watchdogs(http_env(metrics_port=str(mport)), cwd=function_dir)
+    wd = watchdogs(serve_env(metrics_port=str(mport)), cwd=function_dir)
     requests.post(f"{wd.url}/m", timeout=10)
     # the request is counted once its handler returns, which may be just after the client has the answer
     deadline = time.monotonic() + 10
@@ -234,6 +249,212 @@ def test_metrics_port(watchdogs, function_dir):
         time.sleep(0.05)
     assert 'http_requests_total{code="201",method="post"}' in text
     assert "http_request_duration_seconds_bucket" in text and "http_requests_in_flight" in text
+
+
+SHAPES = """
+import os, sys
+
+def handle(event, context):
+    kind = event.path.strip("/")
+    if kind == "none":
+        return None
+    if kind == "str":
+        return "plain text"
+    if kind == "bytes":
+        return b"\\x00raw"
+    if kind == "json":
+        return {"body": {"b": [1, "é"], "a": None}}
+    if kind == "json-as-text":
+        return {"body": {"a": 1}, "headers": {"Content-Type": "text/plain"}, "statusCode": 203}
+    if kind == "octet":
+        return {"body": b"\\x01\\x02", "headers": {"Content-type": "application/octet-stream"}}
+    if kind == "number-body":
+        return {"body": 42, "statusCode": 418}
+    if kind == "no-body":
+        return {"statusCode": 204}
+    if kind == "tuple":
+        return ("made", 202, {"X-T": "1"})
+    if kind == "list":
+        return [1, 2]
+    if kind.startswith("event"):
+        return {"body": {"path": event.path, "query": event.query.to_dict(flat=False),
+                         "ct": event.headers.get("content-type"), "x": event.headers.get("X-Many"),
+                         "method": event.method, "body": event.body.decode()}}
+    if kind == "print":
+        print("to stdout", flush=True)
+        print("to stderr", file=sys.stderr, flush=True)
+        os.write(1, b"native write\\n")
+        return "printed"
+    raise ValueError(kind)
+"""
+
+
+def _answers(wd: Watchdog) -> list[tuple]:
+    got = []
+    for kind in ("none", "str", "bytes", "json", "json-as-text", "octet", "number-body", "no-body", "tuple", "list"):
+        r = requests.post(f"{wd.url}/{kind}", timeout=10)
+        got.append((kind, r.status_code, r.headers.get("Content-Type"), r.headers.get("X-T"), r.content))
+    r = requests.put(
+        f"{wd.url}/event%20x?q=1&q=2&e=",
+        data="ü".encode(),
+        headers={"Content-Type": "text/x-test", "X-Many": "one"},
+        timeout=10,
+    )
+    got.append(("event", r.status_code, r.headers.get("Content-Type"), None, r.content))
+    return got
+
+
+def test_inproc_answers_every_handler_result_as_the_proxied_server_does(watchdogs, function_dir):
+    """The template's two ways of serving give the same status, Content-Type and bytes for each
+    shape a handler returns, and the same event for the same request."""
+    (function_dir / "function" / "handler.py").write_text(SHAPES)
+    proxied = _answers(watchdogs(http_env(), cwd=function_dir))
+    in_process = _answers(watchdogs(inproc_env(), cwd=function_dir))
+    assert in_process == proxied
+    event = json.loads(in_process[-1][-1])
+    assert event == {
+        "path": "/event x",
+        "query": {"q": ["1", "2"], "e": [""]},
+        "ct": "text/x-test",
+        "x": "one",
+        "method": "PUT",
+        "body": "ü",
+    }
+
+
+def test_inproc_logs_the_functions_output_prefixed_as_http_mode_does(watchdogs, function_dir):
+    (function_dir / "function" / "handler.py").write_text(SHAPES)
+    wd = watchdogs(inproc_env(), cwd=function_dir)
+    assert requests.post(f"{wd.url}/print", timeout=10).text == "printed"
+    plain = watchdogs(inproc_env(prefix_logs="false"), cwd=function_dir)
+    assert requests.post(f"{plain.url}/print", timeout=10).text == "printed"
+    deadline = time.monotonic() + 10
+    while "native write" not in plain.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = wd.output()
+    assert "stdout: to stdout" in out and "stderr: to stderr" in out and "stdout: native write" in out
+    assert "Listening on port" in out and "stdout: " not in out.split("Listening on port")[0].splitlines()[-1]
+    plain_out = plain.output()
+    assert "to stdout" in plain_out and "stdout: to stdout" not in plain_out
+    assert re.search(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d native write$", plain_out, re.M)
+
+
+def test_inproc_timeout_answers_504_closes_and_drops_the_late_answer(watchdogs, function_dir):
+    (function_dir / "function" / "handler.py").write_text(
+        "import time\ndef handle(event, context):\n    time.sleep(float(event.body or 0))\n    return 'late'\n"
+    )
+    wd = watchdogs(inproc_env(exec_timeout="300ms"), cwd=function_dir)
+    conn = http.client.HTTPConnection("127.0.0.1", wd.port, timeout=10)
+    t0 = time.monotonic()
+    conn.request("POST", "/", body=b"1.5")
+    r = conn.getresponse()
+    assert r.status == 504 and b"Timeout after" in r.read() and time.monotonic() - t0 < 1.2
+    assert r.getheader("Connection") == "close" and r.getheader("X-Duration-Seconds")
+    conn.close()
+    time.sleep(1.5)  # the handler has returned meanwhile: its answer went nowhere
+    assert requests.post(wd.url, data=b"0", timeout=10).text == "late"
+    assert "late" not in wd.output()
+
+
+@pytest.mark.parametrize(
+    "handler_py, fprocess, message",
+    [
+        ("raise ImportError('no such model')\n", "python index.py", None),  # index.py serves that as 500
+        (None, "python missing.py", "missing.py"),
+        (None, "node index.js", "fprocess must be `python SCRIPT.py`"),
+    ],
+)
+def test_inproc_scripts_that_cannot_serve(tmp_path, function_dir, handler_py, fprocess, message):
+    if handler_py is not None:
+        (function_dir / "function" / "handler.py").write_text(handler_py)
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path),
+        "port": str(free_port()),
+        "metrics_port": "0",
+        "mode": "inproc",
+        "fprocess": fprocess,
+        "bind_address": "127.0.0.1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(function_dir / "fwatchdog.py")],
+        env=env,
+        cwd=function_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    if message is None:  # a handler that fails to import: every call says why, as in http mode
+        url = f"http://127.0.0.1:{env['port']}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = requests.post(url, timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        proc.kill()
+        assert r.status_code == 500 and "no such model" in r.text
+        return
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and message in out.decode()
+
+
+def test_inproc_serves_a_wsgi_app_when_the_script_has_no_handle_http(watchdogs, tmp_path):
+    ctx = tmp_path / "wsgi"
+    ctx.mkdir()
+    shutil.copy(TEMPLATE / "fwatchdog.py", ctx)
+    shutil.copytree(
+        TEMPLATE / "faas_gpu_watchdog", ctx / "faas_gpu_watchdog", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (ctx / "app.py").write_text(
+        "def app(environ, start_response):\n"
+        "    body = environ['wsgi.input'].read()\n"
+        "    start_response('201 Created', [('Content-Type', 'text/plain'), ('X-Path', environ['PATH_INFO'])])\n"
+        "    return [environ['REQUEST_METHOD'].encode(), b' ', body, b' ', environ.get('HTTP_X_A', '').encode()]\n"
+    )
+    wd = watchdogs({"mode": "inproc", "fprocess": "python3 app.py"}, cwd=ctx)
+    r = requests.post(f"{wd.url}/a%2Fb", data=b"x", headers={"X-A": "1"}, timeout=10)
+    assert r.status_code == 201 and r.text == "POST x 1" and r.headers["X-Path"] == "/a/b"
+
+
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"POST / HTTP/1.1\r\nHost: x\r\n folded: y\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nBad Name: y\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431),
+        (b"POST / HTTP/1.1\r\nX-Long: " + b"y" * 70000 + b"\r\n\r\n", 431),
+        (b"POST / HTTP/2.0\r\n\r\n", 505),
+        (b"POST / HTTX/1.1\r\n\r\n", 400),
+        (b"POST /\r\n\r\n", 400),
+    ],
+)
+def test_a_request_the_watchdog_cannot_read_gets_a_clear_4xx(watchdogs, raw, status):
+    wd = watchdogs({"mode": "classic", "fprocess": "cat"})
+    with socket.create_connection(("127.0.0.1", wd.port), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.") and int(answer.split(b" ", 2)[1]) == status, answer[:200]
+    assert requests.post(wd.url, data=b"still serving", timeout=10).content == b"still serving"
+
+
+def test_repeated_headers_and_keep_alive_reach_the_function(watchdogs, function_dir):
+    (function_dir / "function" / "handler.py").write_text(SHAPES)
+    wd = watchdogs(inproc_env(), cwd=function_dir)
+    conn = http.client.HTTPConnection("127.0.0.1", wd.port, timeout=10)
+    for _ in range(3):  # one connection, three calls
+        conn.putrequest("POST", "/event")
+        conn.putheader("X-Many", "first")
+        conn.putheader("X-Many", "second")
+        conn.putheader("Content-Length", "0")
+        conn.endheaders()
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["x"] == "first"
+    conn.close()
 
 
 # -- fork per request --------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The watchdog's settings from its environment: of-watchdog's variables (0.11.6) with their
-defaults, and our additions (`bind_address`, `max_body_bytes`, `metrics_port` 0 to disable); a
+defaults, and our additions (`bind_address`, `max_body_bytes`, `metrics_port` 0 to disable, mode
+`inproc`); a
 bad mode, a missing fprocess or a bad duration stops the watchdog at start, naming the variable."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import tempfile
 
 from .durations import parse_duration
 
-MODES = ("http", "streaming", "serializing", "classic")
+MODES = ("http", "streaming", "serializing", "classic", "inproc")
 
 
 class Config:

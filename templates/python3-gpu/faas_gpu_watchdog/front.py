@@ -1,5 +1,6 @@
 """The HTTP front: the watchdog's server, its routes (`/_/health`, `/_/ready`, everything else to
-the function), the request body's limit and the concurrency limit (`max_inflight`)."""
+the function), the request body's limit and the concurrency limit (`max_inflight`). Requests are
+read by `request_head` (not the e-mail package)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING
 
 from .durations import request_timeout
 from .fork import fork
+from .inproc import serve_inproc
 from .proxy import HOP_BY_HOP, proxy
+from .request_head import parse_request
 
 if TYPE_CHECKING:
     from .watchdog import Watchdog
@@ -33,6 +36,9 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connection.settimeout(self.wd.cfg.read_timeout + self.wd.cfg.write_timeout + 60)
 
+    def parse_request(self) -> bool:
+        return parse_request(self)
+
     # -- plumbing ------------------------------------------------------------------------
     def reply(
         self,
@@ -40,6 +46,7 @@ class Handler(BaseHTTPRequestHandler):
         body: bytes,
         headers: list[tuple[str, str]] | None = None,
         content_type: str = "text/plain; charset=utf-8",
+        close: bool = False,
     ) -> None:
         # the upstream's own Date and Server win (of-watchdog copies them and Go adds a Date only
         # when none is set); BaseHTTPRequestHandler.send_response would add a second of each
@@ -59,6 +66,8 @@ class Handler(BaseHTTPRequestHandler):
         if not has_ct:
             self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -121,7 +130,12 @@ class Handler(BaseHTTPRequestHandler):
                 code = 413
                 self.close_connection = True
                 return self.reply(413, f"request body is larger than {wd.cfg.max_body_bytes} bytes\n".encode())
-            code = proxy(self, body, t0) if wd.cfg.mode == "http" else fork(self, body, t0)
+            if wd.cfg.mode == "inproc":
+                code = serve_inproc(self, body, t0)
+            elif wd.cfg.mode == "http":
+                code = proxy(self, body, t0)
+            else:
+                code = fork(self, body, t0)
         finally:
             with wd.inflight_lock:
                 wd.inflight -= 1
@@ -145,6 +159,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(503, b"Service Unavailable\n")
         if wd.cfg.max_inflight and wd.inflight >= wd.cfg.max_inflight:
             return self.reply(429, b"Concurrent request limit exceeded.\n")
+        if wd.cfg.mode == "inproc" and not wd.function.loaded.is_set():
+            return self.reply(503, b"function not loaded yet\n")
         if wd.cfg.mode == "http" and not wd.upstream.up():
             return self.reply(503, b"upstream not ready\n")
         if wd.cfg.ready_path and wd.cfg.mode == "http":

@@ -1,6 +1,7 @@
 """The watchdog's shared state (requests in flight, accepting or draining, the lock file) and its
-life: start (the http child, the lock file, the server) and the graceful stop on SIGTERM (the lock
-removed, new requests refused after `healthcheck_interval`, those in flight given `write_timeout`)."""
+life: start (the http child or the in-process function, the lock file, the server) and the
+graceful stop on SIGTERM (the lock removed, new requests refused after `healthcheck_interval`,
+those in flight given `write_timeout`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import threading
 import time
 
 from .config import Config
+from .deadlines import Deadlines
 from .front import Handler, Server
-from .logs import log
+from .inproc import InProcess
+from .logs import Captured, log
 from .metrics import Metrics
 from .process import HttpChild, die_with_launcher
 from .proxy import Upstream
@@ -27,6 +30,8 @@ class Watchdog:
         self.metrics = Metrics(cfg.metrics_port)
         self.upstream = Upstream(cfg.upstream_url) if cfg.upstream_url else None
         self.child: HttpChild | None = None
+        self.function = InProcess(cfg.fprocess) if cfg.mode == "inproc" else None
+        self.deadlines = Deadlines()
 
     def write_lock(self) -> None:
         if not self.cfg.suppress_lock:
@@ -46,8 +51,13 @@ def serve(cfg: Config) -> None:
     wd = Watchdog(cfg)
     Handler.wd = wd
     server = Server((cfg.bind_address, cfg.port), Handler)
+    captured = None
     if cfg.mode == "http":
         wd.start_child()
+    elif cfg.mode == "inproc":
+        captured = Captured(cfg.prefix_logs)
+        # loaded beside the server, so that /_/ready answers 503 (not a stalled connect) meanwhile
+        threading.Thread(target=wd.function.load_or_exit, name="load-function", daemon=True).start()
     wd.write_lock()
     log(f"Watchdog mode: {cfg.mode}\tfprocess: {cfg.fprocess!r}")
     log(f"Listening on port: {cfg.port}")
@@ -80,3 +90,5 @@ def serve(cfg: Config) -> None:
     server.server_close()
     if wd.child:
         wd.child.stop()
+    if captured is not None:
+        captured.release()
