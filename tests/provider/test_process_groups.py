@@ -124,8 +124,8 @@ def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
 
 def test_a_call_to_a_replica_that_just_died_goes_to_the_one_started_in_its_place(tmp_path):
     """Connection refused means the call never reached the replica: the gateway sends it to the
-    replacement instead of answering 504 "Timeout reaching service" (urllib3 files a refused
-    connection under timeouts)."""
+    replacement instead of answering 504 "Timeout reaching service" (a refused connection is
+    `ReplicaRefused`, never a timeout)."""
     home = tmp_path / "home"
     s = StackProcess(home).start()
     try:
