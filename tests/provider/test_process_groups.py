@@ -43,6 +43,10 @@ def test_kill_9_of_a_watchdog_takes_its_handler_with_it(tmp_path):
             time.sleep(0.1)
         (watchdog,) = replica_pids(home)
         (handler,) = children(watchdog)
+        # a child seen between its fork and the end of its exec reads an empty or the parent's
+        # cmdline (a CI run caught b""): wait for the handler's own
+        while time.monotonic() < deadline and b"socket" not in Path(f"/proc/{handler}/cmdline").read_bytes():
+            time.sleep(0.05)
         assert b"socket" in Path(f"/proc/{handler}/cmdline").read_bytes()
         os.kill(watchdog, signal.SIGKILL)
         deadline = time.monotonic() + 10
