@@ -113,9 +113,10 @@ def get_content_type(res):
     return content_type
 
 
-def _call(event, headers):
+def _call(event):
     """The handler's answer to `event` as (status, [(header, value)], body bytes), what Flask
     would send for python3-http's conversions of it; an exception is this call's error."""
+    headers = event.headers
     if handler is None:
         return 500, [("Content-Type", "text/plain")], _import_error.encode()
     if gpu_client is not None:
@@ -161,8 +162,9 @@ def _answer(res):
         return _flask_answer(res)
     status = format_status_code(res)
     headers = format_headers(res)
+    octet = get_content_type(res) == "application/octet-stream"
     body = res.get("body", "")
-    if get_content_type(res) != "application/octet-stream" and isinstance(body, dict):
+    if not octet and isinstance(body, dict):
         # jsonify: the app's JSON provider, compact; Flask's tuple conversion then *updates* its
         # headers (a handler's Content-Type replaces application/json)
         data = (app.json.dumps(body, separators=(",", ":")) + "\n").encode()
@@ -170,13 +172,11 @@ def _answer(res):
         for k, v in headers:
             merged[k.lower()] = (k, v)
         return status, list(merged.values()), data
-    if get_content_type(res) != "application/octet-stream" and "body" in res:
+    if not octet and "body" in res:
         body = str(body)
-    if not isinstance(body, str | bytes) or not isinstance(status, int):
+    if not (isinstance(body, str | bytes) and isinstance(status, int) and isinstance(headers, list)):
         return _flask_answer((body, status, headers))
-    out = list(headers) if isinstance(headers, list) else None
-    if out is None:
-        return _flask_answer((body, status, headers))
+    out = list(headers)
     if not any(k.lower() == "content-type" for k, _ in out):
         out.append(_HTML)
     return status, out, body.encode() if isinstance(body, str) else body
@@ -198,14 +198,14 @@ def handle_http(method, path, query, headers, body):
         ImmutableMultiDict(parse_qsl(query, keep_blank_values=True)) if query else ImmutableMultiDict(),
         unquote(path, errors="replace"),
     )
-    return _call(event, event.headers)
+    return _call(event)
 
 
 @app.route("/", defaults={"path": ""}, methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 @app.route("/<path:path>", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
 def call_handler(path):
     event = Event(request.get_data(), request.headers, request.method, request.args, request.path)
-    status, headers, data = _call(event, request.headers)
+    status, headers, data = _call(event)
     return app.response_class(data, status=status, headers=headers)
 
 

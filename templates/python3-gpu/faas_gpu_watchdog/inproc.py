@@ -34,6 +34,7 @@ import threading
 import time
 import traceback
 from typing import TYPE_CHECKING
+from urllib.parse import unquote_to_bytes
 
 from .logs import log
 
@@ -143,8 +144,6 @@ class WsgiCall:
 
 def _unquote_latin1(path: str) -> str:
     """PATH_INFO as a WSGI server gives it: %-escapes decoded, bytes as latin-1 (PEP 3333)."""
-    from urllib.parse import unquote_to_bytes
-
     return unquote_to_bytes(path).decode("latin-1") if "%" in path else path
 
 
