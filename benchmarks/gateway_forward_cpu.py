@@ -5,11 +5,15 @@ function whose handler is a bare `http.server` answering a fixed 40-byte body, a
 `--calls` POSTs through `/function/` from `--clients` keep-alive callers. The figure is the
 stack's gunicorn master and worker's utime + stime (/proc, all threads; the replicas, children
 of the worker, are not counted) over the measured calls: what the gateway spends per call, its forward
-to the replica included. `--rounds` repeats the measurement on the same stack.
+to the replica included. The baseline, measured over the same calls: the replica's watchdog, a
+proxy hop of its own (http mode: read the call, forward it to the handler, answer), so
+`gateway_vs_watchdog_hop` says what the gateway's hop costs against the plainest hop on the path.
+`--rounds` repeats the measurement on the same stack.
 
     .venv/bin/python benchmarks/gateway_forward_cpu.py [--calls 3000] [--clients 4] [--rounds 3]
 
-Last line: one JSON object {gateway_cpu_ms_per_call: [per round], median, rps: [per round]}.
+Last line: one JSON object {gateway_cpu_ms_per_call: [per round], median,
+watchdog_cpu_ms_per_call: [per round], gateway_vs_watchdog_hop (median ratio), rps: [per round]}.
 """
 
 from __future__ import annotations
@@ -42,14 +46,37 @@ HANDLER = (
 )
 
 
-def cpu_ticks(pid: int) -> int:
-    """The stack's gunicorn master and its worker (the gateway): the master's direct children;
-    the replicas, the worker's children, are not counted."""
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_ticks(pids: list[int]) -> int:
     total = 0
-    for p in [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+    for p in pids:
+        fields = _stat(p)
         total += int(fields[11]) + int(fields[12])
     return total
+
+
+def gateway_pids(pid: int) -> list[int]:
+    """The stack's gunicorn master and its worker (the gateway): the master's direct children;
+    the replicas, the worker's children, are not counted."""
+    return [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+
+
+def watchdog_pids(gateway: list[int]) -> list[int]:
+    """The replica's watchdog: a child of the gateway's processes running fwatchdog.py (started
+    by any of their threads, so found by parent pid, not by the main thread's children file)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int(_stat(int(entry.name))[1]) in gateway and b"fwatchdog" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def load(port: int, calls: int, clients: int) -> None:
@@ -87,17 +114,29 @@ def main() -> None:
             s.request("POST", "/system/functions", json=body, timeout=10).raise_for_status()
             s.wait_ready("trivial")
             load(s.gateway_port, args.warmup, args.clients)
-            per_call, rps = [], []
+            gateway = gateway_pids(s.proc.pid)
+            watchdog = watchdog_pids(gateway)
+            if len(watchdog) != 1:
+                raise RuntimeError(f"expected one replica watchdog under the gateway, found {watchdog}")
+            per_call, hop, rps = [], [], []
             for _ in range(args.rounds):
-                t0, c0 = time.perf_counter(), cpu_ticks(s.proc.pid)
+                t0, c0, w0 = time.perf_counter(), cpu_ticks(gateway), cpu_ticks(watchdog)
                 load(s.gateway_port, args.calls, args.clients)
-                wall, cpu_s = time.perf_counter() - t0, (cpu_ticks(s.proc.pid) - c0) / hz
-                per_call.append(round(cpu_s / args.calls * 1000, 3))
+                wall = time.perf_counter() - t0
+                per_call.append(round((cpu_ticks(gateway) - c0) / hz / args.calls * 1000, 3))
+                hop.append(round((cpu_ticks(watchdog) - w0) / hz / args.calls * 1000, 3))
                 rps.append(round(args.calls / wall))
-                print(f"gateway CPU {per_call[-1]:.3f} ms/call at {rps[-1]} calls/s", flush=True)
+                print(
+                    f"gateway CPU {per_call[-1]:.3f} ms/call, its replica's watchdog {hop[-1]:.3f} "
+                    f"(x{per_call[-1] / hop[-1]:.2f}) at {rps[-1]} calls/s",
+                    flush=True,
+                )
         finally:
             s.stop()
-    print(json.dumps({"gateway_cpu_ms_per_call": per_call, "median": statistics.median(per_call), "rps": rps}))
+    ratio = statistics.median(g / w for g, w in zip(per_call, hop, strict=True) if w)
+    figures = {"gateway_cpu_ms_per_call": per_call, "median": statistics.median(per_call)}
+    figures.update(watchdog_cpu_ms_per_call=hop, gateway_vs_watchdog_hop=round(ratio, 3), rps=rps)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
