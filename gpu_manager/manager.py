@@ -390,10 +390,11 @@ class GPUManager:
             open_units,
             key=lambda s: (s.busy_since is not None, s.cache.used_mb / max(s.info.memory_mb, 1e-9), len(s.cache)),
         )
+        ordered = self._prepare(state, artifact.digest)  # first: the preparation takes an idle process
         env = self._known_env(state.info, artifact.digest)
-        if env is not None:
+        if env is not None:  # then its replacement parses the program (ordered after it, on the pool's thread)
             self.pool.remember(str(artifact.path), env)
-        return self._prepare(state, artifact.digest)
+        return ordered
 
     def _prepare(self, state: _UnitState, digest: str) -> bool:
         """Order a prepared worker of `digest` for the unit's environment (on the pool's thread:
