@@ -471,13 +471,7 @@ class GPUManager:
 
     def _victims(self, state: _UnitState, size: float) -> list[str]:
         """The LRU models to evict for `size` MB, and more while the unit is at its worker cap."""
-        victims = state.cache.victims_for(size)
-        cap = self.worker_cap(state.info)
-        if cap is not None:
-            staying = [d for d in state.cache.models if d not in victims]
-            while staying and len(staying) >= cap:
-                victims.append(staying.pop(0))
-        return victims
+        return state.cache.victims_for(size, self.worker_cap(state.info))
 
     def _start(self, state: _UnitState, artifact: Artifact) -> Worker:
         env = self.worker_env(state.info, artifact.digest)
