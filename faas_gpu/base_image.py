@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,15 +136,67 @@ def requirements(repo: Path = paths.REPO_ROOT) -> list[str]:
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """One builder per cache entry at a time (several test sessions may start cold together)."""
+    """One builder per cache entry at a time (several test sessions may start cold together).
+    Taking the lock marks the entry used (`used`), and prunes the other versions of its kind
+    that have not been used for `STALE_AFTER_S` (`prune`)."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f".lock-{name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            used(name)
+            prune(name)
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+STALE_AFTER_S = 7 * 86400.0
+"""An entry of the cache no build or test has used for this long, while another version of its
+kind is in use, is removed: each dependency change would otherwise leave ~2 GB behind."""
+
+_ENTRY = re.compile(r"^(?P<kind>[a-z0-9-]+?)-(?P<hash>[0-9a-f]{16})(?P<part>\.part[0-9]*)?(?:\.tar)?$")
+
+
+def used(name: str) -> None:
+    """Mark a cache entry used now: its lock file's time is its last use (readers that do not
+    take the lock, such as the swarm tests' registry seed, call this)."""
+    lock = cache_dir() / f".lock-{name}"
+    lock.touch()
+
+
+def prune(keep: str, now: float | None = None) -> list[str]:
+    """Remove the other versions of `keep`'s kind (`wheelhouse-<hash>`, `python-deps-<hash>.tar`,
+    `rootfs-<suite>-<hash>.tar`, `registry-<hash>`) and their leftover `.part` files that were
+    last used over `STALE_AFTER_S` ago and that no builder holds; returns their names."""
+    match = _ENTRY.match(keep)
+    if match is None:
+        return []
+    folder, now = cache_dir(), time.time() if now is None else now
+    removed = []
+    for entry in sorted(folder.iterdir()):
+        other = _ENTRY.match(entry.name)
+        if other is None or other["kind"] != match["kind"] or other["hash"] == match["hash"]:
+            continue
+        whole = entry.name.replace(other["part"] or "", "")  # the entry a part file was becoming
+        lock_path = folder / f".lock-{whole}"
+        last = lock_path.stat().st_mtime if lock_path.exists() else entry.stat().st_mtime
+        if now - last < STALE_AFTER_S:
+            continue
+        with open(lock_path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a builder holds it: in use
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            if not other["part"] or not (folder / whole).exists():  # no entry left under this lock
+                lock_path.unlink(missing_ok=True)
+        removed.append(entry.name)
+        _print(f"[base-image] removed {entry.name} from the cache (unused for {(now - last) / 86400:.0f} days)")
+    return removed
 
 
 class Steps:

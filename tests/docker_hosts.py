@@ -540,6 +540,7 @@ def provision_base(swarm: Swarm, log: Callable[[str], None] = lambda _: None) ->
     timings = swarm.timings
     start = time.monotonic()
     if (seed / ".complete").is_file():
+        base_image.used(seed.name)  # read without the lock: its use keeps it from being pruned
         loads = swarm.pull(swarm.hosts, remote_deps, local=deps)
         log(f"[swarm] pulled {deps} from the seeded registry: {loads} s")
     else:
