@@ -74,6 +74,21 @@ class ModelCatalog:
         load = m.load_s if cache_hit else (1 - EWMA) * m.load_s + EWMA * load_s
         self._relearn(Model(m.name, size, load, (1 - EWMA) * m.infer_s + EWMA * exec_s), policy)
 
+    def outgrew(self, digest: str, unit_mb: float, policy: Placement | None) -> bool:
+        """A manager answered that `digest` does not fit a unit of `unit_mb` even alone (507):
+        it needs more than that unit, a lower bound the placement keeps from now on. False when
+        no unit is larger (the caller keeps the 507)."""
+        m = self.models.get(digest)
+        if m is None or policy is None:
+            return False
+        at_least = max(m.size_mb, unit_mb + 1.0)
+        try:
+            self.learn(Model(m.name, at_least, m.load_s, m.infer_s), policy)
+        except PlacementError:  # no unit is larger
+            return False
+        self.measured_mb[digest] = max(at_least, self.measured_mb.get(digest, 0.0))
+        return True
+
     def reported(self, overhead_mb: float, measured_mb: dict[str, float], policy: Placement | None) -> None:
         """The managers' reports: their per-process overhead, and what they measured per model
         (models run on leased units too, which the scheduler's answers never show)."""

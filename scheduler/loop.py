@@ -35,6 +35,17 @@ from .units import UnitRef, UnitView
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
+
+
+class DoesNotFitHere(Exception):
+    """A manager's 507 for a unit smaller than others: the job is placed again (`outcome`: the
+    manager's answer, the caller's if the attempts run out)."""
+
+    def __init__(self, message: str, outcome: JobOutcome):
+        super().__init__(message)
+        self.outcome = outcome
+
+
 REFRESH_S = 1.0  # the managers' unit reports are reread at most this often (by the clock)
 IDLE_WAIT_S = 0.5  # with nothing placed, the loop looks again after this long (or at the next deadline)
 
@@ -120,12 +131,18 @@ class PlacementLoop:
             job.started = self.clock()
         job.attempts += 1
         outcome: JobOutcome | None = None
-        retry = False
+        retry = not_kept = False
         try:
             if job.trace is not None and tracing.enabled():
                 outcome = self._traced_call(unit, job)
             else:
                 outcome = self._call(unit, job)
+        except DoesNotFitHere as exc:  # placed again, on a larger unit only
+            log.warning("job %d: %s", job.id, exc)
+            not_kept = True
+            retry = job.attempts < MAX_ATTEMPTS
+            if not retry:
+                outcome = exc.outcome
         except requests.RequestException as exc:
             log.warning("manager %s failed job %d: %s", unit.key, job.id, exc)
             retry = job.attempts < MAX_ATTEMPTS
@@ -138,9 +155,12 @@ class PlacementLoop:
                     self.view.rest(unit.key)
             if isinstance(exc, requests.ConnectionError | UnitUnavailable):
                 self._forget_unit(unit)
+        not_kept = not_kept or (outcome is not None and outcome.status == 507)
         with self._wake:
             if self.view.is_current(d.unit, unit):
                 self.view.policy.complete(d.unit, self.clock())
+                if not_kept:  # the manager did not load it: placement must not count on it being there
+                    self.view.policy.unload(d.unit, job.digest)
             job.unit = None
             if retry:
                 self.admission.requeue(job)
@@ -171,6 +191,15 @@ class PlacementLoop:
 
     def _call(self, unit: UnitRef, job: Job) -> JobOutcome:
         r = self.client.run_job(unit, job)
+        if r.status_code == 507:
+            with self._wake:  # larger units may hold it: the model's size is at least this unit's
+                larger = self.catalog.outgrew(job.digest, unit.memory_mb, self.view.policy)
+            if larger:
+                raise DoesNotFitHere(
+                    f"model {job.digest[:12]} does not fit unit {unit.key} ({unit.memory_mb:.0f} MB) even alone; "
+                    "placing it on a larger one",
+                    job_outcome(r, self.clock() - job.arrival),
+                )
         if r.status_code == 200:
             cache_hit, load_s, exec_s = measured(r)
             if not cache_hit and self.client.on_loaded is not None:  # a cold start: shown in /v1/status

@@ -169,6 +169,14 @@ class _Base:
                     return request
         return None
 
+    def unload(self, unit_id: int, model: str) -> None:
+        """The unit's manager does not hold `model` after all (it did not fit there even alone):
+        out of the unit's modelled cache and of the model's holders, so locality stops sending it there."""
+        unit = self.units[unit_id]
+        if model in unit.cache:
+            unit.cache.evict(model)
+        self.holders.get(model, set()).discard(unit_id)
+
     def queued(self) -> int:
         return len(self.queue) + sum(len(u.local_queue) for u in self.units.values())
 
