@@ -31,12 +31,14 @@ model whose preparation is under way waits for it rather than read the same file
 
 **Programs parsed ahead** (`remember`): the idle processes of an environment also parse the
 programs likely to run there (uploaded to the node for one of its units, or loaded on one) and
-keep them as skeletons without weights (`weights.py`; the `parse_max` most recent, a few MB
-each), so a miss pays neither torch's parse nor a copy: its read maps the weights from the store.
-This tier holds no weights, so unlike the prepared one it needs no memory budget; a process
-taken for a miss leaves with its skeletons, and its replacement parses them again (in the
-background, one at a time, never beside a load). A miss that finds the environment's only idle
-process parsing waits for it (`TAKE_WAIT_S`) rather than spawn.
+keep them as skeletons without weights (`weights.py`; the `parse_max` most recent, about 10 MB
+each for the embed example's program), so a miss pays neither torch's parse nor a copy: its
+read maps the weights from the store. This tier holds no weights, so unlike the prepared one
+it needs no memory budget; a process taken for a miss leaves with its skeletons, and its
+replacement parses them again (in the background, one at a time, never beside a load). A miss
+that finds the environment's only idle process parsing waits for it (`TAKE_WAIT_S`) rather than
+spawn. A program whose parse fails, or kills or hangs the process, is never parsed ahead again
+(its miss loads it whole, as before).
 """
 
 from __future__ import annotations
@@ -240,12 +242,14 @@ class WorkerPool:
             ok = self._parse_one(pooled, path)
             with self._lock:
                 self._busy[key] -= 1
-                keep = ok and not self._closed and self._generation.get(key, 0) == generation
-                if keep:
+                current = not self._closed and self._generation.get(key, 0) == generation
+                if ok and current:
                     self._idle.setdefault(key, []).insert(0, pooled)  # it is the oldest, furthest warmed
                 self._back.notify_all()
-            if not keep:
+            if not (ok and current):
                 stop(pooled)
+            if not ok and current:  # the program that took the process is not asked again: replace it
+                self._top_up(env)
 
     def _parse_one(self, pooled: Pooled, path: str) -> bool:
         """False when the process failed (it is stopped); a program it could not parse is noted
@@ -261,10 +265,14 @@ class WorkerPool:
                     pooled.warm = True
         except (EOFError, OSError, TimeoutError) as exc:
             if not self._closed:  # a process stopped by `close` mid-parse is no failure
-                log.warning("worker pool: parsing %s failed: %s", path, exc)
+                log.warning("worker pool: parsing %s killed or hung its process (%s); not parsed ahead", path, exc)
+                with self._lock:
+                    self._unparsable.add(path)
             return False
         if kind != "parsed":
             log.warning("worker pool: parsing %s: unexpected answer %r", path, kind)
+            with self._lock:
+                self._unparsable.add(path)
             return False
         ok, detail = value
         if not ok:

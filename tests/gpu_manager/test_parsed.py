@@ -233,3 +233,54 @@ def test_the_manager_lists_a_models_program_parsed_after_its_upload(tmp_path):
         assert not result.hit and result.load_split["parse"] > 0  # the miss bound the parsed program
     finally:
         mgr.close()
+
+
+class _DiesOnParse:
+    """spawn(threads, env) -> Pooled whose process parses every program but `deadly`, on which it dies."""
+
+    def __init__(self, deadly: str):
+        from tests.gpu_manager.test_prepared import FakeProc
+
+        self.deadly, self.procs, self.asked = deadly, [], []
+        self._proc = FakeProc
+
+    def __call__(self, threads, env):
+        from multiprocessing import Pipe
+
+        from gpu_manager.pool import Pooled
+
+        parent, child = Pipe()
+        proc = self._proc()
+        self.procs.append(proc)
+
+        def serve() -> None:
+            child.send(("warm", None))
+            while True:
+                try:
+                    order = child.recv()
+                except (EOFError, OSError):
+                    return
+                self.asked.append(order[1])
+                if order[1] == self.deadly:
+                    proc.alive = False
+                    child.close()  # as a process torch's deserializer crashed
+                    return
+                child.send(("parsed", (True, 0.01)))
+
+        threading.Thread(target=serve, daemon=True).start()
+        return Pooled(proc, parent, dict(env))
+
+
+def test_a_program_whose_parse_kills_the_process_is_never_parsed_ahead_again():
+    spawn = _DiesOnParse("deadly")
+    pool = WorkerPool(1, 1, spawn)
+    try:
+        pool.refill({}, wait=True)
+        pool.remember("fine", {}, wait=True)
+        pool.remember("deadly", {}, wait=True)  # kills the process: replaced, and the program noted
+        assert len(spawn.procs) == 2 and pool.idle({}) == 1
+        assert not pool.remember("deadly", {})  # never again: no respawn loop on a crashing artifact
+        assert _eventually(lambda: pool.parsed({}) == {"fine"}, 10)  # the replacement parsed the rest
+        assert spawn.asked.count("deadly") == 1
+    finally:
+        pool.close()
