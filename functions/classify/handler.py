@@ -117,9 +117,9 @@ def handle(event, context):
     with torch.inference_mode():
         probs = torch.softmax(model(x), dim=1)
     scores, classes = probs.max(dim=1)
-    predictions = [
-        {"class": int(c), "label": LABELS[int(c)], "score": round(float(s), 6)}
-        for c, s in zip(classes, scores, strict=True)
+    predictions = [  # as Python numbers at once: iterating the tensors makes a tensor per row
+        {"class": c, "label": LABELS[c], "score": round(s, 6)}
+        for c, s in zip(classes.tolist(), scores.tolist(), strict=True)
     ]
     return {
         "statusCode": 200,
