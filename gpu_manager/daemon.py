@@ -137,6 +137,7 @@ class _Daemon:
             max_workers_per_unit=a.max_workers_per_unit,
             charge_measured_cpu=a.charge_measured_memory,
             prepared_mb=host_share_mb(0.25) if a.prepared_mb is None else a.prepared_mb,
+            parsed_programs=a.parsed_programs,
         )
         try:
             self.manager.start_mps()
@@ -195,6 +196,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="cpu and cuda back ends: host memory for prepared workers, models read and checked ahead (on "
         "upload, and again when evicted from a unit) so their miss pays only the copy to the device and "
         "the warm-up; least recently used dropped first (default: 25%% of the node's memory; 0: none)",
+    )
+    p.add_argument(
+        "--parsed-programs",
+        type=int,
+        default=8,
+        help="cpu and cuda back ends: torch.export programs each idle worker holds parsed (without weights) "
+        "for its unit, the most recently uploaded or loaded there, so a miss maps only the weights from the "
+        "store; 0: none",
     )
     p.add_argument(
         "--mps",

@@ -6,11 +6,13 @@ Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
 - **read**: the archive to a model in host memory. Both formats are zips whose members torch
   stores uncompressed; torch's C++ archive reader (`PyTorchFileReader`, behind `torch.jit.load`
   and `torch.export.load`) reads each weight record straight into the tensor's storage: one
-  copy, from the page cache (a path or a file object measured the same here). A memory-mapped load
-  (`mmap=True` exists for `torch.load`'s pickles only, which are refused) would copy nothing
-  on the cpu back end but move the page faults into the first batch and share the pages with
-  the store's page cache, so a model's memory would no longer be its own; on cuda the weights
-  are copied to the device anyway, so the mapping would save one host copy at best.
+  copy, from the page cache. torch.export's deserializer costs a fixed ~0.35 s per program on
+  top (fake-tensor metadata, sympy, JSON to dataclasses), so a pooled worker **parses** the
+  node's programs ahead (`parse`: the module without its weights) and the miss only binds them
+  (`fill`, `weights.py`): on the cpu back end the weights are the store's pages mapped
+  read-only and populated (no copy, no page faults left for the first batch; a clean page the
+  kernel reclaims under memory pressure is read again from the store); on a GPU, one copy
+  through pinned buffers.
 - **to_device**: `torch.export.passes.move_to_device_pass` for export programs (finding 3:
   `.module().to(device)` moved parameters, but not devices burnt into graph nodes, such as
   `arange(..., device='cpu')`, nor the example inputs), `map_location` for TorchScript.
@@ -20,7 +22,8 @@ Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
   execution-time averages never see it. TorchScript archives carry no example input: their
   warm-up is skipped and the reason reported.
 
-`prewarm()` is what a pooled worker runs while it waits for a model (see `pool.py`).
+`prewarm()` is what a pooled worker runs while it waits for a model (see `pool.py`), and
+`parse()` what it runs for each program the pool names while it waits.
 
 `prepare()` and `finish()` split the same load in two for a **prepared** worker (`pool.py`'s
 host-memory tier): `prepare` does the read (checks, torch's loader, the module built and its graph
@@ -58,6 +61,7 @@ class Loaded:
     example: tuple | None  # positional example inputs on the device, None when the artifact has none
     warmup_s: float = 0.0
     warmup_skipped: str | None = None  # why no warm-up batch ran
+    parsed: bool = False  # bound into a skeleton parsed ahead (`fill`): the read was the weights alone
 
 
 def _force_weights_only() -> None:
@@ -206,6 +210,65 @@ def finish(prepared: Prepared, device: str) -> Loaded:
     return Loaded(model, prepared.fmt, 0.0, time.perf_counter() - t0, example)
 
 
+@dataclass
+class Skeleton:
+    """A program parsed ahead by a pooled worker, without its weights (`weights.py`): the module
+    (graph checked, tensors on the meta device), where each tensor lies in the archive, and the
+    example input on the cpu. A miss binds the weights (`fill`) and pays no parse."""
+
+    path: str
+    module: Any
+    slots: list
+    example: tuple | None
+    parse_s: float
+
+
+def parse(path: str) -> Skeleton:
+    """torch's own load of the program (the same checks as `load` before torch opens the file),
+    its module built and checked, then its tensors planned and dropped. CUDA is not touched.
+    Raises `weights.Unplannable` for what cannot be bound from the archive (TorchScript, or a
+    tensor torch did not read from a plain record): such a model is loaded as before."""
+    _force_weights_only()
+    import torch
+
+    from faas_gpu.models import safe_formats
+
+    from . import weights
+
+    t0 = time.perf_counter()
+    with zipfile.ZipFile(path) as z:
+        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    if fmt != "export":
+        raise weights.Unplannable(f"a {fmt} archive (only torch.export programs are parsed ahead)")
+    with open(path, "rb") as fh, _cached_type_hints():
+        program = torch.export.load(fh)
+    if not _devices(program) <= {torch.device("cpu")}:
+        raise weights.Unplannable("a program saved on a device (its records are read as the cpu's)")
+    model, example = _runnable(program)
+    slots = weights.plan(program, model, path)
+    weights.strip(model, slots)
+    return Skeleton(path, model, slots, example, time.perf_counter() - t0)
+
+
+def fill(skeleton: Skeleton, device: str) -> Loaded:
+    """A skeleton's weights from the store onto `device` (`weights.bind`): the miss's read is the
+    mapping (cpu) or the copy to the GPU, and the graph's burnt-in devices are moved (finding 3)."""
+    import torch
+
+    from . import weights
+
+    read_s, to_device_s = weights.bind(skeleton.module, skeleton.slots, skeleton.path, device)
+    t0 = time.perf_counter()
+    example = skeleton.example
+    if device != "cpu":
+        _move_graph(skeleton.module, device)
+        if example is not None:
+            example = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in example)
+    to_device_s += time.perf_counter() - t0
+    model, skeleton.module, skeleton.slots = skeleton.module, None, None  # consumed: the worker's model now
+    return Loaded(model, "export", read_s, to_device_s, example, parsed=True)
+
+
 def _runnable(program: Any) -> tuple[Any, tuple | None]:
     """An export program's module, its graph checked before any call, and its positional example
     inputs (None when it has none, or keyword ones). check_guards=False: torch would exec guard
@@ -230,6 +293,26 @@ def move_to_device(program: Any, device: str) -> Any:
     if _devices(program) <= {torch.device(device)}:  # all there already (a cpu program on the cpu back end)
         return program
     return move_to_device_pass(program, device)
+
+
+def _move_graph(module: Any, device: str) -> None:
+    """The devices burnt into a module's graph nodes moved to `device`, as `move_to_device_pass`
+    moves a program's (`arange(..., device='cpu')`, `aten.to.device`), then its code regenerated."""
+    import torch
+
+    for sub in module.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in sub.graph.nodes:
+            if node.kwargs.get("device") is not None:
+                node.kwargs = {**node.kwargs, "device": torch.device(device)}
+                changed = True
+            if node.op == "call_function" and node.target is torch.ops.aten.to.device:
+                node.args = (node.args[0], torch.device(device), *node.args[2:])
+                changed = True
+        if changed:
+            sub.recompile()
 
 
 def _devices(program: Any) -> set:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from faas_gpu import tracing
@@ -115,6 +116,8 @@ def load_split(worker: Worker) -> dict[str, float] | None:
     split = {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
     if getattr(info, "prepared", False):  # read ahead by a prepared worker: how long it took, how long before
         split.update(prepare=info.prepare_s, prepared_ahead=info.prepared_ahead_s)
+    if getattr(info, "parsed", False):  # bound into a program a pooled process parsed ahead: the parse's time
+        split.update(parse=info.parse_s)
     return split
 
 
@@ -134,6 +137,7 @@ class GPUManager:
         max_workers_per_unit: int | None = None,
         charge_measured_cpu: bool = False,
         prepared_mb: float = 0.0,
+        parsed_programs: int = 8,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
@@ -151,7 +155,10 @@ class GPUManager:
         so its miss costs only the copy to the device and the warm-up); 0: none. A model is
         prepared when it is uploaded (for the least loaded unit: `uploaded`) and again when the
         cache evicts it from a unit (for that unit). Prepared workers hold no device memory: they
-        are charged to no unit, only to this budget."""
+        are charged to no unit, only to this budget.
+        parsed_programs: torch.export programs each idle pooled process holds parsed, without
+        weights (`pool.WorkerPool.remember`), per unit environment: those uploaded to the node for
+        the unit (as `uploaded` picks it) and those loaded on it; 0: none."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
@@ -164,6 +171,7 @@ class GPUManager:
             self.threads,
             spawn_pooled,
             budget_mb=prepared_mb if worker_factory is None else 0.0,
+            parse_max=parsed_programs,
         )
         self.worker_factory = worker_factory or (
             lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env, pool=self.pool)
@@ -369,9 +377,8 @@ class GPUManager:
         One unit, not every unit's environment: on a GPU node each unit's environment is its own
         (CUDA_VISIBLE_DEVICES), so preparing for all would hold the model once per unit (7 on a
         MIG-sliced GPU) for one miss; cpu units share one environment, so any of them gets it.
+        The same unit's idle processes parse the program ahead (`pool.WorkerPool.remember`).
         False when nothing was ordered (the tier off, no unit, already resident or prepared)."""
-        if self.pool.budget_mb <= 0:
-            return False
         open_units = [
             s
             for s in list(self.units.values())
@@ -383,7 +390,11 @@ class GPUManager:
             open_units,
             key=lambda s: (s.busy_since is not None, s.cache.used_mb / max(s.info.memory_mb, 1e-9), len(s.cache)),
         )
-        return self._prepare(state, artifact.digest)
+        ordered = self._prepare(state, artifact.digest)  # first: the preparation takes an idle process
+        env = self._known_env(state.info, artifact.digest)
+        if env is not None:  # then its replacement parses the program (ordered after it, on the pool's thread)
+            self.pool.remember(str(artifact.path), env)
+        return ordered
 
     def _prepare(self, state: _UnitState, digest: str) -> bool:
         """Order a prepared worker of `digest` for the unit's environment (on the pool's thread:
@@ -417,6 +428,12 @@ class GPUManager:
         """The models a miss on this unit would find prepared (their environment is the unit's)."""
         return sorted(d for d, env, _ in self.pool.prepared() if env == self._known_env(info, d))
 
+    def _parsed_models(self, info: UnitInfo) -> list[str]:
+        """The models a miss on this unit would find parsed: the store names files by digest."""
+        if self.pool.size == 0 or (self.mps is not None and info.kind != "cpu"):
+            return []  # as `_warm_workers`: the environment is not asked for under MPS
+        return sorted(Path(p).stem for p in self.pool.parsed(self.worker_env(info, "")))
+
     def _load(self, state: _UnitState, artifact: Artifact) -> Worker:
         """Make room (memory, and the unit's worker cap), start the worker, then charge what it
         measured. Out of memory at load evicts the unit's other models and tries once more; then
@@ -445,19 +462,16 @@ class GPUManager:
                 self._no_room(state, artifact, again)
         state.cache.load(artifact.digest, size)
         self.workers[(artifact.digest, state.info.id)] = worker
+        env = self._known_env(state.info, artifact.digest)
+        if env is not None:  # parsed again for the unit: its return after an eviction binds only the weights
+            self.pool.remember(str(artifact.path), env)
         self._account(state, artifact.digest, worker)
         self._accounted[(artifact.digest, state.info.id)] = -1.0  # measured again after its first batch
         return worker
 
     def _victims(self, state: _UnitState, size: float) -> list[str]:
         """The LRU models to evict for `size` MB, and more while the unit is at its worker cap."""
-        victims = state.cache.victims_for(size)
-        cap = self.worker_cap(state.info)
-        if cap is not None:
-            staying = [d for d in state.cache.models if d not in victims]
-            while staying and len(staying) >= cap:
-                victims.append(staying.pop(0))
-        return victims
+        return state.cache.victims_for(size, self.worker_cap(state.info))
 
     def _start(self, state: _UnitState, artifact: Artifact) -> Worker:
         env = self.worker_env(state.info, artifact.digest)
@@ -572,6 +586,8 @@ class GPUManager:
                 "warm_workers": self._warm_workers(s.info),  # pooled processes ready for this unit's next miss
                 # models held prepared in host memory for this unit's environment (no device memory: not in used_mb)
                 "prepared": self._prepared_models(s.info),
+                # models an idle process of this unit's environment holds parsed (weights bound at the miss)
+                "parsed": self._parsed_models(s.info),
             }
             for s in self.units.values()
         ]

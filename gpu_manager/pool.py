@@ -28,6 +28,15 @@ asked-for dropped first. Preparations run on the pool's thread, one at a time, a
 while no load runs on the node (`loading()`): they never take a job's CPU at its start; a load
 that begins during one runs beside it (one process, ~0.4 s for the embed model). A miss on a
 model whose preparation is under way waits for it rather than read the same file again beside it.
+
+**Programs parsed ahead** (`remember`): the idle processes of an environment also parse the
+programs likely to run there (uploaded to the node for one of its units, or loaded on one) and
+keep them as skeletons without weights (`weights.py`; the `parse_max` most recent, a few MB
+each), so a miss pays neither torch's parse nor a copy: its read maps the weights from the store.
+This tier holds no weights, so unlike the prepared one it needs no memory budget; a process
+taken for a miss leaves with its skeletons, and its replacement parses them again (in the
+background, one at a time, never beside a load). A miss that finds the environment's only idle
+process parsing waits for it (`TAKE_WAIT_S`) rather than spawn.
 """
 
 from __future__ import annotations
@@ -73,6 +82,8 @@ class Pooled:
     conn: Connection
     env: dict[str, str]
     spawned_at: float = field(default_factory=time.monotonic)
+    warm: bool = False  # its warm-up report was read (by the pool, parsing into it)
+    parsed: OrderedDict[str, None] = field(default_factory=OrderedDict)  # programs it holds parsed, oldest first
 
 
 @dataclass
@@ -91,20 +102,30 @@ class PreparedWorker:
 
 
 PREPARE_TIMEOUT_S = 300.0
+PARSE_TIMEOUT_S = 300.0
+TAKE_WAIT_S = 10.0  # a miss waits this long for a process busy parsing (a parse: ~0.5 s; a spawn: seconds)
 
 PreparedKey = tuple[str, EnvKey]
 
 
 class WorkerPool:
-    def __init__(self, size: int, threads: int, spawn: Any, budget_mb: float = 0.0):
+    def __init__(self, size: int, threads: int, spawn: Any, budget_mb: float = 0.0, parse_max: int = 8):
         """size: idle processes kept per environment (0: no pool, every miss spawns).
         spawn(threads, env) -> Pooled: starts one pooled process (the worker module's).
-        budget_mb: host memory for prepared workers (0: none are kept)."""
+        budget_mb: host memory for prepared workers (0: none are kept).
+        parse_max: programs each idle process holds parsed, per environment (0: none)."""
         self.size, self.threads, self._spawn = max(0, size), threads, spawn
         self.budget_mb = max(0.0, budget_mb)
+        self.parse_max = max(0, parse_max)
+        self._programs: dict[EnvKey, OrderedDict[str, None]] = {}  # to hold parsed, per environment, oldest first
+        self._unparsable: set[str] = set()  # programs a process could not parse (TorchScript, ...): not again
+        self._busy: dict[EnvKey, int] = {}  # idle processes out of `_idle` while they parse
+        self._generation: dict[EnvKey, int] = {}  # bumped by `discard`: a parse ending after it stops its process
+        self.parsed_count = 0  # programs parsed into pooled processes, for tests and the benchmark
         self._idle: dict[EnvKey, list[Pooled]] = {}
         self._lock = threading.Lock()
         self._no_loads = threading.Condition(self._lock)
+        self._back = threading.Condition(self._lock)  # a process came back from parsing
         self._loads = 0  # loads running on the node now: no preparation starts meanwhile
         self._prepared: OrderedDict[PreparedKey, PreparedWorker] = OrderedDict()  # least recent first
         self._preparing: dict[PreparedKey, tuple[threading.Event, list[bool]]] = {}  # (done, [started])
@@ -153,13 +174,110 @@ class WorkerPool:
                 self.spawned += 1
 
     def refill(self, env: dict[str, str] | None, wait: bool = False) -> None:
-        """Bring the environment's idle processes back to `size`, on the pool's own thread."""
+        """Bring the environment's idle processes back to `size`, on the pool's own thread, and
+        parse the environment's programs into them."""
         if self.size == 0 or self._closed:
             return
         env = dict(env or {})
-        done = self._order(lambda: self._top_up(env))
+        done = self._order(lambda: self._replenish(env))
         if wait:
             done.wait()
+
+    def _replenish(self, env: dict[str, str]) -> None:
+        self._top_up(env)
+        self._parse_known(env)
+
+    # -- programs parsed ahead (`weights.py`) ---------------------------------------------------
+    def remember(self, path: str, env: dict[str, str] | None, wait: bool = False) -> bool:
+        """A program likely to be loaded in `env` (uploaded to the node, or loaded on one of its
+        units): parsed into the environment's idle processes on the pool's thread, once no load
+        runs, so its miss binds only the weights. The `parse_max` most recent are kept. False
+        when nothing was ordered (no pool, or the program cannot be parsed ahead)."""
+        if self.size == 0 or self.parse_max == 0 or self._closed:
+            return False
+        key = env_key(env)
+        with self._lock:
+            if path in self._unparsable:
+                return False
+            programs = self._programs.setdefault(key, OrderedDict())
+            programs[path] = None
+            programs.move_to_end(path)
+            while len(programs) > self.parse_max:
+                programs.popitem(last=False)
+        env = dict(env or {})
+        done = self._order(lambda: self._parse_known(env))
+        if wait:
+            done.wait()
+        return True
+
+    def _parse_known(self, env: dict[str, str]) -> None:
+        """Each idle process of `env` given the environment's programs it lacks, most recent first,
+        one parse at a time; the process is out of `_idle` meanwhile (a miss waits for it, `take`)."""
+        key = env_key(env)
+        while True:
+            with self._lock:
+                while self._loads and not self._closed:  # never beside a job's load: after it
+                    self._no_loads.wait(1.0)
+                if self._closed:
+                    return
+                wanted = [p for p in reversed(self._programs.get(key, {})) if p not in self._unparsable]
+                job = next(
+                    (
+                        (pooled, path)
+                        for pooled in self._idle.get(key, [])
+                        if pooled.proc.is_alive()
+                        for path in wanted
+                        if path not in pooled.parsed
+                    ),
+                    None,
+                )
+                if job is None:
+                    return
+                pooled, path = job
+                self._idle[key].remove(pooled)
+                self._busy[key] = self._busy.get(key, 0) + 1
+                generation = self._generation.get(key, 0)
+            ok = self._parse_one(pooled, path)
+            with self._lock:
+                self._busy[key] -= 1
+                keep = ok and not self._closed and self._generation.get(key, 0) == generation
+                if keep:
+                    self._idle.setdefault(key, []).insert(0, pooled)  # it is the oldest, furthest warmed
+                self._back.notify_all()
+            if not keep:
+                stop(pooled)
+
+    def _parse_one(self, pooled: Pooled, path: str) -> bool:
+        """False when the process failed (it is stopped); a program it could not parse is noted
+        as such (never asked again: the same file gives the same answer) and the process kept."""
+        try:
+            pooled.conn.send(("parse", path, self.parse_max))
+            kind, value, deadline = "warm", None, time.monotonic() + PARSE_TIMEOUT_S
+            while kind == "warm":  # the process's own warm-up report may come first
+                if not pooled.conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"not parsed within {PARSE_TIMEOUT_S:.0f}s")
+                kind, value = pooled.conn.recv()
+                if kind == "warm":
+                    pooled.warm = True
+        except (EOFError, OSError, TimeoutError) as exc:
+            if not self._closed:  # a process stopped by `close` mid-parse is no failure
+                log.warning("worker pool: parsing %s failed: %s", path, exc)
+            return False
+        if kind != "parsed":
+            log.warning("worker pool: parsing %s: unexpected answer %r", path, kind)
+            return False
+        ok, detail = value
+        if not ok:
+            log.info("worker pool: %s is loaded whole at its miss: %s", path, detail)
+            with self._lock:
+                self._unparsable.add(path)
+            return True
+        pooled.parsed[path] = None
+        pooled.parsed.move_to_end(path)
+        while len(pooled.parsed) > self.parse_max:  # as the process itself keeps them
+            pooled.parsed.popitem(last=False)
+        self.parsed_count += 1
+        return True
 
     # -- prepared workers ---------------------------------------------------------------------
     @contextmanager
@@ -233,12 +351,12 @@ class WorkerPool:
                     del self._preparing[key]
             finished.set()
         if self.size:
-            self._top_up(env)  # the idle process it took, replaced
+            self._replenish(env)  # the idle process it took, replaced
 
     def _prepare_one(
         self, digest: str, path: str, device: str, env: dict[str, str], unit: str
     ) -> PreparedWorker | None:
-        pooled = self.take(env)
+        pooled = self.take(env, wait_s=0)  # on the pool's thread: no parse runs meanwhile
         if pooled is None:
             pooled = self._spawn(self.threads, dict(env))
             self.spawned += 1
@@ -317,30 +435,52 @@ class WorkerPool:
         for p in gone:
             stop(p.pooled)
 
-    def take(self, env: dict[str, str] | None) -> Pooled | None:
-        """The oldest idle process for this environment (the furthest in its warm-up), or None."""
+    def take(self, env: dict[str, str] | None, path: str | None = None, wait_s: float = TAKE_WAIT_S) -> Pooled | None:
+        """An idle process for this environment, or None: one holding `path` parsed if any, else
+        the oldest (the furthest in its warm-up). With none idle but one parsing, that one is
+        waited for (up to `wait_s`): a parse ends sooner than a fresh process warms."""
+        key = env_key(env)
+        deadline = time.monotonic() + wait_s
         with self._lock:
-            idle = self._idle.get(env_key(env), [])
-            while idle:
-                pooled = idle.pop(0)
-                if pooled.proc.is_alive():
+            while True:
+                idle = self._idle.get(key, [])
+                for dead in [p for p in idle if not p.proc.is_alive()]:
+                    idle.remove(dead)
+                    stop(dead)
+                if idle:
+                    pooled = next((p for p in idle if path is not None and path in p.parsed), idle[0])
+                    idle.remove(pooled)
                     return pooled
-                stop(pooled)
-        return None
+                left = deadline - time.monotonic()
+                if not self._busy.get(key) or self._closed or left <= 0:
+                    return None
+                self._back.wait(left)
 
     def idle(self, env: dict[str, str] | None = None) -> int:
+        """The environment's idle processes, those parsing included."""
+        key = env_key(env)
         with self._lock:
-            return sum(1 for p in self._idle.get(env_key(env), []) if p.proc.is_alive())
+            return sum(1 for p in self._idle.get(key, []) if p.proc.is_alive()) + self._busy.get(key, 0)
 
     def ready(self, env: dict[str, str] | None = None) -> int:
-        """Idle processes that finished warming (torch imported, loader warmed)."""
+        """Idle processes that finished warming (torch imported, loader warmed); parsing ones are."""
+        key = env_key(env)
         with self._lock:
-            return sum(1 for p in self._idle.get(env_key(env), []) if p.proc.is_alive() and p.conn.poll(0))
+            idle = self._idle.get(key, [])
+            return sum(1 for p in idle if p.proc.is_alive() and (p.warm or p.conn.poll(0))) + self._busy.get(key, 0)
+
+    def parsed(self, env: dict[str, str] | None = None) -> set[str]:
+        """The programs some idle process of the environment holds parsed."""
+        with self._lock:
+            return {path for p in self._idle.get(env_key(env), []) for path in p.parsed}
 
     def discard(self, env: dict[str, str] | None) -> None:
         """Stop the environment's idle processes (its unit is gone or being reconfigured)."""
+        key = env_key(env)
         with self._lock:
-            idle = self._idle.pop(env_key(env), [])
+            idle = self._idle.pop(key, [])
+            self._generation[key] = self._generation.get(key, 0) + 1
+            self._programs.pop(key, None)
         for pooled in idle:
             stop(pooled)
 
@@ -351,6 +491,7 @@ class WorkerPool:
             pools.append([p.pooled for p in self._prepared.values()])
             self._prepared.clear()
             self._no_loads.notify_all()
+            self._back.notify_all()
         self._orders.put(None)
         for idle in pools:
             for pooled in idle:

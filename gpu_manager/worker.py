@@ -14,6 +14,10 @@ A miss on a model the node holds **prepared** (`pool.py`'s host-memory tier: a p
 that already read and checked this artifact for this unit's environment, no CUDA touched) takes
 that process instead: its load is only the copy to the device and the warm-up (read 0, done
 ahead; `prepare_s` and `prepared_ahead_s` say how long it took and how long before the miss).
+
+A pooled process also parses, while it waits, the programs the pool names for its environment
+(`loader.parse`: the module without weights); a miss on one of them binds only the weights from
+the store (`loader.fill`; `parsed` and `parse_s` in `LoadedInfo`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import multiprocessing as mp
 import os
 import struct
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -92,24 +97,39 @@ class LoadedInfo:
     prepared: bool = False  # a prepared process: the read was done ahead, in host memory
     prepare_s: float = 0.0  # that read's own time (checks, torch's loader, the module), off the miss
     prepared_ahead_s: float = 0.0  # how long before the miss the preparation was done
+    parsed: bool = False  # a pooled process had parsed the program ahead: the read bound only the weights
+    parse_s: float = 0.0  # that parse's own time, off the miss
 
 
-def _load(path: str, device: str) -> loader.Loaded:
-    """The model on its device, warmed up by one batch of its example input (`loader` says how)."""
+def _load(path: str, device: str, skeleton: loader.Skeleton | None = None) -> loader.Loaded:
+    """The model on its device, warmed up by one batch of its example input (`loader` says how):
+    its weights bound into the skeleton a pooled process parsed ahead, else torch's whole load."""
+    if skeleton is not None:
+        try:
+            return loader.warm_up(loader.fill(skeleton, device), device)
+        except Exception as exc:
+            if faults.classify(exc) in (faults.OOM, faults.DEVICE):  # the load's own failure, reported as such
+                raise
+            log.warning("worker: the parsed program did not bind (%s: %s); loading it whole", type(exc).__name__, exc)
     return loader.warm_up(loader.load(path, device), device)
 
 
-def _serve(conn: Connection, path: str, device: str, threads: int, env: dict[str, str]) -> None:
+def _serve(
+    conn: Connection, path: str, device: str, threads: int, env: dict[str, str], skeleton: loader.Skeleton | None = None
+) -> None:
     die_with_parent(parent_pid=mp.parent_process().pid)  # a killed manager leaves no worker behind
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
     torch.set_num_threads(threads)
     meter = WorkerMeter(device, torch)  # the baseline before the model: its cost is the growth
-    _load_and_serve(conn, lambda: _load(path, device), device, torch, meter)
+    parse_s = skeleton.parse_s if skeleton is not None else 0.0
+    _load_and_serve(conn, lambda: _load(path, device, skeleton), device, torch, meter, parse_s=parse_s)
 
 
-def _load_and_serve(conn: Connection, load, device: str, torch, meter: WorkerMeter, prepare_s: float = 0.0) -> None:
+def _load_and_serve(
+    conn: Connection, load, device: str, torch, meter: WorkerMeter, prepare_s: float = 0.0, parse_s: float = 0.0
+) -> None:
     """`load()` -> loader.Loaded, its answer to the manager, then batches."""
     t0 = time.perf_counter()
     try:
@@ -133,6 +153,8 @@ def _load_and_serve(conn: Connection, load, device: str, torch, meter: WorkerMet
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         prepared=prepare_s > 0,
         prepare_s=prepare_s,
+        parsed=loaded.parsed,
+        parse_s=parse_s if loaded.parsed else 0.0,
     )
     conn.send(("ready", info))
     _serve_batches(conn, model, device, torch, meter)
@@ -176,7 +198,9 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
 def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
     """A pooled worker: its unit's environment set before torch is imported (CUDA reads it once,
     when it starts), torch and its export loader warmed, then it waits for the model to load and
-    serves it as a fresh worker would."""
+    serves it as a fresh worker would. While it waits it parses the programs the pool names
+    (`("parse", path, keep)`, answered `("parsed", (ok, seconds or why))`), keeping the `keep`
+    most recent as skeletons; a load of one of them binds only its weights (`loader.fill`)."""
     die_with_parent(parent_pid=mp.parent_process().pid)
     os.environ.update(env)
     import torch
@@ -188,14 +212,37 @@ def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
         except Exception as exc:  # a warm-up that fails costs the load its first-use set-up, nothing more
             log.warning("pooled worker: prewarm failed: %s", exc)
     conn.send(("warm", None))  # the pool counts it ready (`WorkerPool.ready`)
-    try:
-        kind, path, device = conn.recv()
-    except (EOFError, OSError):  # the pool closed
-        return
+    skeletons: OrderedDict[str, loader.Skeleton] = OrderedDict()
+    while True:
+        try:
+            order = conn.recv()
+        except (EOFError, OSError):  # the pool closed
+            return
+        if order[0] != "parse":
+            break
+        _, path, keep = order
+        conn.send(("parsed", _parse(skeletons, path, keep)))
+    kind, path, device = order
+    skeleton = skeletons.pop(path, None)
+    skeletons.clear()  # the others' memory goes before the meter's baseline
     if kind == "prepare":
         _prepared(conn, path, device, torch)
         return
-    _serve(conn, path, device, threads, env)
+    _serve(conn, path, device, threads, env, skeleton)
+
+
+def _parse(skeletons: OrderedDict[str, loader.Skeleton], path: str, keep: int) -> tuple[bool, float | str]:
+    """One program parsed into `skeletons` (the oldest dropped past `keep`): (True, seconds), or
+    (False, why) for one that cannot be bound from its archive or does not load at all."""
+    try:
+        skeletons[path] = skeleton = loader.parse(path)
+    except Exception as exc:  # noqa: BLE001 - any failure only means this program is loaded whole at its miss
+        skeletons.pop(path, None)
+        return False, f"{type(exc).__name__}: {exc}"
+    skeletons.move_to_end(path)
+    while len(skeletons) > max(0, keep):
+        skeletons.popitem(last=False)
+    return True, skeleton.parse_s
 
 
 def _prepared(conn: Connection, path: str, device: str, torch) -> None:
@@ -259,7 +306,7 @@ class Worker:
 
     def _take_pooled(self) -> bool:
         """Hand the model to a pooled process: False when the pool has none alive for this env."""
-        while self.pool is not None and (pooled := self.pool.take(self.env)) is not None:
+        while self.pool is not None and (pooled := self.pool.take(self.env, str(self.artifact.path))) is not None:
             try:
                 pooled.conn.send(("load", str(self.artifact.path), self.device))
             except (OSError, BrokenPipeError):

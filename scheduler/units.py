@@ -43,6 +43,7 @@ class UnitRef:
     url: str
     memory_mb: float
     profile: str | None = None  # MIG profile ("4g.20gb"); None for a whole GPU or a CPU
+    max_models: int | None = None  # the manager's worker cap for the unit: it evicts beyond it
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,18 @@ def read_reports(ds: Datastore, seq: int, gpu_model: GpuModel | None) -> UnitRep
             if s["node"] in cordoned:
                 continue
             key = f"{s['node']}/{s['unit']}"
-            found.append(UnitRef(key, s["node"], s["unit"], s["url"], float(s["memory_mb"]), s.get("profile")))
+            cap = s.get("max_models")
+            found.append(
+                UnitRef(
+                    key,
+                    s["node"],
+                    s["unit"],
+                    s["url"],
+                    float(s["memory_mb"]),
+                    s.get("profile"),
+                    int(cap) if cap is not None and int(cap) >= 1 else None,
+                )
+            )
             overhead = max(overhead, float(s.get("overhead_mb") or 0.0))
             for digest, mb in (s.get("measured_mb") or {}).items():
                 measured[digest] = max(float(mb), measured.get(digest, 0.0))
@@ -89,6 +101,11 @@ def read_reports(ds: Datastore, seq: int, gpu_model: GpuModel | None) -> UnitRep
     views = gpu_views(reports, gpu_model)[0] if gpu_model is not None else {}
     unit_gpu = {k: g for g, v in views.items() for k in v.units}
     return UnitReports(seq, found, cordoned, unit_gpu, overhead, measured)
+
+
+def _shape(u: UnitRef) -> tuple:
+    """What placement's view of a unit is built from: a change in any rebuilds it."""
+    return (u.key, u.memory_mb, u.max_models)
 
 
 class UnitView:
@@ -136,7 +153,7 @@ class UnitView:
                 return Refresh.TIMED_OUT
             return Refresh.NO_UNITS
         self.no_units_since = None
-        if [u.key for u in found] == [u.key for u in self.units]:
+        if [_shape(u) for u in found] == [_shape(u) for u in self.units]:
             return Refresh.KEPT
         self.rebuild(found, catalog)
         return Refresh.REBUILT
@@ -152,7 +169,7 @@ class UnitView:
         self.units = found
         self.policy = policy = make_scheduler(
             self.policy_name,
-            [Unit(id=i, cache=ModelCache(u.memory_mb)) for i, u in enumerate(found)],
+            [Unit(id=i, cache=ModelCache(u.memory_mb, u.max_models)) for i, u in enumerate(found)],
             {},
             self.o3_limit,
         )
@@ -163,7 +180,8 @@ class UnitView:
                 if u.key in index:
                     new_unit = policy.units[index[u.key]]
                     for name in old_policy.units[i].cache.models:
-                        new_unit.cache.load(name, catalog.models[name].size_mb)
+                        for gone in new_unit.cache.load(name, catalog.models[name].size_mb):  # a smaller unit or cap
+                            policy.holders.get(gone, set()).discard(new_unit.id)
                         policy.holders.setdefault(name, set()).add(new_unit.id)
         return policy
 

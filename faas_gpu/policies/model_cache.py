@@ -16,10 +16,15 @@ class ModelTooLarge(ValueError):
 
 
 class ModelCache:
-    def __init__(self, capacity_mb: float):
+    def __init__(self, capacity_mb: float, max_models: int | None = None):
+        """max_models: most models held at once, whatever memory is left (a unit's worker cap: a
+        process per model, and under MPS the server's client limit); None: memory alone decides."""
         if capacity_mb <= 0:
             raise ValueError(f"capacity_mb: must be positive, got {capacity_mb}")
+        if max_models is not None and max_models < 1:
+            raise ValueError(f"max_models: at least 1, got {max_models}")
         self.capacity_mb = float(capacity_mb)
+        self.max_models = max_models
         self._lru: OrderedDict[str, float] = OrderedDict()  # oldest first
         self.used_mb = 0.0
 
@@ -71,8 +76,9 @@ class ModelCache:
             self.used_mb -= self._lru.pop(name)
         return victims
 
-    def victims_for(self, size_mb: float) -> list[str]:
-        """The LRU models that would be evicted to make room for `size_mb` (nothing changes)."""
+    def victims_for(self, size_mb: float, max_models: int | None = None) -> list[str]:
+        """The LRU models that would be evicted to make room for a new model of `size_mb`, and
+        more while the unit would hold over `max_models` (default the cache's own; nothing changes)."""
         if size_mb > self.capacity_mb:
             raise ModelTooLarge(f"model of {size_mb} MB exceeds the unit's {self.capacity_mb} MB")
         free, victims = self.capacity_mb - self.used_mb, []
@@ -81,6 +87,11 @@ class ModelCache:
                 break
             victims.append(name)
             free += size
+        cap = self.max_models if max_models is None else max_models
+        if cap is not None:
+            staying = [name for name in self._lru if name not in victims]
+            while staying and len(staying) >= cap:
+                victims.append(staying.pop(0))
         return victims
 
     def load(self, model: str, size_mb: float) -> list[str]:

@@ -53,6 +53,7 @@ from ..store import SecretStore
 from ..types import FunctionRecord
 from .base import InstanceSpec, LaunchError, watchdog_ready
 from .containers import LABEL_OWNER, ContainerPlan, plan_container, replica_container
+from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
 from .output import note
 from .processes import free_port
@@ -124,6 +125,7 @@ class DockerRuntime(SupervisedRuntime):
         except DockerException as exc:
             raise RuntimeError(f"--runtime docker: cannot reach the Docker engine ({exc})") from None
         self.api = self.client.api
+        self._cpu = CpuRate()
         self.run_root = self.home / "containers"
         self.owner = owner_of(self.home)
         self._ooms: dict[tuple[str, str], str] = {}
@@ -174,11 +176,12 @@ class DockerRuntime(SupervisedRuntime):
         return {"state": OOM_KILLED, "message": oom}
 
     def usage(self, namespace: str, name: str) -> dict | None:
-        """The replicas' memory as the engine counts it (cgroup usage less page cache)."""
+        """The replicas' memory as the engine counts it (cgroup usage less page cache), and their
+        CPU in millicores since the last reading (`cpu_usage.py`)."""
         fn = self._fns.get((namespace, name))
         if fn is None:
             return None
-        total = 0
+        total, cpu = 0, {}
         for r in list(fn.replicas):
             try:
                 stats = self.api.stats(r.container_id, stream=False, one_shot=True)
@@ -187,7 +190,8 @@ class DockerRuntime(SupervisedRuntime):
             mem = stats.get("memory_stats") or {}
             cache = (mem.get("stats") or {}).get("inactive_file", 0)
             total += max(0, int(mem.get("usage", 0)) - int(cache))
-        return {"cpu": 0.0, "totalMemoryBytes": float(total)}
+            cpu[r.container_id] = (time.monotonic(), container_cpu_seconds(stats), r.started)
+        return {"cpu": self._cpu.millicores(cpu), "totalMemoryBytes": float(total)}
 
     # -- a replica as a container ----------------------------------------------------------
     def _closing(self) -> None:

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -25,9 +26,20 @@ from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
 from .base import InstanceSpec
+from .cpu_usage import CpuRate
 from .launch import LaunchSpec, plan_launch
 from .output import pump
-from .processes import Replica, free_port, popen, probe, reap_stale, rss_bytes, signal_group, stop_all
+from .processes import (
+    Replica,
+    cpu_seconds,
+    free_port,
+    popen,
+    probe,
+    reap_stale,
+    rss_bytes,
+    signal_group,
+    stop_all,
+)
 from .replicas import FunctionReplicas
 from .supervisor import SUPERVISE_EVERY_S, SupervisedRuntime
 
@@ -54,6 +66,7 @@ class LocalRuntime(SupervisedRuntime):
         self.credentials = credentials
         self.images = images
         self.secrets = secrets
+        self._cpu = CpuRate()
         self.run_root = home / "run"
         reap_stale(self.run_root)
         self._start_supervisor()
@@ -68,7 +81,10 @@ class LocalRuntime(SupervisedRuntime):
         fn = self._fns.get((namespace, name))
         if fn is None:
             return None
-        return {"cpu": 0.0, "totalMemoryBytes": float(rss_bytes(fn.replicas))}
+        replicas = list(fn.replicas)
+        now = time.monotonic()
+        cpu = self._cpu.millicores({r.id: (now, cpu_seconds(r), r.started) for r in replicas})
+        return {"cpu": cpu, "totalMemoryBytes": float(rss_bytes(replicas))}
 
     # -- a replica as a process ------------------------------------------------------------
     def _closing(self) -> None:

@@ -118,6 +118,19 @@ def rss_bytes(replicas: list[Replica]) -> int:
     return rss
 
 
+def cpu_seconds(replica: Replica) -> float:
+    """CPU time (user + system) of the replica's processes alive now."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in _process_tree(replica.proc.pid):
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def _process_tree(pid: int) -> list[int]:
     pids, frontier = [pid], [pid]
     while frontier:

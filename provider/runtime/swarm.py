@@ -53,6 +53,7 @@ from ..types import FunctionRecord
 from . import containers
 from .base import InstanceSpec, LaunchError, WatchedRuntime, watchdog_ready
 from .containers import LABEL_DIGEST, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_OWNER, LABEL_PORT, SECRETS_PATH
+from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,16 @@ def swarm_resources(record: FunctionRecord) -> dict[str, int]:
     if (dep.requests or {}).get("cpu"):
         out["cpu_reservation"] = int(containers.cpus("requests.cpu", dep.requests["cpu"]) * containers.NANO)
     return out
+
+
+def _task_started(task: dict) -> float:
+    """When the task reached its state (running), as a Unix time; now when the engine did not say."""
+    from ..logs import parse_time
+
+    try:
+        return parse_time(task["Status"]["Timestamp"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return time.time()
 
 
 def _digest(*parts: Any) -> str:
@@ -152,6 +163,7 @@ class SwarmRuntime(WatchedRuntime):
         stacks on one swarm keep apart. `engines`: a client on a node's own engine, given the
         address its `com.faas-gpu.engine` label names (usage of the tasks on that node)."""
         self.client, self.api = client, client.api
+        self._cpu = CpuRate()
         self.secrets, self.logs = secrets, logs
         self.gpu_env = dict(gpu_env or {})
         self.schedulers, self.credentials = schedulers, credentials
@@ -229,11 +241,12 @@ class SwarmRuntime(WatchedRuntime):
 
     def usage(self, namespace: str, name: str) -> dict | None:
         """Memory of the function's running tasks as their engines count it (cgroup usage less
-        page cache). The Engine API gives a container's stats only on the node that runs it: a
-        task on the manager's node is read through this provider's engine, a task elsewhere
-        through its node's engine at the address the node's `com.faas-gpu.engine` label names.
-        A running task that cannot be read is listed in `faasGpuUnmeasured` ({instance, node,
-        reason}: no label on its node, its node down, its engine not answering) beside the total
+        page cache), and their CPU in millicores since the last reading (`cpu_usage.py`). The
+        Engine API gives a container's stats only on the node that runs it: a task on the
+        manager's node is read through this provider's engine, a task elsewhere through its node's
+        engine at the address the node's `com.faas-gpu.engine` label names. A running task that
+        cannot be read is listed in `faasGpuUnmeasured` ({instance, node, reason}: no label on its
+        node, its node down, its engine not answering) beside the total
         of those that were; None when no task runs."""
         if (namespace, name) not in self._fns:
             return None
@@ -242,7 +255,7 @@ class SwarmRuntime(WatchedRuntime):
             nodes = {n["ID"]: n for n in self.api.nodes()}
         except Exception:  # noqa: BLE001 — no engine, no figure
             return None
-        total, counted, unmeasured = 0, 0, []
+        total, counted, unmeasured, cpu = 0, 0, [], {}
         down: dict[str, str] = {}  # engine address -> why it did not answer, once per call
         for svc in self._services(namespace, name):
             instance = svc["Spec"]["Labels"].get(LABEL_INSTANCE, "")
@@ -252,21 +265,23 @@ class SwarmRuntime(WatchedRuntime):
                     continue
                 node = nodes.get(t.get("NodeID", "")) or {}
                 host = (node.get("Description") or {}).get("Hostname") or t.get("NodeID", "?")
-                memory, reason = self._task_memory(cid, t.get("NodeID") == here, node, down)
-                if memory is None:
+                stats, reason = self._task_stats(cid, t.get("NodeID") == here, node, down)
+                if stats is None:
                     unmeasured.append({"instance": instance, "node": host, "reason": reason})
-                else:
-                    total, counted = total + memory, counted + 1
+                    continue
+                mem = stats.get("memory_stats") or {}
+                cache = (mem.get("stats") or {}).get("inactive_file", 0)
+                total, counted = total + max(0, int(mem.get("usage", 0)) - int(cache)), counted + 1
+                cpu[cid] = (time.time(), container_cpu_seconds(stats), _task_started(t))
         if not counted and not unmeasured:
             return None
-        out: dict[str, Any] = {"cpu": 0.0, "totalMemoryBytes": float(total)}
+        out: dict[str, Any] = {"cpu": self._cpu.millicores(cpu), "totalMemoryBytes": float(total)}
         if unmeasured:
             out["faasGpuUnmeasured"] = sorted(unmeasured, key=lambda u: (u["instance"], u["node"]))
         return out
 
-    def _task_memory(self, cid: str, local: bool, node: dict, down: dict[str, str]) -> tuple[int | None, str]:
-        """(the container's memory less page cache, "") from the engine of the node it runs
-        on, or (None, why not)."""
+    def _task_stats(self, cid: str, local: bool, node: dict, down: dict[str, str]) -> tuple[dict | None, str]:
+        """(the container's stats, "") from the engine of the node it runs on, or (None, why not)."""
         hostname = (node.get("Description") or {}).get("Hostname", "?")
         if local:
             api, address = self.api, None
@@ -299,9 +314,7 @@ class SwarmRuntime(WatchedRuntime):
                 down[address] = f"its engine at {address} did not answer: {str(exc)[:200]}"
                 return None, down[address]
             return None, f"the manager's engine did not answer: {str(exc)[:200]}"
-        mem = stats.get("memory_stats") or {}
-        cache = (mem.get("stats") or {}).get("inactive_file", 0)
-        return max(0, int(mem.get("usage", 0)) - int(cache)), ""
+        return stats, ""
 
     def _engine_api(self, address: str) -> Any:
         """The low-level API of a node's engine (one client per address, made on first use)."""

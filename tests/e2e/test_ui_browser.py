@@ -3,7 +3,8 @@
 A GPU Manager (cpu back end, two units), a scheduler and the gateway share one state folder, as
 `make up` runs them; the classify example is built and deployed, invoked a few times, and then
 the page at /ui/ must show it: the function and its invocations, a unit with the model cached
-(named by the function that uploaded it), the scheduler's leader; its invoke form must return the
+(named by the function that uploaded it), the model's cold start (loaded, on which unit, in how
+long), the scheduler's leader; its invoke form must return the
 function's answer, and the page must refresh itself to count that call too.
 
 The screenshot is saved in the test's tmp folder; with FAAS_GPU_UPDATE_FIGURES=1 it is also copied
@@ -87,6 +88,12 @@ def test_the_status_page_shows_gpu_path_invocations_and_invokes(gpu_stack, tmp_p
         assert "queued here: 0" in unit.text  # the scheduler answered with the cluster token
         scheduler = driver.find_element(By.ID, "scheduler").text
         assert "leader" in scheduler and "unknown" not in scheduler, scheduler
+        # the model's cold start as the scheduler tells it: loaded on a unit, named by its function
+        cold = "#coldstarts tr.coldstart[data-state='loaded']"
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, cold))
+        loaded = driver.find_element(By.CSS_SELECTOR, cold)
+        assert "classify.openfaas-fn" in loaded.find_element(By.CSS_SELECTOR, ".owners").text, loaded.text
+        assert "local/cpu-" in loaded.text and float(loaded.find_element(By.CSS_SELECTOR, ".load").text) > 0
 
         # the invoke form answers as the function does, and the page counts that call on its own
         Select(driver.find_element(By.ID, "invoke-name")).select_by_value("classify")

@@ -2,8 +2,9 @@
 bandwidth measured here (pageable and pinned), the whole export program moved to the GPU
 (finding 3), the warm-up batch on the GPU before ready (finding 9), a pooled worker that
 keeps its unit's CUDA_VISIBLE_DEVICES, and a prepared worker (the model read ahead into host
-memory, no CUDA context) whose miss is the copy to the device and the warm-up. Read-only on the
-device; figures are printed (`-s`)."""
+memory, no CUDA context) whose miss is the copy to the device and the warm-up, and a program
+parsed ahead whose miss copies its weights from the store's mapping through pinned buffers.
+Read-only on the device; figures are printed (`-s`)."""
 
 from __future__ import annotations
 
@@ -172,3 +173,26 @@ def test_a_prepared_miss_is_the_copy_to_the_gpu_and_its_warm_up(wide):
     # pageable memory (pinning needs a CUDA context, which a prepared worker must not hold), the
     # device pass and the module rebuilt from the moved program included
     assert to_device_gbps >= 0.25 * pageable
+
+
+def test_a_parsed_miss_copies_the_weights_through_pinned_buffers_near_the_links_bandwidth(wide):
+    """A program parsed ahead (no weights, no CUDA) bound at the miss: each record copied from the
+    store's mapping to the GPU through two pinned buffers, the graph's devices moved; the answer
+    the same as the whole load's, the copy at a share of the pinned link's bandwidth."""
+    from gpu_manager import loader
+
+    artifact, model, weight_bytes = wide
+    skeleton = loader.parse(str(artifact.path))
+    filled = loader.warm_up(loader.fill(skeleton, "cuda:0"), "cuda:0")
+    x = torch.randn(3, 4096)
+    with torch.inference_mode():
+        y = filled.model(x.to("cuda:0")).cpu()
+        assert torch.allclose(y, model(x), atol=1e-3)
+    assert filled.parsed and filled.warmup_skipped is None
+    pinned = _h2d_gbps(True)
+    gbps = weight_bytes / (filled.read_s + filled.to_device_s) / 1e9
+    print(
+        f"parsed miss of {weight_bytes / MB:.0f} MB: map {filled.read_s:.4f} s, to device {filled.to_device_s:.4f} s "
+        f"({gbps:.1f} GB/s vs pinned {pinned:.1f} GB/s), warm-up {filled.warmup_s:.3f} s"
+    )
+    assert gbps >= 0.25 * pinned

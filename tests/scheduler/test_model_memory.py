@@ -63,3 +63,20 @@ def test_a_model_measured_past_every_unit_keeps_its_size_and_new_ones_must_fit_w
     view.apply(view.read(view.next_read(), None), catalog)
     with pytest.raises(PlacementError):
         catalog.get(stored_program(store, "b"), view.policy)
+
+
+def test_placements_view_of_a_unit_keeps_to_its_managers_model_cap(tmp_path, ds):
+    """A unit reporting `max_models` (its worker cap; under MPS the client limit) is modelled with
+    that cap, so placement expects the eviction the manager will make; a changed cap rebuilds."""
+    store = ModelStore(tmp_path / "models")
+    a, b = stored_program(store, "a"), stored_program(store, "b")
+    _report(ds, "GPU-1", 81559, max_models=1)
+    catalog = ModelCatalog(store)
+    view = _view(ds, catalog)
+    cache = view.policy.units[0].cache
+    assert cache.max_models == 1
+    cache.load(a, catalog.get(a, view.policy).size_mb)
+    assert cache.victims_for(catalog.get(b, view.policy).size_mb) == [a]  # 80 GB free, one model at most
+    _report(ds, "GPU-1", 81559, max_models=6)
+    assert view.apply(view.read(view.next_read(), None), catalog) is Refresh.REBUILT
+    assert view.policy.units[0].cache.max_models == 6 and view.policy.units[0].cache.models == [a]  # carried over

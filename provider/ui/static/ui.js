@@ -125,6 +125,27 @@
     pairs($("scheduler"), entries);
   }
 
+  // -- cold starts: models on their way from a function's upload to a unit ------------------
+  function renderColdStarts(s) {
+    const uploads = (s.uploading || []).map((u) =>
+      el("tr", { className: "upload" }, el("td", {}, u.function || "–"),
+        el("td", {}, `${fmt((u.bytes || 0) / 1e6, 1)}` + (u.total ? ` / ${fmt(u.total / 1e6, 1)}` : "") + " MB"),
+        el("td", {}, fmt(u.seconds, 1))));
+    $("uploads").tBodies[0].replaceChildren(...uploads);
+    show("uploads", uploads.length > 0);
+    const rows = (s.models || []).map((m) =>
+      el("tr", { className: "coldstart", dataset: { digest: m.digest, state: m.state } },
+        el("td", { title: m.digest }, el("code", {}, short(m.digest))),
+        el("td", { className: "owners" }, m.functions.length ? m.functions.join(", ") : "–"),
+        el("td", { className: "state" }, m.state),
+        el("td", {}, m.unit || "–"),
+        el("td", {}, m.size === null ? "–" : fmt(m.size / 1e6, 1)),
+        el("td", {}, m.uploadS === null ? "–" : fmt(m.uploadS, 2)),
+        el("td", { className: "load" }, m.loadS === null ? "–" : fmt(m.loadS, 2))));
+    $("coldstarts").tBodies[0].replaceChildren(...rows);
+    show("coldstarts-empty", rows.length === 0);
+  }
+
   function renderReconfigurations(list) {
     const rows = list.map((r) =>
       el("tr", {}, el("td", {}, r.gpu), el("td", {}, r.from.join(" ")), el("td", {}, r.to.join(" ")),
@@ -164,6 +185,7 @@
       renderFunctions(s.functions);
       renderUnits(s.units);
       renderScheduler(s.scheduler);
+      renderColdStarts(s.scheduler);
       renderReconfigurations(s.reconfigurations);
       renderProcurement(s.procurement, s.cordons);
       refreshes += 1;
