@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,7 +95,13 @@ class BatchQueue:
         self.timeout_s = max(0.0, float(timeout_s))
         self.timeouts = {k: max(0.0, float(v)) for k, v in (timeouts or {}).items()}
         self._pending: list[_Call] = []
+        self._rows = 0  # rows in _pending
+        self._first_deadline = float("inf")  # the earliest deadline in _pending
         self._cv = threading.Condition()
+        self._name = name
+        self._batches: queue.SimpleQueue[list[_Call]] = queue.SimpleQueue()  # to the flush threads
+        self._idle = 0  # flush threads waiting for a batch, not yet promised one
+        self._pool_lock = threading.Lock()
         threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +110,13 @@ class BatchQueue:
         call = _Call(x, time.monotonic() + timeout, *request_class.get(), app=app, trace=tracing.current())
         with self._cv:
             self._pending.append(call)
-            self._cv.notify()
+            self._rows += x.shape[0]
+            # the flush loop is woken only when this call changes what it waits for (the first
+            # call, a full batch, an earlier deadline), not once per call
+            if len(self._pending) == 1 or self._rows >= self.max_batch or call.deadline < self._first_deadline:
+                self._cv.notify()
+            if call.deadline < self._first_deadline:
+                self._first_deadline = call.deadline
         call.done.wait()
         if call.error is not None:
             raise call.error
@@ -115,8 +128,8 @@ class BatchQueue:
             with self._cv:
                 while not self._pending:
                     self._cv.wait()
-                while sum(c.x.shape[0] for c in self._pending) < self.max_batch:
-                    left = min(c.deadline for c in self._pending) - time.monotonic()
+                while self._rows < self.max_batch:
+                    left = self._first_deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)
@@ -130,10 +143,30 @@ class BatchQueue:
                     call = self._pending.pop(0)
                     batch.append(call)
                     rows += call.x.shape[0]
+                self._rows -= rows
+                self._first_deadline = min((c.deadline for c in self._pending), default=float("inf"))
             if self._parallel:
-                threading.Thread(target=self._flush, args=(batch,), daemon=True).start()
+                self._hand_off(batch)
             else:
                 self._flush(batch)
+
+    def _hand_off(self, batch: list[_Call]) -> None:
+        """The batch to a flush thread: an idle one, or a new one when none is idle (at most as
+        many as batches in flight, `max_inflight`). Kept, not started per batch: a thread's start
+        cost more CPU than the batch's share of the path (issue 20)."""
+        with self._pool_lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # promised this batch
+        self._batches.put(batch)
+        if spawn:
+            threading.Thread(target=self._flush_thread, name=f"{self._name}-flush", daemon=True).start()
+
+    def _flush_thread(self) -> None:
+        while True:
+            self._flush(self._batches.get())
+            with self._pool_lock:
+                self._idle += 1
 
     def _flush(self, batch: list[_Call]) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -295,3 +296,38 @@ def test_a_batch_tells_the_scheduler_its_application_so_its_slo_counts_under_it(
     with pytest.raises(client.RemoteError):
         model._run(torch.zeros(1, 2))
     assert "X-Faas-Gpu-App" not in sent
+
+
+def test_a_remote_models_batches_run_in_parallel_on_kept_flush_threads():
+    """max_inflight > 1: batches run at once, each on a flush thread kept for the next batches
+    (at most max_inflight of them), not on a thread started per batch."""
+    from faas_gpu.client import BatchQueue
+
+    running, most, lock = [0], [0], threading.Lock()
+    threads: set[threading.Thread] = set()
+
+    def run(x, _cls):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            threads.add(threading.current_thread())
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return x * 2, {}
+
+    q = BatchQueue(run, max_batch=1, timeout_s=0.0, max_inflight=3)
+    results: list[float] = []
+
+    def call(value: float) -> None:
+        results.append(q(torch.full((1, 1), value)).item())
+
+    for _ in range(5):  # five rounds of six concurrent calls
+        callers = [threading.Thread(target=call, args=(float(i),)) for i in range(6)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(timeout=20)
+    assert sorted(results) == sorted([2.0 * i for i in range(6)] * 5)
+    assert most[0] == 3  # in parallel, up to max_inflight
+    assert len(threads) <= 3  # the same threads, round after round

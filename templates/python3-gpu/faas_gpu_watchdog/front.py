@@ -68,9 +68,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if close:
             self.send_header("Connection", "close")
-        self.end_headers()
+        # end_headers + write, in one send: the caller reads the head and the body in one
+        # receive, and no second system call here (issue 20's CPU a request)
+        self._headers_buffer.append(b"\r\n")
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self._headers_buffer.append(body)
+        self.flush_headers()
 
     def request_timeout(self) -> float:
         """This request's timeout in seconds (0: none)."""

@@ -1,0 +1,99 @@
+"""`faas_gpu.serving.LingeringThreadWorker`: a request thread serves the next request of its
+kept-alive connection, and gives the thread up when another connection needs it."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SERVER = textwrap.dedent(
+    """
+    import sys
+    from faas_gpu.serving import OneWorkerServer
+
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read() or b"ok"
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    OneWorkerServer([f"127.0.0.1:{sys.argv[1]}"], lambda: app, lambda: None, threads=int(sys.argv[2])).run()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    def start(threads: int) -> int:
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(threads)])
+        procs.append(proc)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return port
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    procs: list[subprocess.Popen] = []
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def _call(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes, str | None]:
+    conn.request("POST", "/x", body=body)
+    r = conn.getresponse()
+    return r.status, r.read(), r.getheader("Connection")
+
+
+def test_kept_alive_connection_answers_each_request(server):
+    port = server(4)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for i in range(20):
+        assert _call(conn, b"call %d" % i)[:2] == (200, b"call %d" % i)
+        if i % 5 == 4:
+            time.sleep(0.3)  # past the linger: the connection went back to gunicorn's poller
+    conn.close()
+
+
+def test_lingering_thread_gives_way_to_another_connection(server):
+    """One thread: while it lingers on an idle connection, a second connection is served within
+    a linger slice, not after the whole linger (nor never)."""
+    port = server(1)
+    first = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    assert _call(first, b"a")[:2] == (200, b"a")
+    second = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    t0 = time.monotonic()
+    assert _call(second, b"b")[:2] == (200, b"b")
+    assert time.monotonic() - t0 < 0.15  # LINGER_S is 0.2, a slice 0.025
+    assert _call(first, b"c")[:2] == (200, b"c")  # the first connection is still served
+    first.close()
+    second.close()
+
+
+def test_pipelined_requests_on_one_connection(server):
+    port = server(2)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        one = b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\none"
+        s.sendall(one + one.replace(b"one", b"two"))
+        data = b""
+        while data.count(b"HTTP/1.1 200") < 2 or not data.endswith(b"two"):
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+    assert data.index(b"one") < data.index(b"two")
