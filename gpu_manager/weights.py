@@ -315,7 +315,8 @@ def bind(
         for slot, view in zip(slots, mapped.views(slots, where), strict=True):
             _assign(module, slot, view.clone() if slot.private else view)
         return time.perf_counter() - t0, 0.0
-    copy = copy or copier(device)
+    largest = max((where[slot.member][1] for slot in slots), default=0)
+    copy = copy or copier(device, max(1, min(STAGING_BYTES, largest)))  # a small model pins little
     on_device: dict[str, Any] = {}
     for slot in slots:
         if slot.member not in on_device:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from gpu_manager.manager import GPUManager
 from gpu_manager.pool import WorkerPool
 from gpu_manager.worker import Worker, spawn_pooled
 from tests.gpu_manager.test_worker_load import Offset, exported
+from tests.waiting import eventually
 
 
 class Tied(torch.nn.Module):
@@ -151,15 +151,6 @@ def pool():
     p.close()
 
 
-def _eventually(check, timeout_s: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_miss_on_a_remembered_program_binds_only_its_weights(tmp_path, pool):
     artifact = ModelStore(tmp_path / "store").put(exported()[0])
     pool.refill({}, wait=True)
@@ -173,7 +164,7 @@ def test_a_miss_on_a_remembered_program_binds_only_its_weights(tmp_path, pool):
         assert torch.allclose(decode(worker.run(encode(x))), _out(Offset().eval(), x), atol=10)  # it serves
     finally:
         worker.stop()
-    assert _eventually(lambda: pool.parsed({}) == {str(artifact.path)})  # the replacement parsed it again
+    assert eventually(lambda: pool.parsed({}) == {str(artifact.path)})  # the replacement parsed it again
 
 
 def test_a_program_that_cannot_be_parsed_is_loaded_whole_and_not_asked_again(tmp_path, pool):
@@ -205,9 +196,9 @@ def test_a_miss_during_a_parse_waits_for_that_process_rather_than_spawn(tmp_path
         a = store.put(exported()[0])
         b = store.put(exported(Tied())[0])
         pool.refill({}, wait=True)
-        assert _eventually(lambda: pool.ready({}) == 1)
+        assert eventually(lambda: pool.ready({}) == 1)
         pool.remember(str(b.path), {})
-        assert _eventually(lambda: pool._busy.get((), 0) == 1, 30)  # parsing b
+        assert eventually(lambda: pool._busy.get((), 0) == 1, 30)  # parsing b
         taken = []
         t = threading.Thread(target=lambda: taken.append(pool.take({}, str(a.path))))
         t.start()
@@ -227,8 +218,8 @@ def test_the_manager_lists_a_models_program_parsed_after_its_upload(tmp_path):
     try:
         artifact = store.put(exported()[0])
         mgr.uploaded(artifact)
-        assert _eventually(lambda: mgr.status()[0]["parsed"] == [artifact.digest])
-        assert _eventually(lambda: mgr.status()[0]["warm_workers"] == 1)
+        assert eventually(lambda: mgr.status()[0]["parsed"] == [artifact.digest])
+        assert eventually(lambda: mgr.status()[0]["warm_workers"] == 1)
         result = mgr.run(artifact.digest, "cpu-0", encode(torch.randn(1, 4)))
         assert not result.hit and result.load_split["parse"] > 0  # the miss bound the parsed program
     finally:
@@ -280,7 +271,7 @@ def test_a_program_whose_parse_kills_the_process_is_never_parsed_ahead_again():
         pool.remember("deadly", {}, wait=True)  # kills the process: replaced, and the program noted
         assert len(spawn.procs) == 2 and pool.idle({}) == 1
         assert not pool.remember("deadly", {})  # never again: no respawn loop on a crashing artifact
-        assert _eventually(lambda: pool.parsed({}) == {"fine"}, 10)  # the replacement parsed the rest
+        assert eventually(lambda: pool.parsed({}) == {"fine"}, 10)  # the replacement parsed the rest
         assert spawn.asked.count("deadly") == 1
     finally:
         pool.close()

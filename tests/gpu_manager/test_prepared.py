@@ -19,6 +19,7 @@ from gpu_manager.manager import GPUManager
 from gpu_manager.pool import Pooled, WorkerPool, host_share_mb
 from gpu_manager.worker import Worker, spawn_pooled
 from tests.gpu_manager.test_worker_load import Offset, exported
+from tests.waiting import eventually
 
 # -- the tier's rules, on fake pooled processes ------------------------------------------------
 
@@ -168,15 +169,6 @@ def test_the_default_budget_is_a_share_of_the_nodes_memory(tmp_path):
 # -- the manager, on real workers of the cpu back end -------------------------------------------
 
 
-def _eventually(check, timeout_s: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 class Other(Offset):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x) * 2
@@ -191,7 +183,7 @@ def test_an_uploaded_model_is_prepared_and_its_miss_reads_nothing(tmp_path):
         assert mgr.uploaded(artifact)
         assert time.perf_counter() - t0 < 0.5  # ordered, not done, on the upload's path
         # cpu units share one environment: either unit's miss would take it
-        assert _eventually(lambda: [u["prepared"] for u in mgr.status()] == [[artifact.digest]] * 2)
+        assert eventually(lambda: [u["prepared"] for u in mgr.status()] == [[artifact.digest]] * 2)
         assert [u["used_mb"] for u in mgr.status()] == [0.0, 0.0]  # no device memory: charged to no unit
         assert mgr.pool.prepared_mb() > 0  # its host memory, measured, counts against the budget
         result = mgr.run(artifact.digest, "cpu-1", encode(torch.randn(2, 4)))
@@ -218,11 +210,11 @@ def test_an_evicted_model_is_prepared_again_and_served_from_it(tmp_path):
         first = mgr.run(a.digest, "cpu-0", x)
         assert "prepare" not in first.load_split  # nothing prepared: a load from the store
         mgr.run(b.digest, "cpu-0", x)  # evicts a (one worker per unit here): a prepared again, after the load
-        assert _eventually(lambda: mgr.status()[0]["prepared"] == [a.digest])
+        assert eventually(lambda: mgr.status()[0]["prepared"] == [a.digest])
         back = mgr.run(a.digest, "cpu-0", x)  # evicts b, which is prepared again in its turn
         assert not back.hit and back.load_split["read"] == 0.0 and back.load_split["prepare"] > 0
         assert mgr.status()[0]["models"] == [a.digest]
-        assert _eventually(lambda: mgr.status()[0]["prepared"] == [b.digest])
+        assert eventually(lambda: mgr.status()[0]["prepared"] == [b.digest])
     finally:
         mgr.close()
 
@@ -339,7 +331,7 @@ def test_an_upload_is_prepared_for_the_least_loaded_unit_only(tmp_path):
         mgr.units["GPU-0"].cache.load("other", 1000)  # GPU-1 is the emptier
         artifact = mgr.store.put(exported()[0])
         assert mgr.uploaded(artifact)
-        assert _eventually(lambda: [u["prepared"] for u in mgr.status()] == [[], [artifact.digest]])
+        assert eventually(lambda: [u["prepared"] for u in mgr.status()] == [[], [artifact.digest]])
         ((_, env, prepared),) = mgr.pool.prepared()
         assert env == {"CUDA_VISIBLE_DEVICES": "GPU-1"} and prepared.device == "cuda:0"
         assert [u["used_mb"] for u in mgr.status()] == [1000, 0]  # no unit charged for it
@@ -353,7 +345,7 @@ def test_a_unit_stopped_for_a_reconfiguration_drops_its_prepared_workers(tmp_pat
         artifact = mgr.store.put(exported()[0])
         for unit in ("GPU-0", "GPU-1"):
             mgr._prepare(mgr.units[unit], artifact.digest)
-        assert _eventually(lambda: len(mgr.pool.prepared()) == 2)
+        assert eventually(lambda: len(mgr.pool.prepared()) == 2)
         mgr._stop_unit(mgr.units["GPU-0"])
         assert [p.unit for _, _, p in mgr.pool.prepared()] == ["GPU-1"]
     finally:

@@ -4,7 +4,6 @@ moved to its device (finding 3), and the warm-up batch before ready (finding 9).
 from __future__ import annotations
 
 import io
-import time
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from gpu_manager.manager import GPUManager
 from gpu_manager.pool import WorkerPool
 from gpu_manager.worker import Worker, spawn_pooled
 from tests.classify_model import scripted_resnet
+from tests.waiting import eventually
 
 
 class Offset(torch.nn.Module):
@@ -56,19 +56,10 @@ def pool():
     p.close()
 
 
-def _eventually(check, timeout_s: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_the_pool_gives_a_ready_worker_and_refills(pool, store, program_bytes):
     pool.refill({}, wait=True)
     assert pool.idle({}) == 1
-    assert _eventually(lambda: pool.ready({}) == 1)  # torch imported, the export loader warmed
+    assert eventually(lambda: pool.ready({}) == 1)  # torch imported, the export loader warmed
     artifact = store.put(program_bytes)
     worker = Worker(artifact, "cpu", pool=pool)
     try:
@@ -76,7 +67,7 @@ def test_the_pool_gives_a_ready_worker_and_refills(pool, store, program_bytes):
         assert info.pooled
         x = torch.randn(3, 4)
         assert decode(worker.run(encode(x))).shape == (3, 4)
-        assert _eventually(lambda: pool.idle({}) == 1)  # refilled after the load, in the background
+        assert eventually(lambda: pool.idle({}) == 1)  # refilled after the load, in the background
     finally:
         worker.stop()
 
@@ -171,8 +162,8 @@ def test_the_manager_keeps_a_warm_worker_per_unit_environment(tmp_path, program_
     digest = store.put(program_bytes).digest
     mgr = GPUManager(cpu_units(2, memory_mb=64), store, warm_workers=1)
     try:
-        assert _eventually(lambda: mgr.pool.idle({}) == 1)  # cpu units share one environment
-        assert _eventually(lambda: [u["warm_workers"] for u in mgr.status()] == [1, 1])
+        assert eventually(lambda: mgr.pool.idle({}) == 1)  # cpu units share one environment
+        assert eventually(lambda: [u["warm_workers"] for u in mgr.status()] == [1, 1])
         mgr.run(digest, "cpu-0", encode(torch.randn(1, 4)))
         assert mgr.workers[(digest, "cpu-0")].info.pooled
     finally:
