@@ -8,7 +8,9 @@ that worker's memory, so the app is built in the worker (`load`) and closed when
 from __future__ import annotations
 
 import hmac
+import os
 import select
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +24,8 @@ LINGER_S = 0.2
 """How long a request thread waits on its kept-alive connection for the next request before it
 gives the connection back to gunicorn's poller (`LingeringThreadWorker`)."""
 LINGER_SLICE_S = 0.025
-"""While it lingers, the thread looks this often whether other work waits for a thread."""
+"""While it lingers, the thread also looks this often whether it should stop (the worker's end,
+the linger's end, work queued while no wake-up was sent)."""
 
 
 class LingeringThreadWorker(ThreadWorker):
@@ -35,8 +38,28 @@ class LingeringThreadWorker(ThreadWorker):
     20), where a caller that sends its next call on the same connection at once is the common
     case (the gateway's callers, the instances' persistent connection to their GPU Manager).
     Nothing else changes: the same parser, WSGI environ, keep-alive and close rules per request.
-    A lingering thread gives its connection back as soon as other work waits for a thread, when
-    the worker stops, and after `LINGER_S` without a request."""
+    A lingering thread gives its connection back as soon as other work waits for a thread: the
+    main thread, queueing a connection while some thread lingers, writes a byte to a wake-up pipe
+    every lingering thread polls beside its connection, and the one that reads it gives way at
+    once (not at its next slice: under an open loop's many connections a slice's wait a request
+    would cost the gateway its capacity). It also gives way when the worker stops, and after
+    `LINGER_S` without a request."""
+
+    def init_process(self):
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._lingering = 0  # threads lingering now (read by the main thread without a lock: a hint)
+        self._linger_lock = threading.Lock()
+        super().init_process()  # runs the worker: last
+
+    def enqueue_req(self, conn):
+        super().enqueue_req(conn)
+        if self._lingering:  # a thread idles on its own connection: this work wants it
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:  # the pipe is full of wake-ups already
+                pass
 
     def handle(self, conn):
         result = super().handle(conn)
@@ -53,14 +76,27 @@ class LingeringThreadWorker(ThreadWorker):
             return True
         poller = select.poll()
         poller.register(conn.sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         waiting = getattr(self.tpool, "_work_queue", None)
         deadline = time.monotonic() + LINGER_S
-        while self.alive:
-            if poller.poll(LINGER_SLICE_S * 1000):
-                return True
-            if (waiting is not None and not waiting.empty()) or time.monotonic() >= deadline:
-                return False
-        return False
+        with self._linger_lock:
+            self._lingering += 1
+        try:
+            while self.alive:
+                for fd, _ in poller.poll(LINGER_SLICE_S * 1000):
+                    if fd != self._wake_r:
+                        return True
+                    try:
+                        os.read(self._wake_r, 1)
+                        return False  # this thread answers the wake-up: it gives way
+                    except BlockingIOError:  # another lingering thread took that byte
+                        pass
+                if (waiting is not None and not waiting.empty()) or time.monotonic() >= deadline:
+                    return False
+            return False
+        finally:
+            with self._linger_lock:
+                self._lingering -= 1
 
 
 class OneWorkerServer(BaseApplication):

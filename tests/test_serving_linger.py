@@ -15,7 +15,10 @@ import pytest
 SERVER = textwrap.dedent(
     """
     import sys
+    from faas_gpu import serving
     from faas_gpu.serving import OneWorkerServer
+
+    serving.LINGER_S, serving.LINGER_SLICE_S = float(sys.argv[3]), float(sys.argv[4])
 
     def app(environ, start_response):
         body = environ["wsgi.input"].read() or b"ok"
@@ -35,9 +38,10 @@ def _free_port() -> int:
 
 @pytest.fixture
 def server():
-    def start(threads: int) -> int:
+    def start(threads: int, linger_s: float = 0.2, slice_s: float = 0.025) -> int:
         port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(threads)])
+        argv = [str(port), str(threads), str(linger_s), str(slice_s)]
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, *argv])
         procs.append(proc)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -72,18 +76,18 @@ def test_kept_alive_connection_answers_each_request(server):
 
 
 def test_lingering_thread_gives_way_to_another_connection(server):
-    """One thread: while it lingers on an idle connection, a second connection is served within
-    a linger slice, not after the whole linger (nor never)."""
-    port = server(1)
+    """One thread lingering a minute on an idle connection, looking around only every 5 s: a
+    second connection is served before its client's 3 s timeout (the main thread's wake-up makes
+    the lingering thread give way at once), and then the first again."""
+    port = server(1, linger_s=60.0, slice_s=5.0)
     first = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     assert _call(first, b"a")[:2] == (200, b"a")
-    second = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    t0 = time.monotonic()
-    assert _call(second, b"b")[:2] == (200, b"b")
-    assert time.monotonic() - t0 < 0.15  # LINGER_S is 0.2, a slice 0.025
-    assert _call(first, b"c")[:2] == (200, b"c")  # the first connection is still served
+    for i in range(3):  # each time the one thread lingers on the other connection
+        second = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+        assert _call(second, b"b%d" % i)[:2] == (200, b"b%d" % i)  # not after a slice (5 s) nor the linger
+        assert _call(first, b"c%d" % i)[:2] == (200, b"c%d" % i)  # the first connection is still served
+        second.close()
     first.close()
-    second.close()
 
 
 def test_pipelined_requests_on_one_connection(server):
