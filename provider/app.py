@@ -79,7 +79,10 @@ def build_provider(config: ProviderConfig) -> Provider:
         max_inflight_per_function=config.max_inflight_per_function,
     )
     queue = open_queue(config.redis_url, home / "queue.db")
-    predictor = LatencyPredictor(ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles)
+    # the node's own end-to-end measurements first, where it has them (`LatencyPredictor`'s docstring)
+    predictor = LatencyPredictor(
+        ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles, prefer_measured=True
+    )
     policies = [
         InflessScaling(
             datastore,

@@ -384,7 +384,7 @@ def run_path(args: argparse.Namespace) -> int:
                 f"faas-gpu profile: --path: function {args.path!r} names no model ({MODEL_ANNOTATION})", file=sys.stderr
             )
             return 2
-        model_ms = _model_ms(LatencyPredictor(store), model)
+        model_ms = _model_ms(LatencyPredictor(store, prefer_measured=True), model)  # as the planner predicts it
         print(f"path cost of {args.path} ({model}) through {gateway}:")
         cost, points = path_profile.measure(
             gateway,

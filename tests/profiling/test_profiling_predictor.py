@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from faas_gpu.profiling import (
+    Estimate,
     LatencyPredictor,
     MissingProfile,
     OpGraph,
@@ -282,3 +283,20 @@ def test_a_noisy_run_keeps_a_clean_profile_and_stores_one_marked_noisy_when_ther
     monkeypatch.setattr(ops_mod, "measure", _fake_measure(lambda b: 0.01))
     again = profile_model(store, "n", tiny(), (32,), remeasure=True, **kw)  # what `up` does next time
     assert again.stored and store.noisy("n") is None
+
+
+def test_preferring_measurements_puts_the_whole_models_time_before_the_operators_sum(store, infless_dir):
+    """What the planner uses: where the model was timed end to end at a configuration, that time;
+    the operators' sum only where it was not (and INFless's files after both)."""
+    store.put_graph("mini", FORK)
+    store.put_ops(1, 2, "cpu", 0, OPS)
+    store.put_ops(4, 2, "cpu", 0, OPS)
+    store.put_model("mini", 1, 2, "cpu", 0, 99.0)  # measured at batch 1 only
+    p = LatencyPredictor(store, offset=0.10, infless_dir=infless_dir, prefer_measured=True)
+    assert p.estimate("mini", 1, 2) == Estimate(99.0, "measured")
+    assert p.estimate("mini", 4, 2).source == "operators"
+    assert p.estimate("mini", 1, 4).source == "infless"
+    configs = {(b, c, g): ms for b, c, g, ms in p.configs("mini")}
+    assert configs[(1, 2, 0)] == 99.0 and configs[(4, 2, 0)] == pytest.approx(sum(OPS.values()) * 1.10)
+    # the default keeps INFless's order: the operators shadow the measurement
+    assert LatencyPredictor(store, offset=0.10).estimate("mini", 1, 2).source == "operators"
