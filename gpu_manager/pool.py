@@ -122,6 +122,7 @@ class WorkerPool:
         self._programs: dict[EnvKey, OrderedDict[str, None]] = {}  # to hold parsed, per environment, oldest first
         self._unparsable: set[str] = set()  # programs a process could not parse (TorchScript, ...): not again
         self._busy: dict[EnvKey, int] = {}  # idle processes out of `_idle` while they parse
+        self._parsing: list[Pooled] = []  # those processes (`close` stops them too)
         self._generation: dict[EnvKey, int] = {}  # bumped by `discard`: a parse ending after it stops its process
         self.parsed_count = 0  # programs parsed into pooled processes, for tests and the benchmark
         self._idle: dict[EnvKey, list[Pooled]] = {}
@@ -238,10 +239,12 @@ class WorkerPool:
                 pooled, path = job
                 self._idle[key].remove(pooled)
                 self._busy[key] = self._busy.get(key, 0) + 1
+                self._parsing.append(pooled)
                 generation = self._generation.get(key, 0)
             ok = self._parse_one(pooled, path)
             with self._lock:
                 self._busy[key] -= 1
+                self._parsing.remove(pooled)
                 current = not self._closed and self._generation.get(key, 0) == generation
                 if ok and current:
                     self._idle.setdefault(key, []).insert(0, pooled)  # it is the oldest, furthest warmed
@@ -263,7 +266,7 @@ class WorkerPool:
                 kind, value = pooled.conn.recv()
                 if kind == "warm":
                     pooled.warm = True
-        except (EOFError, OSError, TimeoutError) as exc:
+        except (EOFError, OSError, TimeoutError, ValueError) as exc:  # ValueError: its pipe closed under it
             if not self._closed:  # a process stopped by `close` mid-parse is no failure
                 log.warning("worker pool: parsing %s killed or hung its process (%s); not parsed ahead", path, exc)
                 with self._lock:
@@ -468,14 +471,16 @@ class WorkerPool:
         """The environment's idle processes, those parsing included."""
         key = env_key(env)
         with self._lock:
-            return sum(1 for p in self._idle.get(key, []) if p.proc.is_alive()) + self._busy.get(key, 0)
+            busy = 0 if self._closed else self._busy.get(key, 0)
+            return sum(1 for p in self._idle.get(key, []) if p.proc.is_alive()) + busy
 
     def ready(self, env: dict[str, str] | None = None) -> int:
         """Idle processes that finished warming (torch imported, loader warmed); parsing ones are."""
         key = env_key(env)
         with self._lock:
             idle = self._idle.get(key, [])
-            return sum(1 for p in idle if p.proc.is_alive() and (p.warm or p.conn.poll(0))) + self._busy.get(key, 0)
+            busy = 0 if self._closed else self._busy.get(key, 0)
+            return sum(1 for p in idle if p.proc.is_alive() and (p.warm or p.conn.poll(0))) + busy
 
     def parsed(self, env: dict[str, str] | None = None) -> set[str]:
         """The programs some idle process of the environment holds parsed."""
@@ -497,6 +502,7 @@ class WorkerPool:
             self._closed = True
             pools, self._idle = list(self._idle.values()), {}
             pools.append([p.pooled for p in self._prepared.values()])
+            pools.append(list(self._parsing))  # the pool's thread stops them too when their parse ends
             self._prepared.clear()
             self._no_loads.notify_all()
             self._back.notify_all()
