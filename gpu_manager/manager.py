@@ -391,10 +391,14 @@ class GPUManager:
             key=lambda s: (s.busy_since is not None, s.cache.used_mb / max(s.info.memory_mb, 1e-9), len(s.cache)),
         )
         ordered = self._prepare(state, artifact.digest)  # first: the preparation takes an idle process
-        env = self._known_env(state.info, artifact.digest)
-        if env is not None:  # then its replacement parses the program (ordered after it, on the pool's thread)
-            self.pool.remember(str(artifact.path), env)
+        self._remember(state, artifact)  # then its replacement parses the program (after it, on the pool's thread)
         return ordered
+
+    def _remember(self, state: _UnitState, artifact: Artifact) -> None:
+        """Have the unit's idle pooled processes parse the model's program ahead (`WorkerPool.remember`)."""
+        env = self._known_env(state.info, artifact.digest)
+        if env is not None:
+            self.pool.remember(str(artifact.path), env)
 
     def _prepare(self, state: _UnitState, digest: str) -> bool:
         """Order a prepared worker of `digest` for the unit's environment (on the pool's thread:
@@ -462,9 +466,7 @@ class GPUManager:
                 self._no_room(state, artifact, again)
         state.cache.load(artifact.digest, size)
         self.workers[(artifact.digest, state.info.id)] = worker
-        env = self._known_env(state.info, artifact.digest)
-        if env is not None:  # parsed again for the unit: its return after an eviction binds only the weights
-            self.pool.remember(str(artifact.path), env)
+        self._remember(state, artifact)  # parsed again for the unit: its return after an eviction binds the weights
         self._account(state, artifact.digest, worker)
         self._accounted[(artifact.digest, state.info.id)] = -1.0  # measured again after its first batch
         return worker

@@ -213,14 +213,18 @@ class WorkerPool:
             done.wait()
         return True
 
+    def _after_loads(self) -> None:
+        """Under the lock: wait until no load runs on the node (background work never runs beside one)."""
+        while self._loads and not self._closed:
+            self._no_loads.wait(1.0)
+
     def _parse_known(self, env: dict[str, str]) -> None:
         """Each idle process of `env` given the environment's programs it lacks, most recent first,
         one parse at a time; the process is out of `_idle` meanwhile (a miss waits for it, `take`)."""
         key = env_key(env)
         while True:
             with self._lock:
-                while self._loads and not self._closed:  # never beside a job's load: after it
-                    self._no_loads.wait(1.0)
+                self._after_loads()
                 if self._closed:
                     return
                 wanted = [p for p in reversed(self._programs.get(key, {})) if p not in self._unparsable]
@@ -345,8 +349,7 @@ class WorkerPool:
         finished, started = entry
         try:
             with self._lock:
-                while self._loads and not self._closed:  # never beside a job's load: after it
-                    self._no_loads.wait(1.0)
+                self._after_loads()
                 if self._closed or self._preparing.get(key) is not entry:
                     return
             if wanted is not None and not wanted():
