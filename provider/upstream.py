@@ -1,10 +1,11 @@
-"""The gateway's HTTP to a function's replicas: one kept-alive `http.client` connection per
-(serving thread, replica address).
+"""The gateway's HTTP to a function's replicas: one kept-alive connection per (serving thread,
+replica address).
 
 urllib3's PoolManager cost ~0.41 ms of CPU per forwarded call (its URL parsing, pool bookkeeping,
 header dict and retry objects); a kept-alive `http.client` connection per thread measured
-0.17-0.22 ms (issue 20, EXPERIMENTS). Each gateway thread serves one call at a time, so a
-thread-local connection per address needs no lock and no pool.
+0.17-0.22 ms (issue 20, EXPERIMENTS), of which the e-mail package's parse of the answer's headers
+was the largest part; `faas_gpu.http1` reads the answer without it. Each gateway thread serves
+one call at a time, so a thread-local connection per address needs no lock and no pool.
 
 What urllib3's pool did for us and this keeps:
 - a kept-alive connection the replica closed while idle is found before it is used (the socket
@@ -24,9 +25,7 @@ connection's failure is never resent here.
 
 from __future__ import annotations
 
-import http.client
 import re
-import select
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,13 +33,15 @@ from urllib.parse import urlsplit
 
 from urllib3.util import parse_url
 
+from faas_gpu.http1 import Connection, ProtocolError, RemoteClosed
+
 MAX_PER_THREAD = 64
 """Replica addresses a thread keeps a connection to; the least recently used beyond are closed,
 so connections to replicas long gone do not pile up."""
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")
 _PLAIN_QUERY = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?]*")
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_STALE = (RemoteClosed, BrokenPipeError, ConnectionResetError)
 """What a kept-alive connection the replica closed meanwhile fails with, before any answer byte."""
 
 
@@ -62,27 +63,6 @@ class ReplicaDropped(ReplicaError):
     may have run it (the gateway resends once, under `com.faas-gpu.retry-on-reset`)."""
 
 
-class _Connection(http.client.HTTPConnection):
-    """`http.client` sets TCP_NODELAY itself; this adds the poller that finds a dropped idle
-    connection and the timeout last set on the socket."""
-
-    poller: select.poll | None = None
-
-    def connect(self) -> None:
-        super().connect()
-        self.poller = select.poll()
-        self.poller.register(self.sock, select.POLLIN)
-
-    def close(self) -> None:
-        self.poller = None
-        super().close()
-
-    def dropped(self) -> bool:
-        """An idle kept-alive connection has nothing to read: readable means the replica closed
-        it (EOF), reset it, or sent bytes no request asked for. One `poll(0)` system call."""
-        return self.sock is None or self.poller is None or bool(self.poller.poll(0))
-
-
 def request_target(path: str, query: str) -> str:
     """The request line's target, as urllib3 made it from `http://host{path}?{query}`."""
     path = path or "/"
@@ -98,7 +78,7 @@ class ReplicaConnections:
         self.max_per_thread = max_per_thread
         self._local = threading.local()
 
-    def _connections(self) -> OrderedDict[str, _Connection]:
+    def _connections(self) -> OrderedDict[str, Connection]:
         conns = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = OrderedDict()
@@ -125,15 +105,14 @@ class ReplicaConnections:
                 conn.close()
         else:
             parts = urlsplit(base_url)
-            conn = _Connection(parts.hostname or "", parts.port or 80, timeout=timeout_s)
+            conn = Connection(parts.hostname or "", parts.port or 80, timeout=timeout_s)
             conns[base_url] = conn
             while len(conns) > self.max_per_thread:
                 conns.popitem(last=False)[1].close()
         try:
             if reused:
                 if conn.timeout != timeout_s:
-                    conn.timeout = timeout_s
-                    conn.sock.settimeout(timeout_s)
+                    conn.settimeout(timeout_s)
                 try:
                     return self._exchange(conn, method, target, headers, body, base_url, conns)
                 except _STALE as exc:
@@ -155,12 +134,12 @@ class ReplicaConnections:
                 raise
             if isinstance(exc, TimeoutError):
                 raise ReplicaTimeout(f"{base_url}: {exc!r}") from exc
-            if isinstance(exc, (OSError, http.client.HTTPException)):  # urllib3's ProtocolError
+            if isinstance(exc, (OSError, ProtocolError)):  # urllib3's ProtocolError
                 raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
             raise
 
     @staticmethod
-    def _connect(conn: _Connection, timeout_s: float) -> None:
+    def _connect(conn: Connection, timeout_s: float) -> None:
         conn.timeout = timeout_s
         try:
             conn.connect()
@@ -171,25 +150,26 @@ class ReplicaConnections:
 
     @staticmethod
     def _exchange(
-        conn: _Connection,
+        conn: Connection,
         method: str,
         target: str,
         headers: dict[str, str],
         body: bytes | None,
         base_url: str,
-        conns: OrderedDict[str, _Connection],
+        conns: OrderedDict[str, Connection],
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """Send and read the whole answer. A stale-connection error from the send or the status
         line is raised as it is (the caller decides on the resend); later ones are mapped."""
-        conn.request(method, target, body, headers)
-        resp = conn.getresponse()
+        conn.send(method, target, headers, body)
         try:
-            data = resp.read()
+            answer = conn.read_answer(method)
+        except RemoteClosed:  # before any byte of an answer
+            raise
         except TimeoutError as exc:
             raise ReplicaTimeout(f"{base_url}: {exc!r}") from exc
-        except (OSError, http.client.HTTPException) as exc:  # IncompleteRead, reset mid-body
+        except (OSError, ProtocolError) as exc:  # a bad answer, cut short, reset mid-body
             raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
-        if resp.will_close:  # `Connection: close`, or a body delimited by the connection's end
+        if answer.will_close:  # `Connection: close`, or a body delimited by the connection's end
             conn.close()
             del conns[base_url]
-        return resp.status, resp.getheaders(), data
+        return answer.status, answer.headers, answer.body

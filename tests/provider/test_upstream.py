@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 from urllib3.util import parse_url
 
+from faas_gpu.http1 import Connection
 from provider.gateway import InvocationApp
 from provider.invoke import Invoker, ReplicaDropped, ReplicaRefused, ReplicaTimeout
-from provider.upstream import ReplicaConnections, _Connection, request_target
+from provider.upstream import ReplicaConnections, request_target
 
 KEY = ("fn", "openfaas-fn")
 
@@ -148,7 +149,7 @@ def test_a_connection_closed_under_the_call_itself_is_sent_once_more_on_a_fresh_
     replica, inv = replicas(closes_the_first_idle_connection), invoker()
     assert inv.forward(replica.url, "POST", "/", "", {}, b"x").body == b"ok"
     time.sleep(0.1)
-    monkeypatch.setattr(_Connection, "dropped", lambda self: False)
+    monkeypatch.setattr(Connection, "dropped", lambda self: False)
     assert inv.forward(replica.url, "POST", "/", "", {}, b"x").body == b"ok"
     assert replica.connections == 2
 
