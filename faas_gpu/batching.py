@@ -56,13 +56,22 @@ class LocalBatching:
         return cls(max_batch, env.batch_timeout_s(environ), app_timeouts(environ))
 
 
-@dataclass
+def _held_lock() -> threading.Lock:
+    """A one-shot signal cheaper than `threading.Event` (which builds a Condition and its lock and
+    notifies through it): created held; the batch's thread releases it once, and the caller's
+    `acquire` returns then. Made and signalled once per call on the instance's hot path (issue 20)."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(slots=True)
 class _Call:
     x: torch.Tensor
     deadline: float = 0.0
     cls: str | None = None
     slo_ms: float | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Lock = field(default_factory=_held_lock)
     result: torch.Tensor | None = None
     error: BaseException | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -117,7 +126,7 @@ class BatchQueue:
                 self._cv.notify()
             if call.deadline < self._first_deadline:
                 self._first_deadline = call.deadline
-        call.done.wait()
+        call.done.acquire()
         if call.error is not None:
             raise call.error
         last_job.set(call.headers)
@@ -187,7 +196,7 @@ class BatchQueue:
         finally:
             self._slots.release()
         for c in batch:
-            c.done.set()
+            c.done.release()
 
     def _traced_run(self, x: torch.Tensor, batch: list[_Call]) -> tuple[torch.Tensor, dict[str, str]]:
         """`_run` inside the batch's span: its parent the first call's span, a link to every

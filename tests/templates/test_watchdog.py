@@ -163,6 +163,11 @@ def test_http_mode_answers_carry_the_upstreams_one_date_and_one_server(watchdogs
     r = conn.getresponse()
     r.read()
     assert len(r.msg.get_all("Date")) == 1 and r.msg["Server"].startswith("fwatchdog")
+    # its own Date is this second's, in the IMF-fixdate form (made once a second, not per answer)
+    import email.utils
+
+    assert r.msg["Date"].endswith(" GMT")
+    assert abs(email.utils.parsedate_to_datetime(r.msg["Date"]).timestamp() - time.time()) < 3
     conn.close()
 
 

@@ -4,6 +4,7 @@ read by `request_head` (not the e-mail package)."""
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import socket
 import sys
@@ -19,6 +20,19 @@ from .request_head import parse_request
 
 if TYPE_CHECKING:
     from .watchdog import Watchdog
+
+_date: tuple[int, str] = (0, "")
+"""The last `Date` value made, by its second: formatting one costs as much as the rest of the
+answer's head (`email.utils.formatdate`), and every answer of a second carries the same."""
+
+
+def http_date() -> str:
+    global _date
+    now = int(time.time())
+    made = _date  # one read: another thread may replace it meanwhile, with this second's or the next's
+    if made[0] != now:
+        made = _date = (now, email.utils.formatdate(now, usegmt=True))
+    return made[1]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -56,7 +70,7 @@ class Handler(BaseHTTPRequestHandler):
         if "server" not in upstream:
             self.send_header("Server", self.version_string())
         if "date" not in upstream:
-            self.send_header("Date", self.date_time_string())
+            self.send_header("Date", http_date())
         has_ct = False
         for k, v in headers or ():
             if k.lower() in HOP_BY_HOP or k.lower() == "content-length":
