@@ -68,7 +68,8 @@ class Connection:
         self.sock: socket.socket | None = None
         self._reader = None
         self._poller: select.poll | None = None
-        self._host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        name = f"[{host}]" if ":" in host else host
+        self._host_header = name if port == 80 else f"{name}:{port}"  # as http.client writes it
 
     def connect(self) -> None:
         sock = socket.create_connection((self.host, self.port), self.timeout)

@@ -230,3 +230,12 @@ def test_a_direct_connection_that_fails_is_closed_and_the_failure_raised(peers):
     assert direct._local.conns == {}
     with pytest.raises(ProtocolError):
         direct.post("https://127.0.0.1:1", "/v1/jobs/d", b"t", {}, 5.0)
+
+
+def test_the_host_header_names_the_port_unless_it_is_http_s_own():
+    assert [Connection(h, p)._host_header for h, p in (("a", 80), ("a", 8080), ("::1", 80), ("::1", 81))] == [
+        "a",
+        "a:8080",
+        "[::1]",
+        "[::1]:81",
+    ]
