@@ -285,7 +285,8 @@ class RemoteModel(torch.nn.Module):
                     r = self._post_direct(lease, digest, body, tracing.inject(send), budget)
             else:
                 r = self._post_direct(lease, digest, body, send, budget)
-        except (OSError, http1.ProtocolError) as exc:  # the manager died or is unreachable: the scheduler places it
+        # the manager died, is unreachable, or answered no HTTP: the scheduler places the batch
+        except (OSError, ValueError, http1.ProtocolError) as exc:
             log.info("faas-gpu: leased unit %s at %s failed (%s); through the scheduler", lease.unit, lease.url, exc)
             self._drop_lease(lease)
             return None
