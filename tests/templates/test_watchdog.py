@@ -284,6 +284,9 @@ def handle(event, context):
     if kind.startswith("event"):
         return {"body": {"path": event.path, "query": event.query.to_dict(flat=False),
                          "ct": event.headers.get("content-type"), "x": event.headers.get("X-Many"),
+                         "absent": event.headers.get("X-Absent", "dflt"), "typed": event.headers.get("X-N", type=int),
+                         "bad-type": event.headers.get("X-Many", -1, type=int), "list": event.headers.getlist("x-many"),
+                         "in": "x-many" in event.headers, "item": event.headers["X-Many"],
                          "method": event.method, "body": event.body.decode()}}
     if kind == "print":
         print("to stdout", flush=True)
@@ -302,7 +305,7 @@ def _answers(wd: Watchdog) -> list[tuple]:
     r = requests.put(
         f"{wd.url}/event%20x?q=1&q=2&e=",
         data="ü".encode(),
-        headers={"Content-Type": "text/x-test", "X-Many": "one"},
+        headers={"Content-Type": "text/x-test", "X-Many": "one", "X-N": "7"},
         timeout=10,
     )
     got.append(("event", r.status_code, r.headers.get("Content-Type"), None, r.content))
@@ -322,6 +325,12 @@ def test_inproc_answers_every_handler_result_as_the_proxied_server_does(watchdog
         "query": {"q": ["1", "2"], "e": [""]},
         "ct": "text/x-test",
         "x": "one",
+        "absent": "dflt",
+        "typed": 7,
+        "bad-type": -1,
+        "list": ["one"],
+        "in": True,
+        "item": "one",
         "method": "PUT",
         "body": "ü",
     }
