@@ -15,64 +15,30 @@ import pytest
 
 from faas_gpu.client import _DirectConnections
 from faas_gpu.http1 import Connection, ProtocolError, RemoteClosed
+from tests.provider.test_upstream import Replica
 
 
-def read_head(conn: socket.socket) -> bytes | None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (
-            int(v)
-            for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")[1:])
-            if k.lower() == b"content-length"
-        ),
-        0,
-    )
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
-
-
-class Peer:
+class Peer(Replica):
     """Answers each request on each connection with `answers(n)` bytes (None: close; a 1-tuple:
     these bytes, then close), n counting requests from 0; records the heads it read."""
 
-    def __init__(self, answers: Callable[[int], bytes | None], reset: bool = False):
+    def __init__(self, answers: Callable[[int], bytes | tuple[bytes] | None], reset: bool = False):
         self.answers, self.reset = answers, reset
-        self.heads: list[bytes] = []
-        self.connections = 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        super().__init__(Peer._answer_all)
         self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
+    def _answer_all(self, conn: socket.socket, n: int) -> None:
+        while self.read(conn) is not None:
+            out = self.answers(len(self.heads) - 1)
+            if out is None:
+                if self.reset:  # an RST instead of a FIN
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            while (head := read_head(conn)) is not None:
-                self.heads.append(head)
-                out = self.answers(len(self.heads) - 1)
-                if out is None:
-                    if self.reset:  # an RST instead of a FIN
-                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    return
-                if isinstance(out, tuple):
-                    conn.sendall(out[0])
-                    conn.shutdown(socket.SHUT_WR)
-                    return
-                conn.sendall(out)
+            if isinstance(out, tuple):
+                conn.sendall(out[0])
+                conn.shutdown(socket.SHUT_WR)
+                return
+            conn.sendall(out)
 
     def connection(self, timeout: float = 5.0) -> Connection:
         return Connection("127.0.0.1", self.port, timeout)
@@ -88,7 +54,7 @@ def peers():
 
     yield make
     for p in made:
-        p.sock.close()
+        p.close()
 
 
 def test_a_content_length_answer_is_read_whole_and_the_connection_kept(peers):
