@@ -434,40 +434,29 @@ class _DirectConnections:
     """One kept-alive `faas_gpu.http1` connection per (batch thread, GPU Manager): the batches of
     an instance go to its leased unit over connections that stay open, without `requests`' session
     and adapter work per batch (issue 20: ~20% of an instance's CPU at batch 8). A connection the
-    manager closed while it idled is found before use (`dropped`) and reopened; any other failure
-    closes it and is raised (`OSError`, `http1.ProtocolError`), and the caller sends the batch
-    through the scheduler."""
+    manager closed while it idled is found before use and reopened; any other failure closes it
+    and is raised (`OSError`, `http1.ProtocolError`), and the caller sends the batch through the
+    scheduler."""
 
     KEPT = 4
     """Managers a thread keeps a connection to (a lease moves between a few units)."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
+        self._kept = http1.ThreadConnections(self.KEPT)
 
     def post(self, base_url: str, target: str, body: bytes, headers: dict[str, str], timeout: float) -> DirectAnswer:
-        conns: dict[str, http1.Connection] = self._local.__dict__.setdefault("conns", {})
-        conn = conns.pop(base_url, None)
-        if conn is None or conn.dropped():
-            if conn is not None:
-                conn.close()
-            parts = urlsplit(base_url)
-            if parts.scheme != "http":
-                raise http1.ProtocolError(f"{base_url}: only http:// managers are reached directly")
-            conn = http1.Connection(parts.hostname or "", parts.port or 80, timeout)
-        conns[base_url] = conn  # the most recently used last
-        while len(conns) > self.KEPT:
-            conns.pop(next(iter(conns))).close()
+        parts = urlsplit(base_url)
+        if parts.scheme != "http":
+            raise http1.ProtocolError(f"{base_url}: only http:// managers are reached directly")
+        conn, _ = self._kept.get(base_url, timeout)
         try:
             conn.settimeout(timeout)
-            prefix = urlsplit(base_url).path.rstrip("/")
-            answer = conn.request("POST", prefix + target, headers, body)
+            answer = conn.request("POST", parts.path.rstrip("/") + target, headers, body)  # connects when new
         except BaseException:
-            conn.close()
-            del conns[base_url]
+            self._kept.forget(base_url, conn)
             raise
         if answer.will_close:
-            conn.close()
-            del conns[base_url]
+            self._kept.forget(base_url, conn)
         return DirectAnswer(answer)
 
 

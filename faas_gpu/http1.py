@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 MAX_LINE = 65536  # http.client's _MAXLINE
 MAX_HEADERS = 100  # http.client's _MAXHEADERS
@@ -235,6 +238,51 @@ class Connection:
             parts.append(self._exact(size))
             if self._line() not in (b"\r\n", b"\n"):
                 raise ProtocolError("a chunk is longer than its size")
+
+
+class ThreadConnections:
+    """Kept-alive connections per (thread, base URL `http://host:port`). A caller's thread makes
+    one call at a time, so a thread-local connection per address needs no lock and no pool; each
+    thread keeps at most `kept` addresses, the least recently used closed beyond, so connections
+    to peers long gone do not pile up. The gateway's forward to replicas and an instance's batches
+    to its leased GPU Manager each keep one (`provider.upstream`, `faas_gpu.client`)."""
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self._local = threading.local()
+
+    def connections(self) -> OrderedDict[str, Connection]:
+        """This thread's, the least recently used first."""
+        conns = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = OrderedDict()
+        return conns
+
+    def get(self, base_url: str, timeout: float | None) -> tuple[Connection, bool]:
+        """This thread's connection to `base_url`, now its most recently used, and whether it is a
+        kept-alive one to reuse. False: a new one, or one the peer closed while it idled (closed
+        here): not connected yet."""
+        conns = self.connections()
+        conn = conns.get(base_url)
+        if conn is not None:
+            conns.move_to_end(base_url)
+            if not conn.dropped():
+                return conn, True
+            conn.close()
+            return conn, False
+        parts = urlsplit(base_url)
+        conn = conns[base_url] = Connection(parts.hostname or "", parts.port or 80, timeout)
+        while len(conns) > self.kept:
+            conns.popitem(last=False)[1].close()
+        return conn, False
+
+    def forget(self, base_url: str, conn: Connection) -> None:
+        """`conn` closed, and no longer this thread's connection to `base_url` (it failed, or its
+        answer ended the connection)."""
+        conn.close()
+        conns = self.connections()
+        if conns.get(base_url) is conn:
+            del conns[base_url]
 
 
 def _length(text: str) -> int:

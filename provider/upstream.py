@@ -26,14 +26,12 @@ connection's failure is never resent here.
 from __future__ import annotations
 
 import re
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from urllib3.util import parse_url
 
-from faas_gpu.http1 import Connection, ProtocolError, RemoteClosed
+from faas_gpu.http1 import Connection, ProtocolError, RemoteClosed, ThreadConnections
 
 MAX_PER_THREAD = 64
 """Replica addresses a thread keeps a connection to; the least recently used beyond are closed,
@@ -75,14 +73,10 @@ class ReplicaConnections:
     """Per-thread kept-alive connections to replicas, keyed by base URL (`http://host:port`)."""
 
     def __init__(self, max_per_thread: int = MAX_PER_THREAD):
-        self.max_per_thread = max_per_thread
-        self._local = threading.local()
+        self._kept = ThreadConnections(max_per_thread)
 
     def _connections(self) -> OrderedDict[str, Connection]:
-        conns = getattr(self._local, "conns", None)
-        if conns is None:
-            conns = self._local.conns = OrderedDict()
-        return conns
+        return self._kept.connections()
 
     def request(
         self,
@@ -95,26 +89,13 @@ class ReplicaConnections:
         may_resend: Callable[[], bool] | None = None,
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """(status, headers as sent with repeats, whole body); raises a `ReplicaError`."""
-        conns = self._connections()
-        conn = conns.get(base_url)
-        reused = False
-        if conn is not None:
-            conns.move_to_end(base_url)
-            reused = not conn.dropped()
-            if not reused:
-                conn.close()
-        else:
-            parts = urlsplit(base_url)
-            conn = Connection(parts.hostname or "", parts.port or 80, timeout=timeout_s)
-            conns[base_url] = conn
-            while len(conns) > self.max_per_thread:
-                conns.popitem(last=False)[1].close()
+        conn, reused = self._kept.get(base_url, timeout_s)
         try:
             if reused:
                 if conn.timeout != timeout_s:
                     conn.settimeout(timeout_s)
                 try:
-                    return self._exchange(conn, method, target, headers, body, base_url, conns)
+                    return self._exchange(conn, method, target, headers, body, base_url)
                 except _STALE as exc:
                     if may_resend is not None and not may_resend():
                         raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
@@ -125,11 +106,9 @@ class ReplicaConnections:
                         raise ReplicaDropped(str(refused)) from exc
             else:
                 self._connect(conn, timeout_s)
-            return self._exchange(conn, method, target, headers, body, base_url, conns)
+            return self._exchange(conn, method, target, headers, body, base_url)
         except BaseException as exc:
-            conn.close()
-            if conns.get(base_url) is conn:
-                del conns[base_url]
+            self._kept.forget(base_url, conn)
             if isinstance(exc, ReplicaError):
                 raise
             if isinstance(exc, TimeoutError):
@@ -148,15 +127,14 @@ class ReplicaConnections:
         except OSError as exc:  # refused, unreachable, unknown host: urllib3's NewConnectionError
             raise ReplicaRefused(f"{conn.host}:{conn.port}: {exc!r}") from exc
 
-    @staticmethod
     def _exchange(
+        self,
         conn: Connection,
         method: str,
         target: str,
         headers: dict[str, str],
         body: bytes | None,
         base_url: str,
-        conns: OrderedDict[str, Connection],
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """Send and read the whole answer. A stale-connection error from the send or the status
         line is raised as it is (the caller decides on the resend); later ones are mapped."""
@@ -170,6 +148,5 @@ class ReplicaConnections:
         except (OSError, ProtocolError) as exc:  # a bad answer, cut short, reset mid-body
             raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
         if answer.will_close:  # `Connection: close`, or a body delimited by the connection's end
-            conn.close()
-            del conns[base_url]
+            self._kept.forget(base_url, conn)
         return answer.status, answer.headers, answer.body

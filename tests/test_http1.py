@@ -193,7 +193,7 @@ def test_a_direct_connection_that_fails_is_closed_and_the_failure_raised(peers):
     direct = _DirectConnections()
     with pytest.raises(OSError):
         direct.post(f"http://127.0.0.1:{dead.port}", "/v1/jobs/d", b"t", {}, 5.0)
-    assert direct._local.conns == {}
+    assert direct._kept.connections() == {}
     with pytest.raises(ProtocolError):
         direct.post("https://127.0.0.1:1", "/v1/jobs/d", b"t", {}, 5.0)
 
