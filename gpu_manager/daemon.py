@@ -120,7 +120,7 @@ class _Daemon:
             if not a.sim_profile:
                 raise SystemExit("gpu-manager: --backend sim needs --sim-profile (an INFless profile file)")
             profile = Profile.from_infless(a.sim_profile, a.sim_threads, a.sim_sm)
-            factory = lambda _artifact, _device: SimWorker(profile, a.sim_load_s)  # noqa: E731
+            factory = lambda _artifact, _device, **_env: SimWorker(profile, a.sim_load_s)  # noqa: E731
         nvml = None
         if a.backend == "cuda":
             import pynvml as nvml
@@ -138,6 +138,7 @@ class _Daemon:
             charge_measured_cpu=a.charge_measured_memory,
             prepared_mb=host_share_mb(0.25) if a.prepared_mb is None else a.prepared_mb,
             parsed_programs=a.parsed_programs,
+            optimize=a.optimize,
         )
         try:
             self.manager.start_mps()
@@ -182,6 +183,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--units", type=int, default=2, help="emulated units (cpu back end)")
     p.add_argument("--unit-memory-mb", type=float, default=2048, help="memory budget per emulated unit")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per model worker")
+    p.add_argument(
+        "--no-optimize",
+        dest="optimize",
+        action="store_false",
+        help="cpu back end: serve models exactly as loaded, without the inference rewrites (conv-bn folding, "
+        "channels-last weights) the workers otherwise make where they check out against the model",
+    )
     p.add_argument(
         "--warm-workers",
         type=int,

@@ -62,6 +62,9 @@ class Loaded:
     warmup_s: float = 0.0
     warmup_skipped: str | None = None  # why no warm-up batch ran
     parsed: bool = False  # bound into a skeleton parsed ahead (`fill`): the read was the weights alone
+    optimize_s: float = 0.0
+    optimized: tuple[str, ...] = ()  # the inference rewrites kept (`optimize.py`)
+    optimize_skipped: str | None = None  # why none was, when none was
 
 
 def _force_weights_only() -> None:
@@ -333,6 +336,23 @@ def _devices(program: Any) -> set:
                 if node.op == "call_function" and node.target is torch.ops.aten.to.device:
                     found.add(torch.device(node.args[1]))
     return found
+
+
+def ready(loaded: Loaded, device: str) -> Loaded:
+    """A loaded model made ready to serve: rewritten for inference where that is safe and checked
+    (`optimize.py`; the worker's environment can turn it off), then warmed up, so the warm-up
+    batch already runs the kernels the real batches will."""
+    from . import optimize
+
+    t0 = time.perf_counter()
+    done = optimize.for_inference(
+        loaded.model, loaded.example, device, enabled=os.environ.get(optimize.ENV, "1") != "0"
+    )
+    loaded.optimize_s = time.perf_counter() - t0
+    loaded.optimized, loaded.optimize_skipped = tuple(done.applied), done.skipped
+    if done.applied:
+        log.info("worker: model rewritten for inference: %s", ", ".join(done.applied))
+    return warm_up(loaded, device)
 
 
 def warm_up(loaded: Loaded, device: str) -> Loaded:

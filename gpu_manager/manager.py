@@ -31,7 +31,7 @@ from faas_gpu.mps import thread_percentage
 from faas_gpu.observability import DaemonMetrics
 from faas_gpu.policies import ModelCache, ModelTooLarge
 
-from . import mig
+from . import mig, optimize
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
 from .memory import CUDA_CONTEXT_MB, device_kind, nvml_process_mb, overhead_mb, pid_of, unit_handle
 from .mps import MPSControl
@@ -92,7 +92,7 @@ class JobResult:
     hit: bool
     load_s: float
     execute_s: float
-    load_split: dict[str, float] | None = None  # on a miss: spawn / read / to_device / warmup seconds
+    load_split: dict[str, float] | None = None  # on a miss: spawn / read / to_device / optimize / warmup seconds
     model_mb: float = 0.0  # what the model is charged on its unit now (measured where known)
 
 
@@ -113,7 +113,8 @@ def load_split(worker: Worker) -> dict[str, float] | None:
     info = getattr(worker, "info", None)
     if info is None or not hasattr(info, "read_s"):
         return None
-    split = {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s, "warmup": info.warmup_s}
+    split = {"spawn": info.spawn_s, "read": info.read_s, "to_device": info.to_device_s}
+    split.update(optimize=getattr(info, "optimize_s", 0.0), warmup=info.warmup_s)
     if getattr(info, "prepared", False):  # read ahead by a prepared worker: how long it took, how long before
         split.update(prepare=info.prepare_s, prepared_ahead=info.prepared_ahead_s)
     if getattr(info, "parsed", False):  # bound into a program a pooled process parsed ahead: the parse's time
@@ -138,6 +139,7 @@ class GPUManager:
         charge_measured_cpu: bool = False,
         prepared_mb: float = 0.0,
         parsed_programs: int = 8,
+        optimize: bool = True,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
@@ -158,11 +160,14 @@ class GPUManager:
         are charged to no unit, only to this budget.
         parsed_programs: torch.export programs each idle pooled process holds parsed, without
         weights (`pool.WorkerPool.remember`), per unit environment: those uploaded to the node for
-        the unit (as `uploaded` picks it) and those loaded on it; 0: none."""
+        the unit (as `uploaded` picks it) and those loaded on it; 0: none.
+        optimize: the workers rewrite models for inference where that is safe and checked
+        (`optimize.py`, the cpu back end); False serves every model exactly as loaded."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
         self.threads = threads_per_worker
+        self.optimize = optimize
         self.units = {u.id: self._state(u) for u in units}
         self.workers: dict[tuple[str, str], Worker] = {}
         # the back end: real torch workers (cpu, cuda), or the sim back end's profiled workers
@@ -217,13 +222,15 @@ class GPUManager:
         return "cpu" if info.kind == "cpu" else "cuda:0"
 
     def worker_env(self, info: UnitInfo, digest: str) -> dict[str, str]:
-        """The environment of a model's worker on a unit: its device, and its MPS daemon and share."""
+        """The environment of a model's worker on a unit: its device, its MPS daemon and share, and
+        whether it may rewrite the model for inference (`optimize.ENV`)."""
+        env = {} if self.optimize else {optimize.ENV: "0"}
         if info.kind == "cpu":
-            return {}
+            return env
         if self.mps is None:
-            return {"CUDA_VISIBLE_DEVICES": info.id}
+            return {**env, "CUDA_VISIBLE_DEVICES": info.id}
         pct = self._model_pct.get(digest, self.mps_thread_percentage)
-        return self.mps.ensure(info.id).client_env(pct)
+        return {**env, **self.mps.ensure(info.id).client_env(pct)}
 
     def set_active_thread_percentage(self, digest: str, pct: int | None) -> None:
         """A model's MPS share of its unit's SMs (None: the default); its next worker gets it."""

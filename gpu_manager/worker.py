@@ -80,8 +80,9 @@ class OutOfDeviceMemory(WorkerError):
 @dataclass(frozen=True)
 class LoadedInfo:
     """A worker's load, timed part by part: spawn (a fresh process: interpreter and torch import;
-    a pooled one: the hand-over) + read + to_device + warmup is the miss's cost before the job runs.
-    load_s = read_s + to_device_s + warmup_s, measured in the worker; spawn_s by the manager's side."""
+    a pooled one: the hand-over) + read + to_device + optimize + warmup is the miss's cost before the
+    job runs. load_s = read_s + to_device_s + optimize_s + warmup_s, measured in the worker; spawn_s
+    by the manager's side."""
 
     param_bytes: int
     load_s: float
@@ -91,6 +92,9 @@ class LoadedInfo:
     to_device_s: float = 0.0
     warmup_s: float = 0.0
     warmup_skipped: str | None = None  # why no warm-up batch ran (no example input), None when one did
+    optimize_s: float = 0.0  # the inference rewrites and their check (`optimize.py`)
+    optimized: tuple[str, ...] = ()  # the rewrites kept
+    optimize_skipped: str | None = None  # why none was
     spawn_s: float = 0.0
     pooled: bool = False  # a warm process from the pool, not a fresh spawn
     cuda_visible_devices: str | None = None  # as the worker process saw it when it loaded
@@ -106,12 +110,12 @@ def _load(path: str, device: str, skeleton: loader.Skeleton | None = None) -> lo
     its weights bound into the skeleton a pooled process parsed ahead, else torch's whole load."""
     if skeleton is not None:
         try:
-            return loader.warm_up(loader.fill(skeleton, device), device)
+            return loader.ready(loader.fill(skeleton, device), device)
         except Exception as exc:
             if faults.classify(exc) in (faults.OOM, faults.DEVICE):  # the load's own failure, reported as such
                 raise
             log.warning("worker: the parsed program did not bind (%s: %s); loading it whole", type(exc).__name__, exc)
-    return loader.warm_up(loader.load(path, device), device)
+    return loader.ready(loader.load(path, device), device)
 
 
 def _serve(
@@ -150,6 +154,9 @@ def _load_and_serve(
         to_device_s=loaded.to_device_s,
         warmup_s=loaded.warmup_s,
         warmup_skipped=loaded.warmup_skipped,
+        optimize_s=loaded.optimize_s,
+        optimized=loaded.optimized,
+        optimize_skipped=loaded.optimize_skipped,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         prepared=prepare_s > 0,
         prepare_s=prepare_s,
@@ -270,7 +277,7 @@ def _prepared(conn: Connection, path: str, device: str, torch) -> None:
         _load_and_serve(conn, lambda: _load(load_path, load_device), load_device, torch, meter)
         return
     _load_and_serve(
-        conn, lambda: loader.warm_up(loader.finish(prepared, device), device), device, torch, meter, prepare_s
+        conn, lambda: loader.ready(loader.finish(prepared, device), device), device, torch, meter, prepare_s
     )
 
 

@@ -194,7 +194,8 @@ def test_a_miss_during_a_parse_waits_for_that_process_rather_than_spawn(tmp_path
     try:
         store = ModelStore(tmp_path / "store")
         a = store.put(exported()[0])
-        b = store.put(exported(Tied())[0])
+        # 300 layers: a parse of ~1 s here, long enough to be seen under way (a small program's takes ~30 ms)
+        b = store.put(exported(torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(300)]))[0])
         pool.refill({}, wait=True)
         assert eventually(lambda: pool.ready({}) == 1)
         pool.remember(str(b.path), {})

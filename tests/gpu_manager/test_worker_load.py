@@ -103,7 +103,7 @@ def test_the_load_split_is_reported(store, program_bytes):
         worker.stop()
     assert not info.pooled
     assert info.spawn_s > 0 and info.read_s > 0 and info.to_device_s > 0 and info.warmup_s > 0
-    assert info.load_s >= info.read_s + info.to_device_s + info.warmup_s
+    assert info.load_s >= info.read_s + info.to_device_s + info.optimize_s + info.warmup_s
     assert info.warmup_skipped is None
 
 
@@ -136,6 +136,7 @@ def test_warm_up_runs_before_ready_and_is_not_learnt_as_execution_time(tmp_path,
             "spawn": info.spawn_s,
             "read": info.read_s,
             "to_device": info.to_device_s,
+            "optimize": info.optimize_s,
             "warmup": info.warmup_s,
         }
         # the execution average starts from the first real batch, not from the warm-up
