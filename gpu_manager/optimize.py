@@ -59,14 +59,22 @@ def for_inference(model: Any, example: tuple | None, device: str, enabled: bool 
         return Optimized(skipped="not a torch.export program")
     if example is None:
         return Optimized(skipped="no example input to check a rewrite against")
+    if not any(_is_conv(node) for node in model.graph.nodes):  # before copying the graph: a big model's copy costs
+        return Optimized(skipped="nothing to rewrite (no convolution)")
     rewrite = _Rewrite(model)
     applied = rewrite.fold_conv_bn() + rewrite.channels_last()
     if not applied:
-        return Optimized(skipped="nothing to rewrite (no convolution)")
+        rewrite.undo()
+        return Optimized(skipped="nothing to rewrite (no conv-bn pair, conv weights channels-last or not float32)")
     try:
         with torch.inference_mode():
             expected = model(*example)
-            rewrite.install()
+    except Exception as exc:  # noqa: BLE001 - the warm-up batch reports it; nothing to check against
+        rewrite.undo()
+        return Optimized(skipped=f"the example input fails on the model as loaded: {_brief(exc)}")
+    try:
+        rewrite.install()
+        with torch.inference_mode():
             got = model(*example)
         torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL, check_stride=False)
     except Exception as exc:  # noqa: BLE001 - any failure of the rewritten model keeps the original

@@ -102,7 +102,10 @@ def test_models_are_left_alone_where_no_rewrite_is_checked_or_wanted():
     assert "cuda:0" in optimize.for_inference(model, example, "cuda:0").skipped
     assert "no example input" in optimize.for_inference(model, None, "cpu").skipped
     assert "--no-optimize" in optimize.for_inference(model, example, "cpu", enabled=False).skipped
+    wrong = (torch.randn(2, 4, 32, 32),)  # four channels where the model takes three
+    assert "fails on the model as loaded" in optimize.for_inference(model, wrong, "cpu").skipped
     assert str(model.graph) == graph
+    assert not [name for name, _ in model.named_buffers() if name.startswith(optimize.ATTR_PREFIX)]
     linear = torch.export.export(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),))
     lm, lx = module_and_example(linear)
     assert optimize.for_inference(lm, lx, "cpu").skipped == "nothing to rewrite (no convolution)"
