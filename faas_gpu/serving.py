@@ -82,6 +82,10 @@ class LingeringThreadWorker(ThreadWorker):
         with self._linger_lock:
             self._lingering += 1
         try:
+            # work queued before the count above was seen sent no wake-up: it is in the queue now
+            # (the main thread queues, then reads the count), so this look closes that window
+            if waiting is not None and not waiting.empty():
+                return False
             while self.alive:
                 for fd, _ in poller.poll(LINGER_SLICE_S * 1000):
                     if fd != self._wake_r:

@@ -46,9 +46,10 @@ CACHE = "X-Faas-Gpu-Cache"
 """`hit` or `miss`: whether the model was resident on the unit."""
 LOAD_SECONDS = "X-Faas-Gpu-Load-Seconds"
 LOAD_SPLIT = "X-Faas-Gpu-Load-Split"
-"""On a miss: where the load's seconds went, `spawn=0.004;read=0.47;to_device=0.04;warmup=0.02`
-(spawn: a fresh worker process or the hand-over of a pooled one; warm-up: one batch of the
-model's example input before it served). Informative: nothing acts on it."""
+"""On a miss: where the load's seconds went,
+`spawn=0.004;read=0.47;to_device=0.04;optimize=0.01;warmup=0.02` (spawn: a fresh worker process or
+the hand-over of a pooled one; optimize: the cpu back end's inference rewrites and their check;
+warm-up: one batch of the model's example input before it served). Informative: nothing acts on it."""
 EXECUTE_SECONDS = "X-Faas-Gpu-Execute-Seconds"
 MODEL_MB = "X-Faas-Gpu-Model-Mb"
 """What the model is charged on its unit after the job, in MB: its measured cost (CUDA context,
