@@ -30,6 +30,7 @@ absolute figures as this run's, the ratios as the result.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -54,6 +55,7 @@ sys.path.insert(0, str(REPO / "functions" / "classify"))
 from make_weights import generate  # noqa: E402
 from model import ResNetMini  # noqa: E402
 
+from faas_gpu.saving import export_program  # noqa: E402
 from gpu_manager import optimize  # noqa: E402
 from tests.daemon_process import Daemon  # noqa: E402
 from tests.stack_process import StackProcess  # noqa: E402
@@ -78,10 +80,10 @@ def in_process(seconds: float) -> dict[str, dict[int, float]]:
     net = ResNetMini()
     net.load_state_dict(generate())
     net.eval()
-    example = (torch.randn(8, *IMAGE),)
-    batch = torch.export.Dim("batch", min=1, max=64)
-    served = torch.export.export(net, example, dynamic_shapes=({0: batch},)).module(check_guards=False)
-    done = optimize.for_inference(served, example, "cpu")
+    # the artifact an instance uploads (`export_program`), loaded and rewritten as a worker does
+    program = torch.export.load(io.BytesIO(export_program(net, torch.randn(1, *IMAGE))))
+    served = program.module(check_guards=False)
+    done = optimize.for_inference(served, tuple(program.example_inputs[0]), "cpu")
     print(f"in process, as the workers run it: {done.applied or done.skipped}")
     out: dict[str, dict[int, float]] = {}
     with torch.inference_mode():

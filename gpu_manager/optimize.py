@@ -28,8 +28,10 @@ all of it (`ENV`).
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 ENV = "FAAS_GPU_OPTIMIZE"
@@ -89,20 +91,28 @@ def _brief(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def _aten(name: str) -> Any:
+@functools.cache
+def _ops() -> SimpleNamespace:
+    """The aten operators the rewrites match (looked up once: torch is imported lazily here)."""
     import torch
 
-    packet, overload = name.split(".")
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    aten = torch.ops.aten
+    return SimpleNamespace(
+        convs={aten.conv1d.default, aten.conv2d.default, aten.conv3d.default},
+        convolution=aten.convolution.default,
+        batch_norm=aten.batch_norm.default,
+        batch_norm_no_training=aten._native_batch_norm_legit_no_training.default,
+    )
 
 
 def _is_conv(node: Any) -> bool:
     """A convolution, not transposed (export's `conv1d/2d/3d`; `convolution` once decomposed)."""
     if node.op != "call_function":
         return False
-    if node.target in {_aten("conv1d.default"), _aten("conv2d.default"), _aten("conv3d.default")}:
+    ops = _ops()
+    if node.target in ops.convs:
         return True
-    return node.target is _aten("convolution.default") and len(node.args) > 6 and node.args[6] is False
+    return node.target is ops.convolution and len(node.args) > 6 and node.args[6] is False
 
 
 class _Rewrite:
@@ -130,22 +140,21 @@ class _Rewrite:
             conv, (w, b, mean, var, eps), outs = got
             if not _is_conv(conv) or len(conv.users) != 1:
                 continue
-            cw = self._constant(conv.args[1])
-            cb = self._constant(conv.args[2]) if len(conv.args) > 2 and conv.args[2] is not None else None
-            params = [self._constant(n) if n is not None else None for n in (w, b)]
-            stats = [self._constant(n) for n in (mean, var)]
-            tensors = [cw, *stats, *(p for p in params if p is not None)]
-            if any(t is None or t.dtype != torch.float32 for t in tensors) or (
-                len(conv.args) > 2 and conv.args[2] is not None and cb is None
-            ):
+            # the conv's weight and bias, the norm's weight and bias, its running mean and variance:
+            # each a float32 graph constant, or absent where torch allows it (the biases, the affine pair)
+            nodes = (conv.args[1], conv.args[2] if len(conv.args) > 2 else None, w, b, mean, var)
+            values = [None if n is None else self._constant(n) for n in nodes]
+            given = [v for n, v in zip(nodes, values, strict=True) if n is not None]
+            if nodes[0] is None or mean is None or var is None:
                 continue
-            if any(n is not None and p is None for n, p in zip((w, b), params, strict=True)):
+            if not all(v is not None and v.dtype == torch.float32 for v in given):
                 continue
-            fw, fb = fuse_conv_bn_weights(cw, cb, stats[0], stats[1], eps, params[0], params[1])
+            cw, cb, bw, bb, rm, rv = values
+            fw, fb = fuse_conv_bn_weights(cw, cb, rm, rv, eps, bw, bb)
             with self.graph.inserting_before(conv):
                 w_node = self._attribute(f"fold{folded}_weight", fw.detach())
                 b_node = self._attribute(f"fold{folded}_bias", fb.detach())
-            self._note_replaced(conv.args[1], conv.args[2] if len(conv.args) > 2 else None, w, b, mean, var)
+            self._note_replaced(*nodes)
             conv.args = (conv.args[0], w_node, b_node, *conv.args[3:])
             for out in outs:
                 out.replace_all_uses_with(conv)
@@ -184,7 +193,8 @@ class _Rewrite:
         safe_formats.check_graph(self.module)  # the same check the loaded graph passed
 
     def undo(self) -> None:
-        self.module.graph = self.original
+        if self.module.graph is not self.original:  # installed: the original back (its code regenerated)
+            self.module.graph = self.original
         for name in self.added:
             if hasattr(self.module, name):
                 delattr(self.module, name)
@@ -205,12 +215,13 @@ class _Rewrite:
         eval-mode batch norm, else None."""
         if node.op != "call_function":
             return None
-        if node.target is _aten("batch_norm.default"):
+        ops = _ops()
+        if node.target is ops.batch_norm:
             args = node.args
             if len(args) < 8 or args[5] is not False:
                 return None
             return args[0], (args[1], args[2], args[3], args[4], float(args[7])), [node]
-        if node.target is _aten("_native_batch_norm_legit_no_training.default"):
+        if node.target is ops.batch_norm_no_training:
             args = node.args
             users = list(node.users)
             if len(args) < 7 or not all(u.target is operator.getitem and u.args[1] == 0 for u in users):

@@ -10,6 +10,7 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.models import ModelStore
+from faas_gpu.saving import export_program
 from gpu_manager import optimize
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager
@@ -113,19 +114,11 @@ def test_models_are_left_alone_where_no_rewrite_is_checked_or_wanted():
     assert optimize.for_inference(scripted, (torch.randn(2, 4),), "cpu").skipped == "not a torch.export program"
 
 
-def _saved(ep: torch.export.ExportedProgram) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
-    return buf.getvalue()
-
-
 @pytest.mark.parametrize("enabled", [True, False], ids=["default", "no-optimize"])
 def test_the_worker_rewrites_the_model_it_loads_and_says_so(tmp_path, enabled):
     reference = trained_like(ResNetMini())
     store = ModelStore(tmp_path / "store")
-    digest = store.put(_saved(program(reference))).digest
+    digest = store.put(export_program(reference, torch.randn(1, 3, 32, 32))).digest  # as an instance uploads it
     mgr = GPUManager(cpu_units(1, memory_mb=64), store, optimize=enabled)
     try:
         x = torch.randn(3, 3, 32, 32)
