@@ -207,7 +207,11 @@ class RemoteModel(torch.nn.Module):
 
     def _request(self, method: str, path: str, budget: Budget | None = None, **kwargs) -> requests.Response:
         """`budget`: each attempt sends what is left of it (`X-Faas-Gpu-Deadline-Ms`), so a retry is
-        not given its whole SLO again; a miss the scheduler reports is not retried."""
+        not given its whole SLO again; a miss the scheduler reports is not retried. Nor is a batch
+        whose budget ran out while no scheduler could take it (none answering, or none the leader,
+        as while etcd is down): any scheduler would answer it 504 unrun, so it is answered so here
+        rather than after every retry (which, past the function's timeout, became the watchdog's
+        504 with no reason)."""
         headers = {"Authorization": f"Bearer {self.config.token}", **kwargs.pop("headers", {})}
         last: Exception | None = None
         for attempt in range(self.config.retries):
@@ -233,6 +237,10 @@ class RemoteModel(torch.nn.Module):
                 if r.status_code >= 300:
                     raise RemoteError(r.status_code, r.text.strip())
                 return r
+            if budget is not None and budget.remaining_ms(time.monotonic()) <= 0:
+                raise RemoteError(
+                    504, f"missed its deadline ({budget.ms:.0f} ms) while no scheduler could place it: {last}"
+                )
             time.sleep(min(0.05 * (attempt + 1), 0.5))
         raise RemoteError(503, f"no scheduler answered: {last}")
 

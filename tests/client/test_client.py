@@ -6,6 +6,7 @@ import io
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -331,3 +332,50 @@ def test_a_remote_models_batches_run_in_parallel_on_kept_flush_threads():
     assert sorted(results) == sorted([2.0 * i for i in range(6)] * 5)
     assert most[0] == 3  # in parallel, up to max_inflight
     assert len(threads) <= 3  # the same threads, round after round
+
+
+class _NotLeader(BaseHTTPRequestHandler):
+    """A scheduler that is not the leader (as every one is while etcd is down): 503, retry."""
+
+    asked = 0
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).asked += 1
+        body = b"not the scheduler leader; retry\n"
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def not_leader():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotLeader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _NotLeader.asked = 0
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_a_strict_batch_stops_retrying_when_its_budget_runs_out_with_no_scheduler_to_place_it(not_leader):
+    """Found by the fault test under load: while etcd was down no scheduler was the leader, and a
+    strict call kept retrying past its SLO until the watchdog timed it out (504, no reason)."""
+    model = client.RemoteModel(torch.nn.Identity(), client.ClientConfig([not_leader], "t", retries=50))
+    with pytest.raises(client.RemoteError) as err:
+        model._request("POST", "/v1/jobs/d", client.Budget(150.0, time.monotonic()), data=b"x")
+    assert err.value.status == 504 and "missed its deadline" in str(err.value), err.value
+    assert "not the scheduler leader" in str(err.value)
+    assert 1 <= _NotLeader.asked < 50  # the retries stopped with the budget, not at the count
+
+
+def test_a_best_effort_batch_retries_to_the_count_while_no_scheduler_places_it(not_leader):
+    model = client.RemoteModel(torch.nn.Identity(), client.ClientConfig([not_leader], "t", retries=3))
+    with pytest.raises(client.RemoteError) as err:
+        model._request("POST", "/v1/jobs/d", None, data=b"x")
+    assert err.value.status == 503 and "no scheduler answered" in str(err.value)
+    assert _NotLeader.asked == 3
