@@ -15,14 +15,20 @@ errors:
   peer closed while it idled;
 - an answer that is not HTTP/1.x, a line over 64 KiB, over 100 header lines, a bad length or
   chunk, or a body cut short: `ProtocolError`;
-- no byte within the timeout: the socket's `TimeoutError`; anything else the socket raises, as it
-  raises it.
+- no byte within the timeout: `TimeoutError`; anything else the socket raises, as it raises it.
+
+The timeout is the kernel's (`SO_RCVTIMEO`, `SO_SNDTIMEO` on a blocking socket), not Python's: a
+socket with a Python timeout polls before every send and receive, a second system call and a
+second release of the GIL each time, and in the gateway's many request threads each release is a
+likely hand-over to another thread (issue 20). Each send or receive waits at most the timeout.
 """
 
 from __future__ import annotations
 
+import io
 import select
 import socket
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -77,14 +83,15 @@ class Connection:
     def connect(self) -> None:
         sock = socket.create_connection((self.host, self.port), self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock, self._reader = sock, sock.makefile("rb")
+        _kernel_timeout(sock, self.timeout)
+        self.sock, self._reader = sock, io.BufferedReader(_Receiver(sock))
         self._poller = select.poll()
         self._poller.register(sock, select.POLLIN)
 
     def settimeout(self, timeout: float | None) -> None:
+        if self.sock is not None and timeout != self.timeout:
+            _kernel_timeout(self.sock, timeout)
         self.timeout = timeout
-        if self.sock is not None:
-            self.sock.settimeout(timeout)
 
     def close(self) -> None:
         sock, reader = self.sock, self._reader
@@ -141,12 +148,15 @@ class Connection:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         sock = self.sock
         assert sock is not None
-        if body and len(body) <= 65536:
-            sock.sendall(head + body)
-        else:
-            sock.sendall(head)
-            if body:
-                sock.sendall(body)
+        try:
+            if body and len(body) <= 65536:
+                sock.sendall(head + body)
+            else:
+                sock.sendall(head)
+                if body:
+                    sock.sendall(body)
+        except BlockingIOError:  # SO_SNDTIMEO ran out (EAGAIN on a blocking socket)
+            raise TimeoutError("timed out sending the request") from None
 
     # -- the answer ---------------------------------------------------------------------------
     def _line(self, first: bool = False) -> bytes:
@@ -238,6 +248,42 @@ class Connection:
             parts.append(self._exact(size))
             if self._line() not in (b"\r\n", b"\n"):
                 raise ProtocolError("a chunk is longer than its size")
+
+
+def _kernel_timeout(sock: socket.socket, timeout: float | None) -> None:
+    """`timeout` seconds for each send and receive on `sock`, kept by the kernel: the socket is
+    left blocking, so Python does not poll before each call. None: no limit; 0: non-blocking, as
+    Python's own `settimeout(0)`."""
+    if timeout is not None and timeout <= 0:
+        sock.settimeout(timeout)
+        return
+    sock.settimeout(None)
+    whole, usec = 0, 0
+    if timeout is not None:
+        whole = int(timeout)
+        usec = max(int((timeout - whole) * 1e6), 0 if whole else 1)  # a zero timeval is no limit at all
+    tv = struct.pack("@ll", whole, usec)  # struct timeval
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+class _Receiver(io.RawIOBase):
+    """The socket's bytes for a buffered reader, as `socket.makefile` gives them, but with a
+    kernel timeout: a receive that runs out of it (EAGAIN on a blocking socket) is `TimeoutError`,
+    never read as the connection's end."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self._sock.recv_into(buffer)
+        except BlockingIOError:
+            raise TimeoutError("timed out waiting for the answer") from None
 
 
 class ThreadConnections:

@@ -151,6 +151,27 @@ def test_no_answer_within_the_timeout_is_a_timeout(peers):
     done.set()
 
 
+def test_a_body_that_stops_coming_is_a_timeout_not_a_short_body(peers):
+    """The timeout is the kernel's (SO_RCVTIMEO on a blocking socket, no poll before each receive):
+    one that runs out mid-body must still be a timeout, never read as the connection's end."""
+    conn = peers(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").connection(timeout=0.2)
+    with pytest.raises(TimeoutError):
+        conn.request("GET", "/")
+    assert conn.sock.gettimeout() is None  # blocking: Python adds no poll of its own
+
+
+def test_a_request_the_peer_does_not_take_within_the_timeout_is_a_timeout():
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never reads
+    try:
+        conn = Connection("127.0.0.1", listener.getsockname()[1], timeout=None)
+        conn.connect()
+        conn.settimeout(0.2)  # a changed timeout holds for the next call (without it: no limit, a hang)
+        with pytest.raises(TimeoutError):
+            conn.send("POST", "/", {}, b"x" * (64 << 20))
+    finally:
+        listener.close()
+
+
 def test_the_request_head_is_the_one_http_client_sends(peers):
     peer = peers(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
     cases = [
