@@ -21,7 +21,10 @@ SERVER = textwrap.dedent(
     serving.LINGER_S, serving.LINGER_SLICE_S = float(sys.argv[3]), float(sys.argv[4])
 
     def app(environ, start_response):
-        body = environ["wsgi.input"].read() or b"ok"
+        if environ["PATH_INFO"] == "/partial":  # reads 10 bytes of the body: gunicorn drains the rest
+            body = environ["wsgi.input"].read(10)
+        else:
+            body = environ["wsgi.input"].read() or b"ok"
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
         return [body]
 
@@ -101,3 +104,37 @@ def test_pipelined_requests_on_one_connection(server):
             assert chunk, data
             data += chunk
     assert data.index(b"one") < data.index(b"two")
+
+
+def test_a_body_the_app_left_unread_is_drained_before_the_next_request(server):
+    """A body read to its end is not drained again (no time-bounded drain); one the app left
+    unread still is, so the next request on the connection starts where it should."""
+    port = server(2)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for i in range(3):
+        conn.request("POST", "/partial", body=b"%d" % i + b"x" * 2_000)
+        r = conn.getresponse()
+        assert (r.status, r.read()) == (200, (b"%d" % i + b"x" * 9))
+        assert _call(conn, b"whole %d" % i)[:2] == (200, b"whole %d" % i)
+    conn.close()
+
+
+def test_the_date_header_is_gunicorns_formatted_once_a_second():
+    import email.utils
+
+    from gunicorn import util
+
+    from faas_gpu import serving
+
+    assert util.http_date is serving._http_date  # what gunicorn's answers call
+    now = time.time()
+    assert util.http_date(now) == email.utils.formatdate(now, usegmt=True)
+    for _ in range(3):
+        before = int(time.time())
+        got = util.http_date()
+        after = int(time.time())
+        if before == after:  # not across a second's turn
+            assert got == email.utils.formatdate(before, usegmt=True)
+            break
+    else:
+        pytest.fail("three seconds' turns in a row")
