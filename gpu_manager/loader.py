@@ -352,7 +352,54 @@ def ready(loaded: Loaded, device: str) -> Loaded:
     loaded.optimized, loaded.optimize_skipped = tuple(done.applied), done.skipped
     if done.applied:
         log.info("worker: model rewritten for inference: %s", ", ".join(done.applied))
+    remember_input_checks(loaded.model)
     return warm_up(loaded, device)
+
+
+INPUT_SHAPES_REMEMBERED = 256
+"""Input shapes whose check passed, remembered per model (a model fed ever new shapes is checked
+each call beyond these)."""
+
+
+def remember_input_checks(model: Any) -> bool:
+    """torch.export's check of each call's inputs against the program (`program.module()`'s
+    forward pre-hook: the inputs' structure, and each dimension within its range) made once per
+    input signature rather than on every batch: it depends only on the inputs' structure, shapes,
+    dtypes and devices, and cost ~60 us a batch, as much as decoding it (issue 20). A signature
+    whose check failed is checked again every time, so its error is raised as before. False when
+    the model has no such hook (TorchScript, another torch's module)."""
+    from torch.export import _unlift
+
+    check = getattr(_unlift, "_check_input_constraints_pre_hook", None)
+    hooks = getattr(model, "_forward_pre_hooks", None)
+    if check is None or not hooks:
+        return False
+    found = [key for key, hook in hooks.items() if hook is check]
+    if not found:
+        return False
+    passed: set[tuple] = set()
+
+    def remembered(module: Any, args: tuple, kwargs: dict) -> None:
+        key = _signature(args, kwargs)
+        if key is not None and key in passed:
+            return None
+        check(module, args, kwargs)
+        if key is not None and len(passed) < INPUT_SHAPES_REMEMBERED:
+            passed.add(key)
+        return None
+
+    for key in found:
+        hooks[key] = remembered
+    return True
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple | None:
+    """What the input check depends on, for positional tensors only (None otherwise: not remembered)."""
+    import torch
+
+    if kwargs or not all(type(a) is torch.Tensor for a in args):
+        return None
+    return tuple((tuple(a.shape), a.dtype, a.device) for a in args)
 
 
 def warm_up(loaded: Loaded, device: str) -> Loaded:

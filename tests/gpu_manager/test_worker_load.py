@@ -124,6 +124,31 @@ def test_move_to_device_rewrites_devices_burnt_into_the_graph():
     assert module(torch.randn(2, 4, device="meta")).device.type == "meta"
 
 
+def test_the_input_check_is_made_once_per_shape_and_a_failing_one_every_time(monkeypatch):
+    """torch.export's check of a call's inputs (its forward pre-hook) is remembered per input
+    signature (`loader.remember_input_checks`): a shape that passed is not checked again, one
+    outside the program's range (batch 65 of at most 64) is refused on every call, as before."""
+    from torch.export import _unlift
+
+    _, program = exported()
+    model = program.module(check_guards=False)
+    assert loader.remember_input_checks(model)
+    checked = []
+    real = _unlift._check_inputs_match
+    monkeypatch.setattr(_unlift, "_check_inputs_match", lambda *a: checked.append(1) or real(*a))
+    with torch.inference_mode():
+        for _ in range(3):
+            model(torch.randn(8, 4))
+        assert len(checked) == 1
+        model(torch.randn(3, 4))
+        assert len(checked) == 2
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="64"):
+                model(torch.randn(65, 4))
+    assert len(checked) == 4
+    assert not loader.remember_input_checks(torch.nn.Linear(2, 2))  # no such hook: left as it is
+
+
 def test_warm_up_runs_before_ready_and_is_not_learnt_as_execution_time(tmp_path, program_bytes):
     store = ModelStore(tmp_path / "store")
     digest = store.put(program_bytes).digest
