@@ -105,8 +105,12 @@ class WorkerMeter:
     USS_EVERY_S = 1.0
     """How stale the cpu figure *now* may be. USS comes from /proc/self/smaps_rollup, for which the
     kernel walks every mapping of the process: ~3 ms of CPU in a torch worker, more than the
-    model's own batch (issue 20 found it as ~10 ms of path a batch). The peak (VmHWM, from
-    /proc/self/status: ~30 µs) is read every batch, so no growth is missed."""
+    model's own batch (issue 20 found it as ~10 ms of path a batch)."""
+    PEAK_EVERY_S = 0.25
+    """How late the cpu peak may be told. The peak is the kernel's high-water mark (VmHWM, from
+    /proc/self/status: ~30 µs, 3% of a worker's CPU at batch 8 when read every batch), so a later
+    read still holds every growth before it; a batch larger than any before is read at once, as
+    its activations are the likely growth."""
 
     def __init__(self, device: str, torch: Any, clock: Any = time.monotonic):
         self.cuda = device.startswith("cuda")
@@ -117,9 +121,13 @@ class WorkerMeter:
         self.process_mb = self.base_uss  # the interpreter and torch, before any model (cpu only)
         self._uss = 0.0
         self._uss_at = -float("inf")
+        self._peak = 0.0
+        self._peak_at = -float("inf")
+        self._largest = 0  # the most elements a batch has had
 
-    def cost_mb(self) -> tuple[float, float]:
-        """(the model's cost now, its peak so far), in MB, without the cuda context."""
+    def cost_mb(self, elements: int = 0) -> tuple[float, float]:
+        """(the model's cost now, its peak so far), in MB, without the cuda context; `elements`:
+        the batch's input elements just run (0: none)."""
         if self.cuda:
             r = read_cuda(self.torch)
             return r.now_mb, r.peak_mb
@@ -127,9 +135,12 @@ class WorkerMeter:
         if now - self._uss_at >= self.USS_EVERY_S:
             self._uss = process_uss_mb() - self.base_uss
             self._uss_at = now
+        if elements > self._largest or now - self._peak_at >= self.PEAK_EVERY_S:
+            self._peak = process_rss_mb()[1] - self.base_rss
+            self._peak_at = now
+            self._largest = max(self._largest, elements)
         uss = self._uss
-        _, hwm = process_rss_mb()
-        return max(0.0, uss), max(0.0, uss, hwm - self.base_rss)
+        return max(0.0, uss), max(0.0, uss, self._peak)
 
 
 # -- in the manager: NVML's per-process figure -----------------------------------------------

@@ -186,7 +186,7 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
             if isinstance(y, tuple | list):
                 y = y[0]
             out = encode(y)
-            conn.send_bytes(b"ok" + struct.pack("<dd", *meter.cost_mb()) + out)
+            conn.send_bytes(b"ok" + struct.pack("<dd", *meter.cost_mb(x.numel())) + out)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".encode()
             kind = faults.classify(exc)

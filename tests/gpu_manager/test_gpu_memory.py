@@ -356,8 +356,10 @@ def test_a_cpu_worker_measures_its_model_from_its_process_memory(tmp_path):
         mgr.close()
 
 
-def test_a_cpu_meter_reads_the_costly_uss_at_most_once_a_second_and_the_peak_every_batch(monkeypatch):
-    """smaps_rollup costs a torch worker ~3 ms a read: once a batch it was more than the model."""
+def test_a_cpu_meter_reads_the_costly_uss_at_most_once_a_second_and_the_peak_four_times(monkeypatch):
+    """smaps_rollup costs a torch worker ~3 ms a read: once a batch it was more than the model. The
+    peak (the kernel's high-water mark, which a later read still holds) is read at most every
+    quarter second, and at once after a batch larger than any before."""
     from gpu_manager import memory
 
     reads = {"uss": 0, "rss": 0}
@@ -376,11 +378,12 @@ def test_a_cpu_meter_reads_the_costly_uss_at_most_once_a_second_and_the_peak_eve
     monkeypatch.setattr(memory, "process_rss_mb", fake_rss)
     now = [0.0]
     meter = WorkerMeter("cpu", torch, clock=lambda: now[0])  # baseline: USS 100, RSS 400
-    first = meter.cost_mb()
-    for _ in range(20):  # twenty batches within a second
+    first = meter.cost_mb(8)
+    for _ in range(20):  # twenty batches of the same size within 0.8 s
         now[0] += 0.04
-        later = meter.cost_mb()
-    assert reads["uss"] == 2 and reads["rss"] == 22  # baseline + one; baseline + 21
-    assert first == (10.0, 150.0) and later[0] == 10.0 and later[1] > first[1]  # the peak keeps up
+        later = meter.cost_mb(8)
+    assert reads["uss"] == 2 and reads["rss"] == 4  # baseline + one; baseline + at 0 s and twice more
+    assert first == (10.0, 150.0) and later[0] == 10.0 and later[1] == 250.0  # the peak keeps up, a little late
+    assert meter.cost_mb(16)[1] == 300.0 and reads["rss"] == 5  # a larger batch: read at once
     now[0] += 1.0
-    assert meter.cost_mb()[0] == 20.0 and reads["uss"] == 3
+    assert meter.cost_mb(8)[0] == 20.0 and reads["uss"] == 3
