@@ -12,9 +12,9 @@ the workers decode.
 from __future__ import annotations
 
 import json
+import math
 import struct
 
-import numpy as np
 import torch
 
 from .errors import WireError
@@ -67,7 +67,8 @@ def check(data: bytes | bytearray | memoryview) -> tuple[torch.dtype, list[int],
         raise WireError("header: needs dtype (one of " + ", ".join(DTYPES) + ") and shape") from None
     if any(s < 0 for s in shape):
         raise WireError(f"shape: {shape} has a negative dimension")
-    expected = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    # exact (no int64 wrap-around for an absurd shape), and no tensor made: every hop checks each batch
+    expected = math.prod(shape) * dtype.itemsize
     if len(view) - 8 - hlen != expected:
         raise WireError(f"body: shape {shape} of {header['dtype']} needs {expected} bytes, got {len(view) - 8 - hlen}")
     return dtype, shape, 8 + hlen

@@ -48,3 +48,11 @@ def test_payload_size_must_match_the_shape():
         decode(msg[:-4])
     with pytest.raises(WireError, match="dtype"):
         encode(torch.zeros(2, dtype=torch.complex64))
+
+
+def test_a_shape_whose_size_overflows_64_bits_is_refused_not_taken_for_empty():
+    """2^32 x 2^32 float32 is 2^66 bytes: counted in int64 it wrapped to 0, and a message with no
+    bytes at all passed the check, to fail later allocating the tensor."""
+    header = b'{"dtype": "float32", "shape": [4294967296, 4294967296]}'
+    with pytest.raises(WireError, match="needs 73786976294838206464 bytes, got 0"):
+        decode(MAGIC + struct.pack("<I", len(header)) + header)
