@@ -52,6 +52,7 @@ def gpu_stack(tmp_path_factory):
 
 
 def test_the_status_page_shows_gpu_path_invocations_and_invokes(gpu_stack, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -63,7 +64,8 @@ def test_the_status_page_shows_gpu_path_invocations_and_invokes(gpu_stack, tmp_p
 
     with chromium(auth=gpu_stack.auth) as driver:
         driver.get(f"{gpu_stack.url}/ui/")
-        wait = WebDriverWait(driver, 30)
+        # the page re-renders its rows as it polls: an element found a moment ago may be stale
+        wait = WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,))
         row = '#functions tr[data-function="classify"]'
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .invocations"))
         assert driver.find_element(By.CSS_SELECTOR, f"{row} .invocations").text == "3"
