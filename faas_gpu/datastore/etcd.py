@@ -172,10 +172,28 @@ class EtcdDatastore(Datastore):
         return EtcdLease(self, self._retry(lambda: self.client.lease(ttl_s)))
 
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        """Events under `prefix` from `start_revision`, or else from the store's revision when the
+        call is made: the watch's stream is opened by a thread a moment later, and a watch that
+        asked etcd for "now" then would lose what changed in between (and across an etcd restart
+        before its first event, everything until it re-subscribed). When etcd cannot be reached
+        the watch starts from the revision it finds once it can, as it did before."""
+        if start_revision is None:
+            start_revision = self._current_revision(prefix)
         stop = threading.Event()
         watch = Watch(stop.set)
         threading.Thread(target=self._pump_watch, args=(prefix, start_revision, watch, stop), daemon=True).start()
         return watch
+
+    def _current_revision(self, prefix: str) -> int | None:
+        """The store's revision + 1 (one read of `prefix`, without retries), or None when etcd
+        does not answer: a watch is made while etcd is down too, and must not raise."""
+        if self._down:  # known down: no call that would wait for its deadline
+            return None
+        try:
+            return self.client.get_response(prefix).header.revision + 1
+        except _RETRYABLE as exc:
+            log.debug("etcd watch on %s: no revision to start from (%s); it starts when it connects", prefix, exc)
+            return None
 
     def _pump_watch(self, prefix: str, start_revision: int | None, watch: Watch, stop: threading.Event) -> None:
         next_rev = start_revision

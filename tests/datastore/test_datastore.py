@@ -116,6 +116,28 @@ def test_watch_sees_puts_and_deletes_in_order(ds, p):
 
 
 @pytest.mark.timeout(30)
+def test_a_watch_sees_what_changed_after_the_call_before_its_stream_opened(etcd_server, p, monkeypatch):
+    """etcd: the stream is opened by the watch's thread a moment after `watch_prefix` returns; a
+    put made meanwhile is delivered (the watch starts from the store's revision at the call, not
+    from whatever etcd's "now" is once the stream opens)."""
+    store = open_datastore(etcd_server.url)
+    opened = store.client.watch_prefix
+
+    def slow_to_open(*args, **kwargs):
+        time.sleep(0.5)
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "watch_prefix", slow_to_open)
+    try:
+        watch = store.watch_prefix(p)
+        store.put(p + "k", "meanwhile")
+        event = watch.get(timeout=10)
+        assert event is not None and (event.type, event.value) == ("put", b"meanwhile")
+        watch.cancel()
+    finally:
+        store.close()
+
+
 def test_watch_from_a_past_revision_replays(ds, p):
     first = ds.put(p + "x", "1")
     ds.put(p + "x", "2")
