@@ -91,6 +91,8 @@ DEADLINE_MISSED_HEADER = h.DEADLINE_MISSED
 LEASE_RETRY_S = 0.5  # with no lease granted, the scheduler is asked again after this long
 LEASE_ASK_TIMEOUT_S = 5.0
 DIRECT_TIMEOUT_S = 300.0  # a leased batch with no SLO: as long as the scheduler's path would wait
+SCHEDULER_TIMEOUT_S = 300.0  # one request to a scheduler (its own job timeout is as long)
+ANSWER_MARGIN_S = 0.5  # a strict batch gives up this long before the watchdog's timeout (less for short ones)
 REPORT_AFTER_S = 1.0  # leased batches are told to the scheduler at most this long after
 MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
 
@@ -109,6 +111,7 @@ class ClientConfig:
     max_inflight: int = env.MAX_INFLIGHT.default
     model_name: str | None = None  # sent as X-Faas-Gpu-Model: FAAS_GPU_PROTEAN_MODEL, else FAAS_GPU_MODEL
     leases: bool = env.LEASES.default  # ask for placement leases and send batches to the GPU Manager
+    call_timeout_s: float = env.EXEC_TIMEOUT.default  # the watchdog's timeout of a call (0: none)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig | None:
@@ -128,6 +131,7 @@ class ClientConfig:
             max_inflight=env.MAX_INFLIGHT.read(environ),
             model_name=env.PROTEAN_MODEL.read(environ) or env.MODEL.read(environ),
             leases=env.LEASES.read(environ),
+            call_timeout_s=env.EXEC_TIMEOUT.read(environ),
         )
 
 
@@ -205,30 +209,43 @@ class RemoteModel(torch.nn.Module):
             log.error("%s", self._refused)
             raise self._refused from exc.__cause__
 
-    def _request(self, method: str, path: str, budget: Budget | None = None, **kwargs) -> requests.Response:
+    def _request(
+        self, method: str, path: str, budget: Budget | None = None, give_up_at: float | None = None, **kwargs
+    ) -> requests.Response:
         """`budget`: each attempt sends what is left of it (`X-Faas-Gpu-Deadline-Ms`), so a retry is
         not given its whole SLO again; a miss the scheduler reports is not retried. Nor is a batch
         whose budget ran out while no scheduler could take it (none answering, or none the leader,
         as while etcd is down): any scheduler would answer it 504 unrun, so it is answered so here
         rather than after every retry (which, past the function's timeout, became the watchdog's
-        504 with no reason)."""
+        504 with no reason). `give_up_at` (monotonic): no answer is waited for past it, the
+        function's own timeout (`_give_up_at`), whatever a scheduler is doing meanwhile."""
         headers = {"Authorization": f"Bearer {self.config.token}", **kwargs.pop("headers", {})}
         last: Exception | None = None
         for attempt in range(self.config.retries):
             for url in self.config.scheduler_urls:
+                now = time.monotonic()
                 if budget is not None:
-                    headers[DEADLINE_HEADER] = budget.header(time.monotonic())
+                    headers[DEADLINE_HEADER] = budget.header(now)
+                timeout = SCHEDULER_TIMEOUT_S
+                if give_up_at is not None:
+                    if now >= give_up_at:
+                        raise self._gave_up(budget, url, last)
+                    timeout = min(timeout, give_up_at - now)
                 try:
                     if tracing.enabled():  # the hop to the scheduler, our span its parent
                         with tracing.span("scheduler.request", kind="client", attributes={"http.method": method}):
                             r = self._http.request(
-                                method, url + path, headers=tracing.inject(dict(headers)), timeout=300, **kwargs
+                                method, url + path, headers=tracing.inject(dict(headers)), timeout=timeout, **kwargs
                             )
                     else:
-                        r = self._http.request(method, url + path, headers=headers, timeout=300, **kwargs)
+                        r = self._http.request(method, url + path, headers=headers, timeout=timeout, **kwargs)
                 except requests.ConnectionError as exc:
                     last = exc
                     continue
+                except requests.Timeout as exc:  # a scheduler took the batch and had not answered by then
+                    if give_up_at is not None and time.monotonic() >= give_up_at - 0.01:
+                        raise self._gave_up(budget, url, exc) from exc
+                    raise
                 if r.headers.get(DEADLINE_MISSED_HEADER) == "true" and r.status_code >= 300:
                     raise RemoteError(r.status_code, r.text.strip())
                 if r.status_code in RETRYABLE:
@@ -243,6 +260,27 @@ class RemoteModel(torch.nn.Module):
                 )
             time.sleep(min(0.05 * (attempt + 1), 0.5))
         raise RemoteError(503, f"no scheduler answered: {last}")
+
+    def _give_up_at(self, budget: Budget | None) -> float | None:
+        """When a strict batch stops waiting for its answer: just before the watchdog's timeout of
+        its first call (`exec_timeout`), after which the watchdog has answered that call 504 and no
+        later answer is read. A cold start may run past the SLO itself (the scheduler runs a job it
+        has started), so the SLO is not the limit; the function's timeout is."""
+        limit = self.config.call_timeout_s
+        if budget is None or limit <= 0:
+            return None
+        return budget.start + limit - min(ANSWER_MARGIN_S, limit / 10)
+
+    def _gave_up(self, budget: Budget | None, url: str, last: Exception | None) -> RemoteError:
+        limit = self.config.call_timeout_s
+        log.warning(
+            "faas-gpu: no answer from the scheduler at %s within the function's timeout (%gs): %s", url, limit, last
+        )
+        spent = f"{budget.ms:.0f} ms" if budget is not None else "its SLO"
+        return RemoteError(
+            504,
+            f"missed its deadline ({spent}): no answer from the scheduler within the function's timeout ({limit:g}s)",
+        )
 
     # -- calls ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -273,7 +311,9 @@ class RemoteModel(torch.nn.Module):
             done = self._run_leased(digest, body, headers, budget, int(x.shape[0]) if x.dim() else 1)
             if done is not None:
                 return done
-        r = self._request("POST", f"/v1/jobs/{digest}", budget, data=body, headers=headers)
+        r = self._request(
+            "POST", f"/v1/jobs/{digest}", budget, give_up_at=self._give_up_at(budget), data=body, headers=headers
+        )
         return decode(r.content), h.ours(r.headers)
 
     # -- placement leases: the batch straight to the leased unit's GPU Manager ---------------------

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from .duration import parse_duration
+
 T = TypeVar("T")
 
 
@@ -166,6 +168,15 @@ LEASES: Var[bool] = Var(
 MODEL: Var[str | None] = Var("FAAS_GPU_MODEL", None, _text, "the model's name (com.faas-gpu.model)")
 PROTEAN_MODEL: Var[str | None] = Var(
     "FAAS_GPU_PROTEAN_MODEL", None, _text, "the model's name in PROTEAN's assumptions, when it differs"
+)
+
+EXEC_TIMEOUT: Var[float] = Var(
+    "exec_timeout",
+    30.0,
+    lambda raw: parse_duration(raw, "exec_timeout"),
+    "the watchdog's own (of-watchdog's) timeout of a call, its inproc default: the GPU client stops "
+    "waiting for a strict batch's answer just before it, since the watchdog answers 504 then and "
+    "nobody reads a later answer (0: none)",
 )
 
 DEFAULT_BATCH_TIMEOUT_S = 0.005

@@ -379,3 +379,68 @@ def test_a_best_effort_batch_retries_to_the_count_while_no_scheduler_places_it(n
         model._request("POST", "/v1/jobs/d", None, data=b"x")
     assert err.value.status == 503 and "no scheduler answered" in str(err.value)
     assert _NotLeader.asked == 3
+
+
+class _SlowLeader(BaseHTTPRequestHandler):
+    """A scheduler that takes the batch and answers after `delay_s` (a cold start's load, or one
+    that hangs)."""
+
+    delay_s = 0.0
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(type(self).delay_s)
+        body = client.encode(torch.ones(1))
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the client gave up
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def slow_leader():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowLeader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_a_strict_batch_is_not_waited_for_past_the_functions_timeout(slow_leader):
+    """Found by the fault test under load: a strict call whose batch a scheduler had taken waited
+    up to 300 s for it; the watchdog answered it 504 with no reason at its own timeout (30 s).
+    Now the client gives up just before that timeout, with a 504 that says why."""
+    _SlowLeader.delay_s = 10.0
+    config = client.ClientConfig([slow_leader], "t", call_timeout_s=1.5)
+    model = client.RemoteModel(torch.nn.Identity(), config)
+    budget = client.Budget(200.0, time.monotonic())
+    t0 = time.monotonic()
+    with pytest.raises(client.RemoteError) as err:
+        model._request("POST", "/v1/jobs/d", budget, model._give_up_at(budget), data=b"x")
+    waited = time.monotonic() - t0
+    assert err.value.status == 504 and "missed its deadline (200 ms)" in str(err.value), err.value
+    assert "function's timeout (1.5s)" in str(err.value)
+    assert 1.0 <= waited < 1.5  # before the watchdog's 1.5 s
+
+
+def test_a_strict_batch_past_its_slo_but_within_the_functions_timeout_is_answered(slow_leader):
+    """A cold start runs past the SLO (the scheduler runs a job it has started): its answer still
+    counts while the function's timeout has not come."""
+    _SlowLeader.delay_s = 0.6
+    model = client.RemoteModel(torch.nn.Identity(), client.ClientConfig([slow_leader], "t", call_timeout_s=3.0))
+    budget = client.Budget(100.0, time.monotonic())
+    r = model._request("POST", "/v1/jobs/d", budget, model._give_up_at(budget), data=b"x")
+    assert r.status_code == 200
+
+
+def test_the_functions_timeout_comes_from_the_watchdogs_variable():
+    base = {"FAAS_GPU_SCHEDULER_URL": "http://s:1"}
+    assert client.ClientConfig.from_env(base).call_timeout_s == 30.0  # the watchdog's own default
+    assert client.ClientConfig.from_env({**base, "exec_timeout": "1m30s"}).call_timeout_s == 90.0
+    no_limit = client.ClientConfig([], "t", call_timeout_s=0)
+    assert client.RemoteModel(torch.nn.Identity(), no_limit)._give_up_at(client.Budget(1.0, 0.0)) is None
