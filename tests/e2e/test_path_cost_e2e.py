@@ -5,6 +5,7 @@ counts it, `describe` shows predicted against observed capacity, and batching en
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -85,12 +86,14 @@ def test_the_path_is_measured_counted_and_batching_engages_under_load(stack):
     # 32 callers that wait for their answers: the queue asks for more than batch 1 serves; the load
     # goes on until a batch formed in a replica's queue (the batched instance starts cold first)
     batches: list[int] = []
+    answers: collections.Counter = collections.Counter()  # what the callers got, for a failure's message
     done = threading.Event()
 
     def caller(i: int) -> None:
         s = requests.Session()
         while not done.is_set():
             r = s.post(f"{stack.url}/function/classify", json={"seed": i}, timeout=60)
+            answers[r.status_code] += 1
             if r.status_code == 200:
                 batches.append(int(r.headers.get("X-Faas-Gpu-Batch", "1")))
 
@@ -107,8 +110,9 @@ def test_the_path_is_measured_counted_and_batching_engages_under_load(stack):
         done.set()
         for t in threads:
             t.join()
-    assert any(max(p) > 1 for p in planned), planned
-    assert max(batches) > 1, planned  # batches really formed in the replicas' queues
+    seen = {"answers": dict(answers), "planned (last 20 s)": planned[-20:], "instances": instances(stack)["instances"]}
+    assert any(max(p) > 1 for p in planned), seen
+    assert max(batches) > 1, seen  # batches really formed in the replicas' queues
 
     described = cli(stack, "describe", "classify", "--gateway", stack.url)
     assert "Capacity:" in described and "rps predicted" in described and "Path cost:" in described
