@@ -185,13 +185,14 @@ class EtcdDatastore(Datastore):
         return watch
 
     def _current_revision(self, prefix: str) -> int | None:
-        """The store's revision + 1 (one read of `prefix`, without retries), or None when etcd
-        does not answer: a watch is made while etcd is down too, and must not raise."""
-        if self._down:  # known down: no call that would wait for its deadline
+        """The store's revision + 1 (one read of `prefix`, retried as every call is: a new client's
+        first call may fail while its channel connects), or None when etcd cannot be read: a watch
+        is made while etcd is down too, and must not raise."""
+        if self._down:  # known down: no wait for retries
             return None
         try:
-            return self.client.get_response(prefix).header.revision + 1
-        except _RETRYABLE as exc:
+            return self._retry(lambda: self.client.get_response(prefix)).header.revision + 1
+        except DatastoreUnavailable as exc:
             log.debug("etcd watch on %s: no revision to start from (%s); it starts when it connects", prefix, exc)
             return None
 

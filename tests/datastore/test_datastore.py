@@ -138,6 +138,7 @@ def test_a_watch_sees_what_changed_after_the_call_before_its_stream_opened(etcd_
         store.close()
 
 
+@pytest.mark.timeout(30)
 def test_watch_from_a_past_revision_replays(ds, p):
     first = ds.put(p + "x", "1")
     ds.put(p + "x", "2")
