@@ -353,13 +353,18 @@ class _NotLeader(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def not_leader():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotLeader)
+def _stand_in_scheduler(handler: type[BaseHTTPRequestHandler]):
+    """A scheduler stand-in served by `handler` on a port of its own: its URL, until the test ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    _NotLeader.asked = 0
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+
+
+@pytest.fixture
+def not_leader():
+    _NotLeader.asked = 0
+    yield from _stand_in_scheduler(_NotLeader)
 
 
 def test_a_strict_batch_stops_retrying_when_its_budget_runs_out_with_no_scheduler_to_place_it(not_leader):
@@ -405,10 +410,7 @@ class _SlowLeader(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_leader():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowLeader)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    yield from _stand_in_scheduler(_SlowLeader)
 
 
 def test_a_strict_batch_is_not_waited_for_past_the_functions_timeout(slow_leader):
