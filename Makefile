@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # checkout the virtual environment was installed from).
 LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-.PHONY: up down test test-fast lint bench gpu-check servers base-image certify-docker clean
+.PHONY: up down test test-fast lint bench gpu-check gpu-wheels servers base-image certify-docker clean
 
 up: $(STAMP)
 	$(PY) functions/classify/make_weights.py
@@ -82,6 +82,11 @@ bench: $(STAMP)
 # Without a GPU it says so, writes nothing and fails (exit 2): a skip must not read as a pass.
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out docs/GPU.md
+
+# what the GPU suite needs on a lent GPU machine with no network (README, "The GPU suite"): the
+# stack's dependencies as CPython 3.12 wheels in .whl/, the embed model in two halves in .whl-embed/
+gpu-wheels: $(STAMP)
+	$(PY) benchmarks/gpu_wheels.py --with-embed
 
 # OpenFaaS's certifier against `faas-gpu up --runtime docker` on a dockerd in a network namespace of
 # its own (never `make test`'s): CERTIFIER=<the openfaas/certifier source tree>; CERTIFY_ARGS passes
