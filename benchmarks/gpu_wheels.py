@@ -22,12 +22,14 @@ import argparse
 import hashlib
 import importlib.metadata as md
 import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from faas_gpu.paths import REPO_ROOT
 
 PROJECT = "faas-gpu"
 EXTRAS = ("test",)  # pytest and its plugins: the suite runs `pytest -m gpu tests/gpu`
@@ -61,10 +63,6 @@ TARGET = {  # the device image's interpreter and platform
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
-def _name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _applies(req: Requirement, extra: str = "") -> bool:
     return req.marker is None or req.marker.evaluate({**TARGET, "extra": extra})
 
@@ -74,13 +72,13 @@ def to_carry() -> dict[str, str]:
     wanted: list[str] = []
     for spec in md.requires(PROJECT) or []:
         req = Requirement(spec)
-        if _name(req.name) in SKIPPED_EXTRAS:
+        if canonicalize_name(req.name) in SKIPPED_EXTRAS:
             continue
         if _applies(req) or any(_applies(req, extra) for extra in EXTRAS):
             wanted.append(req.name)
     found: dict[str, str] = {}
     while wanted:
-        name = _name(wanted.pop())
+        name = canonicalize_name(wanted.pop())
         if name in found or name in NOT_CARRIED:
             continue
         try:
@@ -95,15 +93,23 @@ def to_carry() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-EMBED_PACKAGE = "all_minilm_l6_v2"  # functions/embed/model.py's PACKAGE
+def embed_model_zip() -> Path:
+    """The embed example's model.zip, found as the function finds it (`functions/embed/model.py`)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_wheels_embed_model", REPO_ROOT / "functions" / "embed" / "model.py"
+    )
+    assert spec is not None and spec.loader is not None
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    try:
+        return embed.package_zip()
+    except embed.PackageMissing as exc:
+        raise SystemExit(f"gpu-wheels: {exc}") from None
 
 
 def split_embed(dest: Path) -> str:
     """model.zip in two halves under dest/1 and dest/2, and dest/2/model.zip.sha256."""
-    spec = importlib.util.find_spec(EMBED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("gpu-wheels: the embed model package is not installed here (run make first)")
-    data = (Path(next(iter(spec.submodule_search_locations))) / "model.zip").read_bytes()
+    data = embed_model_zip().read_bytes()
     half = len(data) // 2
     for part, chunk in (("1", data[:half]), ("2", data[half:])):
         (dest / part).mkdir(parents=True, exist_ok=True)
@@ -131,7 +137,7 @@ def main() -> int:
     done = subprocess.run(cmd)
     if done.returncode != 0:
         return done.returncode
-    got = {_name(w.name.split("-")[0]) for w in args.dest.glob("*.whl")}
+    got = {parse_wheel_filename(w.name)[0] for w in args.dest.glob("*.whl")}
     missing = sorted(set(carry) - got)
     if missing:
         print(f"gpu-wheels: no wheel came for {', '.join(missing)}", file=sys.stderr)
