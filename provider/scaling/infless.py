@@ -12,7 +12,8 @@ it), and an observed shortfall makes that CPU dearer before it slows the model (
 A re-plan that would restart instances (a new batch size or thread count) must pay for the
 restart (`restart_pays`: the running plan clearly short, the new one clearly better on the
 measured footing, 30 s since the last), no batch is planned that the measured arrivals do not fill
-within its timeout (`fills`), and corrections fade back toward 1 while the demand is met.
+within its timeout (`fills`), a plan whose batches the arrivals no longer fill is made again for
+them (`underfilled`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
 function to zero and starts it again before the arrival it predicts. `com.openfaas.scale.min` and
 `com.openfaas.scale.max` bound everything.
@@ -44,6 +45,7 @@ from faas_gpu.policies.infless import (
     rate_window,
     restart_pays,
     schedule,
+    underfilled,
     warm,
     with_path,
 )
@@ -233,6 +235,9 @@ class InflessScaling:
             old_enough = {i.id for i in state.instances if now - i.created >= MIN_AGE_S}
             gone = {r for r in decision.release if r in old_enough}
             state.instances = [i for i in state.instances if i.id not in gone]
+        elif self._underfilled(state, now):
+            state.case = "re-plan"
+            self._refill(state, now)
         if p.scale_zero:
             self._keep_alive(state, now)
         rates = dispatch([InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances], rps, keep=len(state.instances))
@@ -309,6 +314,30 @@ class InflessScaling:
             return False
         observed = state.observed if state.observed_at >= state.restarted_at else None  # this plan's own
         return restart_pays(_r_max(state.instances), observed, _r_max(fresh), demand_rps)
+
+    def _underfilled(self, state: InflessState, now: float) -> bool:
+        """The measured arrivals are under the plan's lower bound (`underfilled`: its batches
+        leave by their timeouts), on a plan that has settled, and the last restart is
+        MIN_RESTART_GAP_S old."""
+        if now - state.planned_at < SETTLE_WINDOWS * self.window_s or now - state.restarted_at < MIN_RESTART_GAP_S:
+            return False
+        return underfilled(state.rps, (i.r_low for i in state.instances))
+
+    def _refill(self, state: InflessState, now: float) -> None:
+        """Algorithm 1's plan for what arrives (only batches it fills: `_place`) in place of one it
+        no longer fills; a restart that pays in latency, not in capacity, so `restart_pays` is not
+        asked."""
+        fresh = self._place(state, state.rps, state.policy.max_instances, now, without_own=True)
+        if fresh and _configs(fresh) != _configs(state.instances):
+            log.info(
+                "%s: %.1f rps arrive, under the plan's lower bound of %.0f: re-planned as batch %s",
+                state.record.name,
+                state.rps,
+                sum(i.r_low for i in state.instances),
+                ", ".join(str(i.candidate.batch) for i in fresh),
+            )
+            state.instances = fresh
+            state.planned_at = state.restarted_at = now
 
     def _rerate(self, state: InflessState) -> None:
         """The running instances' rates under the corrected model, without restarting any: each

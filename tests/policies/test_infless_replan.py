@@ -4,7 +4,16 @@ section in EXPERIMENTS)."""
 
 import pytest
 
-from faas_gpu.policies.infless import Candidate, PathCost, bounds, decayed, fills, restart_pays, with_path
+from faas_gpu.policies.infless import (
+    Candidate,
+    PathCost,
+    bounds,
+    decayed,
+    fills,
+    restart_pays,
+    underfilled,
+    with_path,
+)
 
 # the classify model's own times (ms) and run 7's fitted path: 1.76 ms a batch + 1.90 ms a request
 MODEL_MS = {1: 1.1, 8: 3.3, 16: 6.5, 32: 13.0}
@@ -59,6 +68,16 @@ def test_210_rps_fill_batch_8_and_16_but_not_32_within_their_timeouts():
 
 def test_a_batch_slower_than_the_slo_never_fills():
     assert not fills(Candidate(8, 1, 0, 0.3), 0.25, 1e6)
+
+
+def test_a_plan_is_underfilled_below_the_sum_of_its_lower_bounds_and_never_when_idle():
+    """Run 28: one batch-4 instance (r_low ~17 rps with a 236 ms timeout) and one caller waiting
+    out that timeout on every call, 4 rps."""
+    assert underfilled(4.0, [17.0])
+    assert not underfilled(17.0, [17.0])
+    assert underfilled(30.0, [17.0, 16.0])  # each alone would fill; the plan as a whole does not
+    assert not underfilled(4.0, [0.0])  # batch 1 never waits for a batch
+    assert not underfilled(0.0, [17.0])  # no arrivals: keep-alive's to judge, not the batch's
 
 
 def test_corrections_fade_halfway_to_1_a_step_and_stop_at_1():

@@ -500,6 +500,45 @@ def test_run_7s_walk_batch_8_to_32_and_corrections_to_4x_does_not_recur(tmp_path
         c.close()
 
 
+def test_a_kept_instance_whose_batch_the_arrivals_no_longer_fill_is_planned_again(tmp_path):
+    """Run 28 of EXPERIMENTS' path-limit section: a few callers left one batched instance behind,
+    and one caller then waited out the batch's whole timeout (~236 ms) on every call: 4 rps at
+    p50 246 ms for the whole point, the plan never changed (com.openfaas.scale.min kept the
+    instance; it was short of nothing, so no re-plan had to pay for a restart), and the 8- and
+    32-caller points ran on it. Arrivals under INFless's lower bound (R < R_min: no batch of the
+    plan fills within its timeout) ask for the plan Algorithm 1 makes for what arrives."""
+    a = fast_scaler(tmp_path, (1.76, 1.90))
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    for _ in range(8):
+        a.arrived(r.key)
+    closed_loop(a, r.key, 8, 150, 25)
+    for _ in range(8):
+        closed_loop(a, r.key, 8, 203, 5)
+    (inst,) = a.describe(r.key)["instances"]
+    assert inst["batch"] == 8, inst
+    for _ in range(7):  # one caller left: every call of it waits out the batch's timeout
+        a.departed(r.key, 200)
+    trapped = int(1000 / inst["batchTimeoutMs"])
+    assert 0 < trapped < inst["rLow"]
+    for _ in range(18):  # a minute and a half, in 5-second windows
+        closed_loop(a, r.key, 1, trapped, 5)
+        (inst,) = a.describe(r.key)["instances"]
+        if inst["batch"] == 1:
+            break
+    assert inst["batch"] == 1, inst  # the caller is answered as fast as batch 1 serves it
+    closed_loop(a, r.key, 1, 150, 60)
+    assert [i["batch"] for i in a.describe(r.key)["instances"]] == [1]  # one caller: no batch to wait for
+    for _ in range(7):  # 8 callers again: batching engages as before
+        a.arrived(r.key)
+    closed_loop(a, r.key, 8, 150, 25)
+    for _ in range(8):
+        closed_loop(a, r.key, 8, 203, 5)
+    assert [i["batch"] for i in a.describe(r.key)["instances"]] == [8]
+    for c in a.closers:
+        c.close()
+
+
 def test_corrections_fade_back_to_1_once_the_observed_capacity_meets_the_demand(tmp_path):
     a = fast_scaler(tmp_path, (1.76, 1.90))
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})

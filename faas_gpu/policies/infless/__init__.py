@@ -11,7 +11,8 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
   to t_exec, its CPU reserved on the node (`path_rate`), and the corrections by the capacity
   observed at saturation (`corrections`: the path's CPU first, the model's time last);
 - `replan`: when a re-plan may restart instances (`restart_pays`), which batches the arrivals
-  fill within their timeout (`fills`), and corrections fading back to 1 (`decayed`);
+  fill within their timeout (`fills`), a plan they no longer fill (`underfilled`), and
+  corrections fading back to 1 (`decayed`);
 - `rate`: the arrival rate the provider scales on (`RateWindow`, built by `rate_window`).
 """
 
@@ -20,7 +21,7 @@ from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
 from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
 from .path import PathCost, correction, corrections, demand, observed_capacity, path_rate, with_path
 from .rate import RateWindow, rate_window
-from .replan import decayed, fills, restart_pays
+from .replan import decayed, fills, restart_pays, underfilled
 from .schedule import Placement, ScheduleResult, Server, beta_from_flops, efficiency, schedule
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "path_rate",
     "rate_window",
     "restart_pays",
+    "underfilled",
     "schedule",
     "warm",
     "with_path",

@@ -20,12 +20,19 @@ its cap while throughput collapsed. So:
   (`demand`), not what arrives: 210 rps filled ~23 requests into batch 32's ~112 ms timeout
   (run 7's replies: mean batch 20). The provider plans no batch that the measured arrival rate
   does not fill.
+- `underfilled`: the other way round, arrivals under the plan's lower bound (INFless's R < R_min)
+  leave every batch by its timeout, part full, so each call waits out a timeout near the SLO.
+  The dispatcher releases such instances, but not those com.openfaas.scale.min keeps, and a plan
+  that is short of nothing never pays for a restart: run 28 left one batch-4 instance (timeout
+  236 ms) to a single caller, 4 rps at p50 246 ms. The provider plans again for what arrives.
 - `decayed`: a correction moves back toward 1 by DECAY a judged window while the observed
   capacity meets the demand (nothing queues, what arrives is answered), so a correction made
   in a bad moment does not outlive it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from .capacity import Candidate, bounds
 
@@ -63,6 +70,12 @@ def fills(c: Candidate, t_slo_s: float, arrival_rps: float) -> bool:
     if c.t_exec_s <= 0 or c.t_exec_s > t_slo_s:
         return False
     return bounds(c.t_exec_s, t_slo_s, c.batch, c.path_s).r_low <= arrival_rps + 1e-9
+
+
+def underfilled(arrival_rps: float, r_lows: Iterable[float]) -> bool:
+    """Whether `arrival_rps` (measured, > 0: an idle plan is keep-alive's to judge) is under the
+    plan's lower bound, the sum of its instances' r_low (batch 1's is 0)."""
+    return arrival_rps > 0 and arrival_rps < sum(r_lows) - 1e-9
 
 
 def decayed(factor: float, *, decay: float = DECAY) -> float:
