@@ -71,13 +71,14 @@ def test_a_batch_slower_than_the_slo_never_fills():
 
 
 def test_a_plan_is_underfilled_below_the_sum_of_its_lower_bounds_and_never_when_idle():
-    """Run 28: one batch-4 instance (r_low ~17 rps with a 236 ms timeout) and one caller waiting
-    out that timeout on every call, 4 rps."""
-    assert underfilled(4.0, [17.0])
-    assert not underfilled(17.0, [17.0])
-    assert underfilled(30.0, [17.0, 16.0])  # each alone would fill; the plan as a whole does not
+    """Run 28: one batch-4 instance (a 236 ms timeout: r_low = ceil(1 / 0.236) x 4 = 20 rps) and
+    one caller waiting out that timeout on every call, 4 rps."""
+    assert bounds(0.0124, 0.25, 4).r_low == 20.0  # Eq. 1 with that slack
+    assert underfilled(4.0, [20.0])
+    assert not underfilled(20.0, [20.0])
+    assert underfilled(30.0, [20.0, 16.0])  # each alone would fill; the plan as a whole does not
     assert not underfilled(4.0, [0.0])  # batch 1 never waits for a batch
-    assert not underfilled(0.0, [17.0])  # no arrivals: keep-alive's to judge, not the batch's
+    assert not underfilled(0.0, [20.0])  # no arrivals: keep-alive's to judge, not the batch's
 
 
 def test_corrections_fade_halfway_to_1_a_step_and_stop_at_1():
