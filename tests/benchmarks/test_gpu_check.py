@@ -5,7 +5,6 @@ fakes where the GPU would be. The real run is on a GPU machine."""
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import signal
 import subprocess
@@ -18,16 +17,13 @@ from faas_gpu.mps import MPSSession
 from faas_gpu.paths import REPO_ROOT
 from tests.fake_mps import NO_PIDS, FakeRunner
 from tests.fake_nvml import FakeGPU, MigNVML
+from tests.module_files import registered
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
+    with registered("gpu_check", REPO_ROOT / "benchmarks" / "gpu_check.py") as module:  # its dataclasses
+        yield module
 
 
 def test_without_a_gpu_it_says_so_writes_nothing_and_exits_2(tmp_path):

@@ -5,20 +5,17 @@ the package index and is not run here."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import subprocess
 
 import pytest
 
 from faas_gpu.paths import REPO_ROOT
+from tests.module_files import load
 
 
 @pytest.fixture(scope="module")
 def wheels():
-    spec = importlib.util.spec_from_file_location("gpu_wheels", REPO_ROOT / "benchmarks" / "gpu_wheels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("gpu_wheels", REPO_ROOT / "benchmarks" / "gpu_wheels.py")
 
 
 def test_the_stacks_libraries_travel_and_torch_and_the_images_compiled_packages_do_not(wheels):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from faas_gpu.contract import env, errors, headers, keys, slo
 from faas_gpu.contract.duration import parse_duration
 from faas_gpu.paths import REPO_ROOT, TEMPLATES_DIR
+from tests.module_files import load
 
 CONTRACT = REPO_ROOT / "faas_gpu" / "contract"
 OURS = {"faas_gpu", "provider", "scheduler", "gpu_manager"}
@@ -99,10 +99,7 @@ NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S"]
 
 def _watchdog_parser():
     path = Path(TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "durations.py")
-    spec = importlib.util.spec_from_file_location("fwatchdog_durations_copy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.parse_duration
+    return load("fwatchdog_durations_copy", path).parse_duration
 
 
 def test_one_duration_grammar_and_the_watchdogs_copy_agrees():

@@ -6,8 +6,6 @@ relative imports resolve exactly as in `build/<fn>/function/` under the template
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import io
 import json
 import shutil
@@ -22,6 +20,7 @@ import torch
 
 from faas_gpu.paths import REPO_ROOT
 from tests.functions.handler_import import FUNCTIONS, Event, load_handler
+from tests.module_files import load
 
 
 @pytest.fixture(autouse=True)
@@ -295,11 +294,9 @@ def _template_app(tmp_path: Path, src: Path, monkeypatch):
     shutil.copytree(src, root / "function")
     for mod in [m for m in sys.modules if m == "function" or m.startswith("function.")]:
         del sys.modules[mod]
-    spec = importlib.util.spec_from_file_location("python3_gpu_index", TEMPLATE / "index.py")
-    index = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(root))
     try:
-        spec.loader.exec_module(index)
+        index = load("python3_gpu_index", TEMPLATE / "index.py")
     finally:
         sys.path.remove(str(root))
         client.uninstall()

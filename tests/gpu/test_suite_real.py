@@ -4,7 +4,6 @@ started with its own pipe and log folders and stopped; nothing else on the devic
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 from faas_gpu.mps import MPSSession
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.profiling.colocation_runner import Device, Workload, co_located_times, worker_env
+from tests.module_files import registered
 
 
 def _nvml_first() -> tuple[str, str, bool]:
@@ -92,12 +92,8 @@ def test_the_7g_baseline_sms_come_from_nvml_or_the_table():
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
+    with registered("gpu_check", REPO_ROOT / "benchmarks" / "gpu_check.py") as module:
+        yield module
 
 
 def test_gpu_check_reads_the_device_and_its_copy_bandwidth(gpu_check, tmp_path):

@@ -30,6 +30,7 @@ from check_jsonschema.builtin_schemas import get_builtin_schema
 
 from faas_gpu.contract import env as contract_env
 from faas_gpu.paths import REPO_ROOT
+from tests.module_files import load
 
 DEPLOY = REPO_ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
@@ -409,9 +410,7 @@ def test_the_dockerfile_takes_its_base_image_as_a_build_argument():
 
 
 def test_image_deps_lists_only_what_the_python_lacks(tmp_path):
-    spec = importlib.util.spec_from_file_location("image_deps", DEPLOY / "image_deps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("image_deps", DEPLOY / "image_deps.py")
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text(
         '[project]\nname = "x"\ndependencies = ["pyyaml>=6", "surely-not-installed-xyz>=1"]\n'

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from faas_gpu.paths import REPO_ROOT
+from tests.module_files import load as load_file
 
 pytestmark = pytest.mark.slow
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(name, REPO_ROOT / "benchmarks" / f"{name}.py")
 
 
 def test_gpu_faas_curves_along_load_and_working_set(tmp_path, capsys):

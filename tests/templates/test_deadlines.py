@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 
 from faas_gpu.paths import TEMPLATES_DIR
+from tests.module_files import load
 
 
 def _deadlines():
     path = TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "deadlines.py"
-    spec = importlib.util.spec_from_file_location("fwatchdog_deadlines_copy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Deadlines()
+    return load("fwatchdog_deadlines_copy", path).Deadlines()
 
 
 def test_due_calls_fire_in_deadline_order_and_cancelled_ones_never():
