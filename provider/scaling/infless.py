@@ -223,7 +223,7 @@ class InflessScaling:
         self._observe(state, ctx, now)
         keep = 0 if p.scale_zero else p.min_instances
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
-        rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated)
+        rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated, state.observed)
         decision = dispatch(loads, rps, keep=keep)
         state.case = decision.case
         if state.replan and rps > 0:

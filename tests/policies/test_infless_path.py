@@ -89,6 +89,10 @@ def test_queueing_asks_for_more_than_the_plan_serves():
     assert demand(230.0, r_max=240.0, saturated=False) == 230.0
     assert demand(230.0, r_max=240.0, saturated=True) == 300.0
     assert demand(500.0, r_max=240.0, saturated=True) == 500.0
+    # served above the plan's prediction: headroom over what is served, not over the plan
+    assert demand(290.0, r_max=200.0, saturated=True, observed=290.0) == pytest.approx(362.5)
+    assert demand(230.0, r_max=240.0, saturated=True, observed=200.0) == 300.0  # a shortfall: the plan's
+    assert demand(290.0, r_max=200.0, saturated=False, observed=290.0) == 290.0
 
 
 # -- the path as a node resource ---------------------------------------------------------------

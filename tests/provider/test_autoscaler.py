@@ -390,6 +390,35 @@ def test_a_closed_loop_queueing_at_batch_1_gets_batches_no_larger_than_its_calle
         c.close()
 
 
+def test_a_closed_loop_served_above_a_pessimistic_prediction_still_gets_batches(tmp_path):
+    """Run 39 of EXPERIMENTS' path-limit section: the path cost was profiled in a slow moment, so
+    batch 1 was predicted below what it served (198 against 288 rps under 8 callers). The plan had
+    just been restarted to batch 1 for a single caller, so the 8 callers' plan was judged (observed
+    at saturation) before a restart was allowed again, and then it looked not short: the ask was
+    the rate, which is what batch 1 served. A correction never goes below 1, so only the ask can
+    move: queueing asks for headroom over what is served, not over the plan's own lower figure."""
+    a = fast_scaler(tmp_path, (4.0, 1.0))  # batch 1: 1.1 + 4.0 + 1.0 ms, ~163 rps predicted
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
+    a.prepare(r)
+    predicted = a.describe(r.key)["capacity"]["predictedRps"]
+    assert predicted < 240 / 0.85  # 240 served is beyond the shortfall band: a surplus, not corrected
+    saturated(a, r.key, 240, 25, in_flight=8)
+    assert max(i["batch"] for i in a.describe(r.key)["instances"]) > 1
+    for _ in range(7):  # one caller is left, 10 calls a second: batch 8 no longer fills
+        a.departed(r.key, 200)
+    saturated(a, r.key, 10, 40, in_flight=0)
+    assert [i["batch"] for i in a.describe(r.key)["instances"]] == [1]  # restarted for what arrives
+    for _ in range(7):  # 8 callers again, served above batch 1's prediction
+        a.arrived(r.key)
+    saturated(a, r.key, 240, 60, in_flight=0)
+    d = a.describe(r.key)
+    assert d["capacity"]["correction"] == 1.0 and d["capacity"]["pathCpuCorrection"] == 1.0
+    batches = [i["batch"] for i in d["instances"]]
+    assert 1 < max(batches) <= 8, (batches, d["capacity"])
+    for c in a.closers:
+        c.close()
+
+
 def test_a_plan_is_not_judged_while_an_instance_of_it_is_starting(tmp_path):
     a = fast_scaler(tmp_path)
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})
