@@ -115,7 +115,7 @@ def in_process(seconds: float) -> dict[str, dict[int, float]]:
 # -- load ----------------------------------------------------------------------------------------
 # The callers share this 2-core machine with what they measure, so they are kept light: one
 # kept-alive `faas_gpu.http1` connection a thread (~0.15 ms of CPU a request here), not a
-# `requests` session (~1.1-1.5 ms, as much as half of the stack's own CPU a request, which took
+# `requests` session (~1.0-1.6 ms, as much as half of the stack's own CPU a request, which took
 # cores from the path and held back its throughput, and Ray Serve's, in every closed loop).
 def _post(conn: Connection, path: str, n: int) -> tuple[int | str, str | None]:
     """One call on a kept-alive connection: (status or error name, X-Faas-Gpu-Batch)."""
