@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 from pathlib import Path
+
+from faas_gpu.ports import free_port
 
 
 class Launcher:
@@ -22,10 +23,7 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, node: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        argv = shlex.split(self.template.format(node=node, port=port))
+        argv = shlex.split(self.template.format(node=node, port=free_port()))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{node}.log", "ab") as out:
             self.procs[node] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

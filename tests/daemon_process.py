@@ -16,7 +16,7 @@ import time
 import requests
 
 from faas_gpu.paths import REPO_ROOT
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 
 class Daemon:

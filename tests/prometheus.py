@@ -23,7 +23,7 @@ import requests
 import yaml
 
 from faas_gpu.paths import REPO_ROOT
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 PROMETHEUS_CONFIG = REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml"
 SWARM_CONFIG = REPO_ROOT / "deploy" / "prometheus" / "prometheus-swarm.yml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 
 def _need(binary: str) -> str:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from faas_gpu.ports import free_port
+
 SERVER = textwrap.dedent(
     """
     import sys
@@ -33,16 +35,10 @@ SERVER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
     def start(threads: int, linger_s: float = 0.2, slice_s: float = 0.025) -> int:
-        port = _free_port()
+        port = free_port()
         argv = [str(port), str(threads), str(linger_s), str(slice_s)]
         proc = subprocess.Popen([sys.executable, "-c", SERVER, *argv])
         procs.append(proc)

@@ -45,6 +45,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from faas_gpu.contract import env as contract_env
 from faas_gpu.fn_credentials import FunctionCredentials
+from faas_gpu.ports import free_port
 from faas_gpu.schedulers import Directory
 from faas_gpu.schedulers import merge as merge_schedulers
 
@@ -56,7 +57,6 @@ from .containers import LABEL_OWNER, ContainerPlan, plan_container, replica_cont
 from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
 from .output import note
-from .processes import free_port
 from .replicas import FunctionReplicas
 from .supervisor import SupervisedRuntime
 

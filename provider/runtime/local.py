@@ -19,6 +19,7 @@ from pathlib import Path
 from faas_gpu.contract import env as contract_env
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
+from faas_gpu.ports import free_port
 from faas_gpu.schedulers import Directory
 from faas_gpu.schedulers import merge as merge_schedulers
 
@@ -32,7 +33,6 @@ from .output import pump
 from .processes import (
     Replica,
     cpu_seconds,
-    free_port,
     popen,
     probe,
     reap_stale,

@@ -24,8 +24,8 @@ import yaml
 
 from faas_gpu import cli, running
 from faas_gpu.paths import REPO_ROOT
+from faas_gpu.ports import free_port
 from tests.cli.stub_gateway import Stub
-from tests.stack_process import free_port
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import torch
 from faas_gpu import procs
 from faas_gpu.contract.wire import encode
 from faas_gpu.paths import REPO_ROOT
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402

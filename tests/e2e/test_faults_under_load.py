@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from faas_gpu.ports import free_port
 from tests.e2e.classify_project import classify_stack, write_project
 from tests.servers import EtcdServer
-from tests.stack_process import free_port
 
 pytestmark = pytest.mark.slow
 

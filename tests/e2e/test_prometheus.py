@@ -23,6 +23,7 @@ from werkzeug.serving import make_server
 
 from faas_gpu.credentials import ensure_token
 from faas_gpu.models import ModelStore
+from faas_gpu.ports import free_port
 from gpu_manager.api import create_app
 from gpu_manager.discovery import discover_units
 from gpu_manager.manager import GPUManager
@@ -31,7 +32,7 @@ from tests.e2e.classify_project import build_and_deploy, classify_stack, write_p
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker
 from tests.prometheus import dashboard_queries, prometheus, query, require_prometheus, scrape_config, substitute
-from tests.stack_process import StackProcess, free_port
+from tests.stack_process import StackProcess
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import torch
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "functions" / "classify"))
 from model import ResNetMini  # noqa: E402

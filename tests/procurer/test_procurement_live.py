@@ -30,9 +30,9 @@ from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.policies.protean import CostMeter, NodeKind, Procurement
+from faas_gpu.ports import free_port
 from procurer import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
 from scheduler.core import Scheduler
-from tests.stack_process import free_port
 
 
 @pytest.fixture(params=["embedded", "etcd"])

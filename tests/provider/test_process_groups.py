@@ -11,8 +11,9 @@ from pathlib import Path
 
 import requests
 
+from faas_gpu.ports import free_port
 from faas_gpu.procs import alive
-from tests.stack_process import StackProcess, free_port
+from tests.stack_process import StackProcess
 
 # an http-mode handler that listens on the watchdog's upstream port and stays up
 LISTENER = (

@@ -15,8 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from faas_gpu.ports import free_port
 from provider.handlers.info import go_arch
-from tests.stack_process import StackProcess, free_port
+from tests.stack_process import StackProcess
 
 NS = "openfaas-fn"
 

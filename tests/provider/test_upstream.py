@@ -16,6 +16,7 @@ import pytest
 from urllib3.util import parse_url
 
 from faas_gpu.http1 import Connection
+from faas_gpu.ports import free_port
 from provider.gateway import InvocationApp
 from provider.invoke import Invoker, ReplicaDropped, ReplicaRefused, ReplicaTimeout
 from provider.upstream import ReplicaConnections, request_target
@@ -112,12 +113,6 @@ def invoker(upstream_timeout_s: float = 5.0, ready_timeout_s: float = 0.3) -> In
     return Invoker(
         None, runtime, ("openfaas-fn",), upstream_timeout_s=upstream_timeout_s, ready_timeout_s=ready_timeout_s
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_kept_alive_connection_is_reused(replicas):

@@ -14,6 +14,7 @@ from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from faas_gpu.policies.protean.distribution import JobDistributor
 from faas_gpu.policy_data.protean import default_assumptions
+from faas_gpu.ports import free_port
 from gpu_manager.api import create_app
 from gpu_manager.daemon import StatusReporter
 from gpu_manager.discovery import discover_units
@@ -21,7 +22,6 @@ from gpu_manager.manager import GPUManager
 from scheduler.core import Scheduler
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker, stored_program
-from tests.stack_process import free_port
 
 SD = default_assumptions().slowdown
 

@@ -19,6 +19,7 @@ from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from faas_gpu.policies.protean.reconfigurator import reconfigurator_from_assumptions
 from faas_gpu.policy_data.protean import default_assumptions
+from faas_gpu.ports import free_port
 from gpu_manager.api import create_app
 from gpu_manager.daemon import STATUS_PREFIX, StatusReporter
 from gpu_manager.discovery import UnitInfo, discover_units
@@ -29,7 +30,6 @@ from scheduler.reconfigure import ReconfigController
 from scheduler.residency import Residency, ResidencyMeter, resident_counts
 from tests.fake_nvml import FakeGPU, MigNVML
 from tests.fake_worker import FakeWorker, stored_program
-from tests.stack_process import free_port
 
 GPU = ("n1", 0)
 BE = "resnet50"  # 5 GB a batch: (2g, 1g) holds 2 of them within T_high, 3 and more need a 3g

@@ -14,8 +14,9 @@ import requests
 
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
+from faas_gpu.ports import free_port
 from faas_gpu.schedulers import Announcement, announced, merge
-from tests.stack_process import StackProcess, free_port
+from tests.stack_process import StackProcess
 
 GIVEN = "http://127.0.0.1:9"  # the one URL the gateway was started with
 

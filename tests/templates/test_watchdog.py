@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from faas_gpu.paths import TEMPLATES_DIR
-from tests.stack_process import free_port
+from faas_gpu.ports import free_port
 
 TEMPLATE = TEMPLATES_DIR / "python3-gpu"
 

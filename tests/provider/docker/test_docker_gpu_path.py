@@ -15,8 +15,8 @@ import sys
 import pytest
 import requests
 
+from faas_gpu.ports import free_port
 from tests.e2e.classify_project import classify_stack, write_project
-from tests.stack_process import free_port
 
 from .conftest import BASE_IMAGE, containers
 

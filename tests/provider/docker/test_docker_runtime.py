@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from faas_gpu.ports import free_port
 from provider.runtime.docker import owner_of
-from tests.stack_process import free_port
 
 from .conftest import NsStack, build_project, containers
 
