@@ -36,6 +36,7 @@ from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
 
 from . import faults, loader
+from .handover import Receiver, Sender
 from .memory import WorkerMeter
 from .pool import Pooled, PreparedWorker, WorkerPool
 from .pool import end as end_process
@@ -174,9 +175,11 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
     process, since its CUDA context is lost for good."""
     from faas_gpu.contract.wire import decode, encode
 
+    batches = Receiver()
     while True:
+        x = y = None  # the last batch's views of the shared buffer go before the next is written
         try:
-            payload = conn.recv_bytes()
+            payload = batches.receive(conn)
         except (EOFError, OSError):
             return
         try:
@@ -310,6 +313,7 @@ class Worker:
         self.now_mb = 0.0  # and what it holds now (cuda: torch's reserved memory)
         self._prepared_ahead_s = 0.0
         self._died_loading = False
+        self._batches = Sender()  # this process's shared batch buffer (`handover`)
 
     def _take_pooled(self) -> bool:
         """Hand the model to a pooled process: False when the pool has none alive for this env."""
@@ -419,7 +423,7 @@ class Worker:
         if self.conn is None or not self.alive:
             raise WorkerDied("worker is not running")
         try:
-            self.conn.send_bytes(payload)
+            self._batches.send(self.conn, payload)
             if not self.conn.poll(timeout_s):
                 self.stop()
                 raise WorkerDied(f"worker did not answer within {timeout_s:.0f}s")
@@ -446,3 +450,5 @@ class Worker:
         elif self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
+        self._batches.close()
+        self._batches = Sender()  # a restarted process gets a buffer of its own

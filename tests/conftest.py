@@ -30,6 +30,24 @@ def pytest_unconfigure(config):
     shutil.rmtree(getattr(config, "_faas_gpu_config", ""), ignore_errors=True)
 
 
+_WEIGHTS_ONLY_FLAGS = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+
+
+@pytest.fixture(autouse=True)
+def _weights_only_flags_restored():
+    """The GPU Manager's loader forces `torch.load` to weights only for the whole process it runs
+    in (a worker's, as it should); a test that calls it in pytest's own process must not leave that
+    on for the tests after it (a client test loading its own pickle failed when it ran after the
+    gpu_manager tests)."""
+    before = {k: os.environ.get(k) for k in _WEIGHTS_ONLY_FLAGS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(autouse=True)
 def _own_faas_gpu_config(tmp_path_factory, monkeypatch):
     """Each test its own record, so a stack one test starts is never found by the next."""

@@ -3,7 +3,7 @@
     b"FGT1" | u32 header length (little endian) | header (JSON: dtype, shape) | raw tensor bytes
 
 Raw little-endian bytes cost one copy each way (`encode` copies the tensor's bytes once into the
-message, `decode` uses a `bytearray` message in place and copies `bytes` once); JSON would turn a
+message, `decode` uses a writable message in place and copies `bytes` once); JSON would turn a
 8x3x32x32 float batch into ~200 KB of text and parse it number by number. Part of the contract:
 the instance's GPU client encodes, the scheduler and the GPU Manager check (`check`, no copy),
 the workers decode.
@@ -75,11 +75,13 @@ def check(data: bytes | bytearray | memoryview) -> tuple[torch.dtype, list[int],
 
 
 def decode(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    """The tensor of a message. A `bytearray` (writable) is used in place, without a copy: the
-    tensor shares its memory; `bytes` are copied once, so the tensor is writable."""
+    """The tensor of a message. A writable message (a `bytearray`, or a writable view such as a
+    worker's of its shared batch buffer) is used in place, without a copy: the tensor shares its
+    memory; `bytes` are copied once, so the tensor is writable."""
     dtype, shape, offset = check(data)
     if len(data) == offset:
         return torch.empty(shape, dtype=dtype)
-    buffer = data if isinstance(data, bytearray) else bytearray(memoryview(data)[offset:])
-    flat = torch.frombuffer(buffer, dtype=torch.uint8, offset=offset if buffer is data else 0)
+    in_place = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+    buffer = data if in_place else bytearray(memoryview(data)[offset:])
+    flat = torch.frombuffer(buffer, dtype=torch.uint8, offset=offset if in_place else 0)
     return flat.view(dtype).reshape(shape)
