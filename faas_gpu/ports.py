@@ -7,7 +7,8 @@ listen on can meanwhile become the local end of some process's outgoing connecti
 client of etcd, a gateway calling a replica), and the child's listen fails with EADDRINUSE for as
 long as that connection lives (CI on 2026-12-02: the stack's gunicorn could not bind 45007 for
 five seconds). Below the ephemeral range a port is only ever taken by an explicit bind, so we draw
-there, at random (several processes draw at once), and never hand one port out twice in a row.
+there, at random (several processes draw at once), and keep the ports this process handed out
+lately off its next draws.
 """
 
 from __future__ import annotations
