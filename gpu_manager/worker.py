@@ -450,5 +450,4 @@ class Worker:
         elif self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
-        self._batches.close()
-        self._batches = Sender()  # a restarted process gets a buffer of its own
+        self._batches.close()  # a restarted process is sent a buffer of its own on its first batch
