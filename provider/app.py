@@ -29,6 +29,7 @@ from .logs import LogStore
 from .metrics import GatewayMetrics, ProviderMetrics
 from .runtime import Runtime
 from .runtime.local import LocalRuntime
+from .runtime.pins import CpuPins, pin_tree
 from .scaling import HarmonyPools, InflessScaling, InvocationRateRule, ProteanFunctions, ScalingRouter
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
@@ -68,7 +69,12 @@ def build_provider(config: ProviderConfig) -> Provider:
         client = docker.DockerClient(base_url=config.docker_host) if config.docker_host else docker.from_env()
         runtime = SwarmRuntime(client, secrets, logs, gpu_env, schedulers, fn_credentials, network=config.swarm_network)
     else:
-        runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials)
+        pins = CpuPins(config.pin_cpus) if config.pin_cpus else None
+        if pins is not None:
+            pin_tree(os.getpid(), pins.take())  # the gateway is the process building the provider
+        runtime = LocalRuntime(
+            home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials, pins=pins
+        )
     invoker = Invoker(
         store,
         runtime,

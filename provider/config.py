@@ -10,6 +10,8 @@ from faas_gpu import paths
 from faas_gpu.contract import env as env_vars
 from faas_gpu.contract.duration import parse_duration
 
+from .runtime.pins import parse_cpu_list
+
 __all__ = ["DEFAULT_NAMESPACE", "ProviderConfig", "parse_duration"]  # parse_duration: the contract's, for callers here
 
 DEFAULT_NAMESPACE = "openfaas-fn"
@@ -76,6 +78,9 @@ class ProviderConfig:
     services through a manager's engine); None: $FAAS_GPU_RUNTIME, else local."""
     docker_host: str | None = None
     """The docker runtime's engine; None: $FAAS_GPU_DOCKER_HOST, else DOCKER_HOST or the default socket."""
+    pin_cpus: tuple[int, ...] = ()
+    """CPUs the gateway and the local runtime's replicas are kept on, each process on the fewest-held
+    (`runtime.pins` says why); (): not pinned. From `--pin-cpus` or $FAAS_GPU_PIN_CPUS."""
     swarm_network: str | None = None
     """The swarm runtime's network for functions' services: None, the node's host network (replicas at
     <node address>:<their own port>); else an attachable overlay the gateway is on too (replicas at
@@ -107,6 +112,12 @@ class ProviderConfig:
             cfg.runtime = env_vars.runtime_name(cfg.runtime)
         if cfg.docker_host is None:
             cfg.docker_host = env_vars.DOCKER_HOST.read(env)
+        if not cfg.pin_cpus and env_vars.PIN_CPUS.is_set(env):
+            cfg.pin_cpus = parse_cpu_list(env_vars.PIN_CPUS.raw(env) or "", env_vars.PIN_CPUS.name)
+        if cfg.pin_cpus and cfg.runtime != "local":
+            raise ValueError(
+                f"--pin-cpus: only the local runtime pins replicas, not {cfg.runtime} (give containers a cpuset there)"
+            )
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
         return cfg

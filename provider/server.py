@@ -17,6 +17,7 @@ from faas_gpu.contract.env import RUNTIMES
 from faas_gpu.serving import OneWorkerServer
 
 from .config import ProviderConfig, parse_duration
+from .runtime.pins import parse_cpu_list
 
 log = logging.getLogger("faas-gpu")
 
@@ -99,6 +100,12 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         type=int,
         help="in-flight invocations of one function before 429 (default: half the threads)",
     )
+    p.add_argument(
+        "--pin-cpus",
+        metavar="LIST",
+        help="keep the gateway and each local replica on CPUs of this list (0-3,6), the fewest-held first: "
+        "their Python threads then hand their lock over on one CPU (default $FAAS_GPU_PIN_CPUS, else not pinned)",
+    )
     p.add_argument("--cpus", type=float, help="CPU cores for managed functions' instances (default: all)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs whose SM shares managed instances may use")
     p.add_argument("--autoscale-period", type=float, default=1.0, help="seconds between autoscaler decisions")
@@ -153,6 +160,11 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         overrides["cpus"] = a.cpus
     if a.home:
         overrides["home"] = a.home.resolve()
+    if a.pin_cpus:
+        try:
+            overrides["pin_cpus"] = parse_cpu_list(a.pin_cpus)
+        except ValueError as exc:
+            p.error(str(exc))
     if a.namespace:
         overrides["namespaces"] = tuple(a.namespace)
     try:

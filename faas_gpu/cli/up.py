@@ -45,6 +45,8 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--metrics-port", str(args.metrics_port)]
     if args.no_metrics:
         stack_args.append("--no-metrics")
+    if args.pin_cpus:
+        stack_args += ["--pin-cpus", args.pin_cpus]
     if args.redis:
         stack_args += ["--redis", args.redis]
     if args.runtime:
@@ -100,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the gateway keeps no per-call records (OpenFaaS's gateway always counts: this is for measuring "
         "their cost and for operators who scrape nothing; default $FAAS_GPU_METRICS, else on)",
+    )
+    p.add_argument(
+        "--pin-cpus",
+        metavar="LIST",
+        help="keep the gateway and each local replica on CPUs of this list (0-3,6), the fewest-held first "
+        "(default $FAAS_GPU_PIN_CPUS, else not pinned)",
     )
     p.add_argument("--gpu-manager-port", type=int, default=8090)
     p.add_argument("--scheduler-port", type=int, default=8091)

@@ -123,6 +123,14 @@ DOCKER_HOST: Var[str | None] = Var(
     "default: DOCKER_HOST, else the engine's default socket",
 )
 
+PIN_CPUS: Var[str | None] = Var(
+    "FAAS_GPU_PIN_CPUS",
+    None,
+    _text,
+    "a CPU list (0-3,6): the gateway and the local runtime's replicas are each kept on CPUs of it, the "
+    "fewest-held first (`provider.runtime.pins`); default: not pinned",
+)
+
 METRICS: Var[bool] = Var(
     "FAAS_GPU_METRICS",
     True,

@@ -30,6 +30,7 @@ from .base import InstanceSpec
 from .cpu_usage import CpuRate
 from .launch import LaunchSpec, plan_launch
 from .output import pump
+from .pins import CpuPins, pin_tree
 from .processes import (
     Replica,
     cpu_seconds,
@@ -56,9 +57,11 @@ class LocalRuntime(SupervisedRuntime):
         gpu_env: dict[str, str] | None = None,
         schedulers: Directory | None = None,
         credentials: FunctionCredentials | None = None,
+        pins: CpuPins | None = None,
     ):
         """`gpu_env`: how replicas reach the scheduler (GPU client); `credentials`: each function's
-        own token for it (FAAS_GPU_TOKEN), never the cluster token, which stays with the daemons."""
+        own token for it (FAAS_GPU_TOKEN), never the cluster token, which stays with the daemons;
+        `pins`: the CPUs replicas are kept on (`pins`), None: not pinned."""
         super().__init__(logs)
         self.home = home
         self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
@@ -67,6 +70,7 @@ class LocalRuntime(SupervisedRuntime):
         self.images = images
         self.secrets = secrets
         self._cpu = CpuRate()
+        self.pins = pins
         self.run_root = home / "run"
         reap_stale(self.run_root)
         self._start_supervisor()
@@ -98,11 +102,23 @@ class LocalRuntime(SupervisedRuntime):
     def _reap(self, replica: Replica) -> None:
         signal_group(replica.proc, signal.SIGKILL)  # the leader died: so does its group
         shutil.rmtree(replica.run_dir, ignore_errors=True)
+        self._unpin([replica])
+
+    def _unpin(self, replicas: list[Replica]) -> None:
+        for r in replicas:
+            if self.pins is not None and r.cpus is not None:
+                self.pins.give(r.cpus)
+                r.cpus = None
+
+    def _became_ready(self, replica: Replica) -> None:
+        if replica.cpus is not None:  # threads started before `_popen` pinned the leader
+            pin_tree(replica.proc.pid, replica.cpus)
 
     def _probe(self, replica: Replica) -> bool:
         return probe(replica)
 
     def _stop_all(self, replicas: list[Replica], timeout_s: float) -> None:
+        self._unpin(replicas)  # now: a replica started while these drain may take their CPUs
         stop_all(replicas, timeout_s)
 
     def _spawn(self, fn: FunctionReplicas, inst: InstanceSpec | None = None, digest: str | None = None) -> Replica:
@@ -153,8 +169,24 @@ class LocalRuntime(SupervisedRuntime):
             env[contract_env.TOKEN.name] = self.credentials.token(record.namespace, record.name)
         if spec.http_mode and "upstream_url" not in spec.env:
             env["upstream_url"] = f"http://127.0.0.1:{free_port()}"
-        proc = popen(spec.argv, spec.cwd, env, run_dir, port)
-        replica = Replica(rid, port, proc, run_dir, digest or spec.digest, slot=inst.id if inst else None)
+        cpus = self.pins.take(_threads(env)) if self.pins is not None else None
+        try:
+            proc = popen(spec.argv, spec.cwd, env, run_dir, port)
+            if cpus is not None:
+                pin_tree(proc.pid, cpus)  # it inherited the gateway's CPU; again once ready (`_became_ready`)
+        except BaseException:
+            if cpus is not None and self.pins is not None:
+                self.pins.give(cpus)
+            raise
+        replica = Replica(rid, port, proc, run_dir, digest or spec.digest, slot=inst.id if inst else None, cpus=cpus)
         args = (self.logs, record.namespace, record.name, rid, proc)
         threading.Thread(target=pump, args=args, daemon=True).start()
         return replica
+
+
+def _threads(env: dict[str, str]) -> int:
+    """CPUs a replica is pinned to: the torch threads its instance was given, else one."""
+    try:
+        return max(1, contract_env.CPU_THREADS.read(env) or 1)
+    except ValueError:
+        return 1

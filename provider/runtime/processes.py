@@ -29,6 +29,8 @@ class Replica:
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     stopping: bool = False
+    cpus: frozenset[int] | None = None
+    """The CPUs it is pinned to (`pins`); None: not pinned."""
 
     @property
     def url(self) -> str:

@@ -74,6 +74,10 @@ class SupervisedRuntime(WatchedRuntime):
     def _stop_all(self, replicas: list[Any], timeout_s: float) -> None:
         """Stop replicas (SIGTERM, drain up to timeout_s, then kill) and release them."""
 
+    def _became_ready(self, replica: Any) -> None:
+        """After `replica` first answered its probe (outside the lock); the local runtime re-pins
+        the threads it started meanwhile."""
+
     def _closing(self) -> None:
         """Extra work at close, before the replicas are stopped."""
 
@@ -229,6 +233,7 @@ class SupervisedRuntime(WatchedRuntime):
             threading.Thread(target=self._stop_all, args=(to_stop, stop_timeout), daemon=True).start()
         for r in [r for r in fn.replicas if not r.ready and not r.stopping]:
             if self._exit_status(r) is None and self._probe(r):
+                self._became_ready(r)
                 with self._lock:
                     r.ready = True
                     fn.failures = fn.exits = 0
