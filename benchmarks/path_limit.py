@@ -16,6 +16,9 @@ torch thread), same JSON requests (`{"seed": n}`):
     function is deployed again, and the planner counts it (and corrects itself by what it
     observes): 1 / 8 / 32 clients closed loop (each after a warm-up that lets the autoscaler
     re-plan), an open loop at 50 / 80 / 100% of the after maximum, and one at the before maximum;
+- the stack started with `--pin-cpus` (the gateway and the function's replica kept on the first
+  CPU, the GPU Manager and its worker free; `--pin-cpus none` leaves them all free): each of those
+  Python processes hands its interpreter lock between threads on one CPU (`provider.runtime.pins`);
 - CPU per request across every process of the stack (provider + replicas, scheduler, GPU
   Manager + workers: utime + stime from /proc) at 8 clients (and at 32), and that figure less
   the model's own CPU an image at batch 8 in process (`path_cpu_ms_per_request_batch8`): the
@@ -367,6 +370,7 @@ def faas_gpu_runs(args: argparse.Namespace) -> dict:
         "600",
         "--max-inflight-per-function",
         "600",
+        *(["--pin-cpus", args.pin_cpus] if args.pin_cpus != "none" else []),
     ).start()
     roots = [stack.proc.pid, scheduler.proc.pid, manager.proc.pid]
     url = f"{stack.url}/function/classify"
@@ -483,6 +487,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds a point (default 8)")
     p.add_argument("--warmup", type=float, default=12.0, help="seconds of load before each point (default 12)")
+    p.add_argument(
+        "--pin-cpus",
+        default=str(min(os.sched_getaffinity(0))),
+        help="the stack's --pin-cpus: the gateway and the replica kept on these CPUs, the GPU Manager's "
+        "worker free (default: the first CPU this process may use; none: not pinned)",
+    )
     args = p.parse_args()
 
     variants = in_process(2.0)
@@ -516,6 +526,7 @@ def main() -> None:
         "ray_serve_rps_32": None if ray_rps is None else round(ray_rps, 1),
         "ray_serve_batch": None if ray_rps is None else ray_batch,
         "cpu_ms_per_request_batch8": round(after[8]["cpu_ms_per_request"], 2),
+        "pin_cpus": args.pin_cpus,
         "cpu_ms_per_request_batch8_32_clients": round(after[32]["cpu_ms_per_request"], 2),
         # the same figure for today's configuration (batch 1, http mode) in this run, and how many
         # times less the after point costs: the issue asked 7.6 -> 2 ms, 3.8x, on its machine
