@@ -116,7 +116,8 @@ class ProviderConfig:
             cfg.pin_cpus = parse_cpu_list(env_vars.PIN_CPUS.raw(env) or "", env_vars.PIN_CPUS.name)
         if cfg.pin_cpus and cfg.runtime != "local":
             raise ValueError(
-                f"--pin-cpus: only the local runtime pins replicas, not {cfg.runtime} (give containers a cpuset there)"
+                f"--pin-cpus ({env_vars.PIN_CPUS.name}): only the local runtime pins replicas, not {cfg.runtime} "
+                "(give containers a cpuset there)"
             )
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")

@@ -5,8 +5,9 @@ turns on one interpreter lock, so such a process runs Python on one CPU at a tim
 allowed. Left to float, its threads spread over the CPUs and every hand-off of the lock wakes a
 thread on another CPU. On the 2-vCPU host of docs/EXPERIMENTS.md (session 37), a cross-CPU
 wake-up cost ~17 µs more CPU on each side than a same-CPU one, and the gateway and the watchdog
-each handed their lock over ~6 times a request at 8 clients. With each of them kept on one CPU,
-the classify path at batch 8 spent 0.15-0.3 ms less CPU a request (of ~2.1-2.5).
+each handed their lock over ~6 times a request at 8 clients. With both kept on one CPU, the
+classify path at batch 8 spent 0.26 ms less CPU a request at 8 clients (1.95 against 2.20, lower
+in all 8 rounds of an A/B, session 38) and kept its throughput at 32.
 
 What is pinned, and to how many CPUs:
 - the gateway: one CPU, the first of the list;
