@@ -4,8 +4,8 @@ Measured in one run on this machine, same model and weights (functions/classify,
 torch thread), same JSON requests (`{"seed": n}`):
 - in-process: the model called at batch 1 and at its best batch, as written and as the GPU
   Manager's workers run it (its torch.export program rewritten for inference by
-  `gpu_manager.optimize`, conv-bn folded and channels-last): the faster of the two at its best
-  batch is the physical limit here;
+  `gpu_manager.optimize`, conv-bn folded, channels-last, conv + relu fused): the faster of the
+  two at its best batch is the physical limit here;
 - the whole faas-gpu path (gateway, watchdog, handler + client, scheduler, GPU Manager on the
   cpu back end, worker) for the classify function sized by INFless (SLO 250 ms), twice:
   * before: INFless predicting from the model's time alone (no path cost in the store): 8 clients

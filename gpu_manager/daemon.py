@@ -188,7 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="optimize",
         action="store_false",
         help="cpu back end: serve models exactly as loaded, without the inference rewrites (conv-bn folding, "
-        "channels-last weights) the workers otherwise make where they check out against the model",
+        "channels-last weights, fused conv + relu) the workers otherwise make where they check out against the model",
     )
     p.add_argument(
         "--warm-workers",

@@ -10,9 +10,16 @@ which changes what the model computes beyond float rounding:
   is gone.
 - **channels-last weights**: a 2-D convolution whose weight is channels-last runs oneDNN's NHWC
   kernels, and its output stays channels-last for the ops after it.
+- **fused convolutions**: a 2-D convolution followed by a relu, or by an add and a relu (a
+  residual block's end), becomes one call of oneDNN's `mkldnn._convolution_pointwise`, which
+  applies the relu (and the add) to each output tile while it is in cache, instead of a pass of
+  its own over the activations; what inductor's CPU fusion emits. Those operators are outside
+  the namespaces an artifact may call (`safe_formats.check_graph`): the rewritten graph is checked
+  with exactly the overloads this rewrite inserts allowed beside them, never an uploaded one.
 
 Measured on ResNetMini (the classify example), one thread, this 2-core machine: 0.93-1.04 ms of
-CPU an image at batch 8 before, 0.60 after; 1.56 -> 1.18 at batch 1 (issue 20).
+CPU an image at batch 8 before, 0.60 after; 1.56 -> 1.18 at batch 1 (issue 20). The fused
+convolutions took about 5% more off the worker's CPU at batch 8 (docs/EXPERIMENTS.md, session 40).
 
 Why it is safe to do to anyone's model: it runs only on the cpu device (not measured on a GPU,
 so not done there), only on float32 tensors, and only where the pattern is exact (the
@@ -63,27 +70,55 @@ def for_inference(model: Any, example: tuple | None, device: str, enabled: bool 
         return Optimized(skipped="no example input to check a rewrite against")
     if not any(_is_conv(node) for node in model.graph.nodes):  # before copying the graph: a big model's copy costs
         return Optimized(skipped="nothing to rewrite (no convolution)")
-    rewrite = _Rewrite(model)
-    applied = rewrite.fold_conv_bn() + rewrite.channels_last()
+    expected = None
+    applied: list[str] = []
+    # in stages, each checked on its own: fused convolutions that do not match keep the folded,
+    # channels-last model rather than taking it back to the model as loaded
+    for stage in (_Rewrite.layout, _Rewrite.fuse_pointwise):
+        rewrite = _Rewrite(model)
+        try:
+            done = stage(rewrite)
+        except Exception as exc:  # noqa: BLE001 - a graph the rewrite did not foresee: served without it
+            rewrite.undo()
+            return Optimized(applied=applied, skipped=f"a rewrite failed on this graph: {_brief(exc)}")
+        if not done:
+            rewrite.undo()
+            continue
+        if expected is None:
+            try:
+                with torch.inference_mode():
+                    expected = model(*example)
+            except Exception as exc:  # noqa: BLE001 - the warm-up batch reports it; nothing to check against
+                rewrite.undo()
+                return Optimized(skipped=f"the example input fails on the model as loaded: {_brief(exc)}")
+        try:
+            rewrite.install()
+            with torch.inference_mode():
+                got = model(*example)
+            torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL, check_stride=False)
+        except Exception as exc:  # noqa: BLE001 - any failure of the rewritten model keeps the model before it
+            rewrite.undo()
+            return Optimized(
+                applied=applied,
+                skipped=f"the rewritten model ({', '.join(done)}) did not match the original on the example input: "
+                f"{_brief(exc)}",
+            )
+        rewrite.drop_replaced()
+        applied += done
     if not applied:
-        rewrite.undo()
         return Optimized(skipped="nothing to rewrite (no conv-bn pair, conv weights channels-last or not float32)")
-    try:
-        with torch.inference_mode():
-            expected = model(*example)
-    except Exception as exc:  # noqa: BLE001 - the warm-up batch reports it; nothing to check against
-        rewrite.undo()
-        return Optimized(skipped=f"the example input fails on the model as loaded: {_brief(exc)}")
-    try:
-        rewrite.install()
-        with torch.inference_mode():
-            got = model(*example)
-        torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL, check_stride=False)
-    except Exception as exc:  # noqa: BLE001 - any failure of the rewritten model keeps the original
-        rewrite.undo()
-        return Optimized(skipped=f"the rewritten model did not match the original on the example input: {_brief(exc)}")
-    rewrite.drop_replaced()
     return Optimized(applied=applied)
+
+
+def _same_tensor_shape(a: Any, b: Any, torch: Any) -> bool:
+    """Both nodes float32 tensors of one known shape (export's `meta["val"]`), else False."""
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(va, torch.Tensor) or not isinstance(vb, torch.Tensor):
+        return False
+    try:  # sizes may be symbols (a dynamic batch): the same symbol compares equal
+        return bool(va.dtype == vb.dtype == torch.float32 and va.shape == vb.shape)
+    except Exception:  # noqa: BLE001 - a comparison the symbols cannot decide: not fused
+        return False
 
 
 def _brief(exc: BaseException) -> str:
@@ -93,16 +128,30 @@ def _brief(exc: BaseException) -> str:
 
 @functools.cache
 def _ops() -> SimpleNamespace:
-    """The aten operators the rewrites match (looked up once: torch is imported lazily here)."""
+    """The operators the rewrites match and insert (looked up once: torch is imported lazily here)."""
     import torch
 
     aten = torch.ops.aten
+    fused = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) if torch.backends.mkldnn.is_available() else None
     return SimpleNamespace(
         convs={aten.conv1d.default, aten.conv2d.default, aten.conv3d.default},
+        conv2d=aten.conv2d.default,
         convolution=aten.convolution.default,
         batch_norm=aten.batch_norm.default,
         batch_norm_no_training=aten._native_batch_norm_legit_no_training.default,
+        relu=aten.relu.default,
+        add=aten.add.Tensor,
+        # oneDNN's conv + pointwise (None where this torch is built without oneDNN)
+        conv_unary=None if fused is None else fused.default,
+        conv_binary=None if fused is None else fused.binary,
     )
+
+
+def fused_ops() -> frozenset:
+    """The operator overloads `fuse_pointwise` inserts: what the rewritten graph's check allows
+    beyond an artifact's namespaces."""
+    ops = _ops()
+    return frozenset(op for op in (ops.conv_unary, ops.conv_binary) if op is not None)
 
 
 def _is_conv(node: Any) -> bool:
@@ -165,6 +214,10 @@ class _Rewrite:
         self._tidy()
         return ["fold_conv_bn"] if folded else []
 
+    def layout(self) -> list[str]:
+        """The first stage: the batch norms folded, then the final weights made channels-last."""
+        return self.fold_conv_bn() + self.channels_last()
+
     def channels_last(self) -> list[str]:
         import torch
 
@@ -183,6 +236,52 @@ class _Rewrite:
         self._tidy()
         return ["channels_last"] if done else []
 
+    def fuse_pointwise(self) -> list[str]:
+        """relu(conv2d(x)) and relu(conv2d(x) + y) as one oneDNN call each (float32 weights:
+        `channels_last` and `fold_conv_bn` have already run, so the weights are the final ones)."""
+        import torch
+
+        ops = _ops()
+        if ops.conv_unary is None or ops.conv_binary is None:
+            return []
+        fused = 0
+        for relu in list(self.graph.nodes):
+            if relu.op != "call_function" or relu.target is not ops.relu or relu.kwargs or len(relu.args) != 1:
+                continue
+            src = relu.args[0]
+            conv = self._conv2d(src, torch)
+            if conv is not None:  # relu(conv(x))
+                x, w, b, stride, padding, dilation, groups = conv
+                args: tuple = (x, w, b, padding, stride, dilation, groups, "relu", [], "")
+                target, gone = ops.conv_unary, [src]
+            elif (
+                getattr(src, "target", None) is ops.add
+                and not src.kwargs
+                and len(src.args) == 2
+                and len(src.users) == 1
+            ):
+                lhs, rhs = src.args
+                conv_node, other = (lhs, rhs) if self._conv2d(lhs, torch) is not None else (rhs, lhs)
+                conv = self._conv2d(conv_node, torch)
+                if conv is None or not isinstance(other, torch.fx.Node) or other is conv_node:
+                    continue
+                if not _same_tensor_shape(conv_node, other, torch):  # oneDNN's add takes no broadcast
+                    continue
+                x, w, b, stride, padding, dilation, groups = conv
+                args = (x, other, w, b, padding, stride, dilation, groups, "add", 1.0, "relu", [], "")
+                target, gone = ops.conv_binary, [src, conv_node]
+            else:
+                continue
+            with self.graph.inserting_before(relu):
+                node = self.graph.call_function(target, args)
+            node.meta = dict(relu.meta)
+            relu.replace_all_uses_with(node)
+            self.graph.erase_node(relu)
+            for old in gone:
+                self.graph.erase_node(old)
+            fused += 1
+        return ["fuse_conv_pointwise"] if fused else []
+
     # -- swapping the graph -------------------------------------------------------------------
 
     def install(self) -> None:
@@ -190,7 +289,8 @@ class _Rewrite:
 
         self.graph.lint()
         self.module.graph = self.graph  # the module's code regenerated from the graph
-        safe_formats.check_graph(self.module)  # the same check the loaded graph passed
+        # the check the loaded graph passed, with only the fused convolutions this rewrite inserts allowed beside it
+        safe_formats.check_graph(self.module, rewritten_with=fused_ops())
 
     def undo(self) -> None:
         if self.module.graph is not self.original:  # installed: the original back (its code regenerated)
@@ -228,6 +328,38 @@ class _Rewrite:
                 return None
             return args[0], (args[1], args[2], args[3], args[4], float(args[6])), users
         return None
+
+    def _conv2d(self, node: Any, torch: Any) -> tuple | None:
+        """(input, weight, bias, stride, padding, dilation, groups) of a plain 2-D convolution whose
+        one user is the node being fused and whose tensors are float32 graph constants, else None."""
+        if getattr(node, "op", None) != "call_function" or node.kwargs or len(node.users) != 1:
+            return None
+        ops = _ops()
+        args = list(node.args)
+        if node.target is ops.conv2d:
+            args += [None, [1, 1], [0, 0], [1, 1], 1][len(args) - 2 :] if len(args) < 7 else []
+            x, w, b, stride, padding, dilation, groups = args[:7]
+        elif node.target is ops.convolution and len(args) == 9 and args[6] is False:
+            x, w, b, stride, padding, dilation, _, output_padding, groups = args
+            if any(output_padding):
+                return None
+        else:
+            return None
+        weight = self._constant(w)
+        bias = None if b is None else self._constant(b)
+        if weight is None or weight.dim() != 4 or weight.dtype != torch.float32 or (b is not None and bias is None):
+            return None
+        if bias is not None and bias.dtype != torch.float32:
+            return None
+        spec = [
+            list(v) * (2 if len(v) == 1 else 1) if isinstance(v, list | tuple) else None
+            for v in (stride, padding, dilation)
+        ]
+        if any(v is None or len(v) != 2 or not all(isinstance(i, int) for i in v) for v in spec):
+            return None  # a string padding ("same"), a symbolic size: left as it is
+        if not isinstance(groups, int) or not isinstance(x, torch.fx.Node):
+            return None
+        return x, w, b, *spec, groups
 
     def _constant(self, node: Any) -> Any:
         import torch

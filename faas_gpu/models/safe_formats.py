@@ -44,7 +44,7 @@ import ast
 import json
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from faas_gpu.contract.errors import ArtifactError
@@ -330,8 +330,13 @@ def _check_expr(expr: Any) -> None:
             raise ArtifactError(f"artifact: shape expression {expr[:80]!r} names symbol {node.value!r}")
 
 
-def check_graph(module: Any) -> None:
-    """After torch.export.load: every call in the module's graphs is an allowed operator."""
+def check_graph(module: Any, rewritten_with: Collection[Any] = ()) -> None:
+    """After torch.export.load: every call in the module's graphs is an allowed operator.
+
+    `rewritten_with` is for one caller only: the worker's own inference rewrite of a graph that
+    passed this check as loaded (`gpu_manager/optimize.py`), naming the operator overloads that
+    rewrite inserts (oneDNN's fused convolutions, outside the namespaces an artifact may call).
+    An artifact is always checked without it, so an upload that calls them is still refused."""
     import math
     import operator
 
@@ -357,6 +362,8 @@ def check_graph(module: Any) -> None:
             if node.op != "call_function":
                 raise ArtifactError(f"artifact: graph node {node.name} is a {node.op}, not an operator call")
             if isinstance(target, torch._ops.OpOverload):
+                if target in rewritten_with:
+                    continue
                 ns = target.namespace
                 if ns in OP_NAMESPACES and f"{ns}.{target._opname}" not in DENIED_OPS:
                     continue

@@ -55,12 +55,20 @@ def test_conv_bn_folds_and_weights_go_channels_last_with_the_same_answers(decomp
     model, example = module_and_example(program(reference, decomposed))
     before = sum(t.numel() for t in [*model.parameters(), *model.buffers()])
     done = optimize.for_inference(model, example, "cpu")
-    assert done.applied == ["fold_conv_bn", "channels_last"] and done.skipped is None
+    assert done.applied == ["fold_conv_bn", "channels_last", "fuse_conv_pointwise"] and done.skipped is None
     assert not BATCH_NORMS & set(targets(model))
     assert operator.getitem not in targets(model)  # the decomposed batch norms' getitems went with them
+    assert aten.relu.default not in targets(model)  # every relu follows a conv, or a conv's residual add
     convs = [n for n in model.graph.nodes if n.target in (aten.conv2d.default, aten.convolution.default)]
-    weights = [getattr(model, n.args[1].target) for n in convs]
-    assert len(convs) == 15 and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    unary = [n for n in model.graph.nodes if n.target is torch.ops.mkldnn._convolution_pointwise.default]
+    binary = [n for n in model.graph.nodes if n.target is torch.ops.mkldnn._convolution_pointwise.binary]
+    # ResNetMini: the stem's conv-relu and each block's first conv-relu; each block's conv + shortcut + relu;
+    # the two projection shortcuts stay plain convolutions
+    assert (len(convs), len(unary), len(binary)) == (2, 7, 6)
+    weights = [getattr(model, n.args[1].target) for n in convs + unary] + [
+        getattr(model, n.args[2].target) for n in binary
+    ]
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
     # the batch norms' tensors and the replaced conv weights are gone: one copy of the model held
     assert sum(t.numel() for t in [*model.parameters(), *model.buffers()]) < before
     with torch.inference_mode():
@@ -97,6 +105,66 @@ def test_a_rewrite_that_fails_on_the_example_leaves_the_model_as_loaded():
         assert torch.equal(model(x), reference(x))
 
 
+def test_fused_convolutions_that_do_not_match_leave_the_folded_model(monkeypatch):
+    fuse = optimize._Rewrite.fuse_pointwise
+
+    def without_the_relu(rewrite):  # a fusion gone wrong: the first fused conv drops its relu
+        done = fuse(rewrite)
+        first = next(n for n in rewrite.graph.nodes if n.target is torch.ops.mkldnn._convolution_pointwise.default)
+        first.args = (*first.args[:7], "none", *first.args[8:])
+        return done
+
+    monkeypatch.setattr(optimize._Rewrite, "fuse_pointwise", without_the_relu)
+    reference = trained_like(ResNetMini())
+    model, example = module_and_example(program(reference))
+    done = optimize.for_inference(model, example, "cpu")
+    assert done.applied == ["fold_conv_bn", "channels_last"]
+    assert "(fuse_conv_pointwise) did not match" in done.skipped
+    assert not any(str(t).startswith("mkldnn.") for t in targets(model))
+    assert not BATCH_NORMS & set(targets(model))
+    with torch.inference_mode():
+        x = torch.randn(5, 3, 32, 32)
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_rewrite_that_raises_serves_the_model_as_the_stage_before_left_it(monkeypatch):
+    def breaks(rewrite):
+        raise RuntimeError("a graph this rewrite did not foresee")
+
+    monkeypatch.setattr(optimize._Rewrite, "fuse_pointwise", breaks)
+    model, example = module_and_example(program(trained_like(ResNetMini())))
+    done = optimize.for_inference(model, example, "cpu")
+    assert done.applied == ["fold_conv_bn", "channels_last"] and "did not foresee" in done.skipped
+    monkeypatch.setattr(optimize._Rewrite, "layout", breaks)
+    model, example = module_and_example(program(trained_like(ResNetMini())))
+    graph = str(model.graph)
+    done = optimize.for_inference(model, example, "cpu")
+    assert done.applied == [] and "a rewrite failed" in done.skipped and str(model.graph) == graph
+
+
+class BroadcastResidual(torch.nn.Module):
+    """relu(conv(x) + a per-channel bias): an add oneDNN's binary post-op does not broadcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.shift = torch.nn.Parameter(torch.randn(1, 4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x) + self.shift)
+
+
+def test_only_exact_patterns_fuse():
+    reference = BroadcastResidual().eval()
+    model, example = module_and_example(program(reference))
+    done = optimize.for_inference(model, example, "cpu")
+    assert done.applied == ["channels_last"] and done.skipped is None
+    assert aten.add.Tensor in targets(model) and aten.relu.default in targets(model)
+    with torch.inference_mode():
+        x = torch.randn(2, 3, 32, 32)
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-5)
+
+
 def test_models_are_left_alone_where_no_rewrite_is_checked_or_wanted():
     model, example = module_and_example(program(trained_like(ResNetMini())))
     graph = str(model.graph)
@@ -127,7 +195,8 @@ def test_the_worker_rewrites_the_model_it_loads_and_says_so(tmp_path, enabled):
         with torch.inference_mode():
             torch.testing.assert_close(decode(result.payload), reference(x), rtol=1e-4, atol=1e-5)
         if enabled:
-            assert info.optimized == ("fold_conv_bn", "channels_last") and info.optimize_skipped is None
+            assert info.optimized == ("fold_conv_bn", "channels_last", "fuse_conv_pointwise")
+            assert info.optimize_skipped is None
             assert info.optimize_s > 0 and result.load_split["optimize"] == info.optimize_s
         else:
             assert info.optimized == () and "--no-optimize" in info.optimize_skipped

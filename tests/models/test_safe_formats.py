@@ -59,6 +59,13 @@ def test_a_malicious_pickle_is_refused_at_upload(tmp_path):
             "is not allowed",
         ),
         (
+            "oneDNN's fused convolution, which only the worker's own rewrite may insert",
+            lambda e: edit_json(
+                e, MODEL, lambda d: _first_node(d).update(target="torch.ops.mkldnn._convolution_pointwise.default")
+            ),
+            "is not allowed",
+        ),
+        (
             "a shape expression that sympify would eval",
             lambda e: edit_json(
                 e,
@@ -135,3 +142,26 @@ def test_torchscript_that_runs_code_at_load_time_is_refused(tmp_path):
     with pytest.raises(ArtifactError, match="__setstate__"):
         ModelStore(tmp_path / "store").put(torchscript(SavesAFileOnLoad(str(marker))))
     assert not marker.exists()
+
+
+def test_a_loaded_graph_calling_the_fused_convolutions_is_refused_unless_the_worker_rewrote_it():
+    import torch
+
+    from faas_gpu.models.safe_formats import check_graph
+    from gpu_manager.optimize import fused_ops
+
+    def calling(*more):
+        graph = torch.fx.Graph()
+        x, w = graph.placeholder("x"), graph.placeholder("w")
+        conv = torch.ops.mkldnn._convolution_pointwise.default
+        out = graph.call_function(conv, (x, w, None, [0, 0], [1, 1], [1, 1], 1, "relu", [], ""))
+        for op, args in more:
+            graph.call_function(op, args)
+        graph.output(out)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    with pytest.raises(ArtifactError, match="is not allowed"):
+        check_graph(calling())  # as loaded: an artifact may not call oneDNN's operators
+    check_graph(calling(), rewritten_with=fused_ops())  # the worker's own rewrite of a checked graph
+    with pytest.raises(ArtifactError, match="is not allowed"):  # and nothing else is let through with it
+        check_graph(calling((torch.ops.aten.from_file.default, ("/etc/passwd",))), rewritten_with=fused_ops())
