@@ -2,6 +2,13 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The interpreter the venv is made from: the distribution's /usr/bin/python3 (Debian builds it
+# with PGO and LTO, libpython linked in) where it is the same Python as `python3` and can make a
+# venv, else `python3`. A `--enable-shared` build without PGO (pyenv's default) spent 0.1-0.6 ms
+# more CPU a request on the classify path (docs/EXPERIMENTS.md, issue 20). `make PYTHON=...` chooses.
+PYTHON ?= $(shell d=/usr/bin/python3; v='import sys; print(sys.version_info[:2])'; \
+	[ -x $$d ] && [ "$$($$d -c "$$v")" = "$$(python3 -c "$$v" 2>/dev/null)" ] && $$d -c 'import ensurepip, venv' 2>/dev/null \
+	&& echo $$d || echo python3)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 # The layer rules of pyproject.toml's [tool.importlinter], on this checkout's packages (whatever
@@ -18,7 +25,7 @@ down: $(STAMP)
 	$(VENV)/bin/faas-gpu down
 
 $(STAMP): pyproject.toml functions/embed/requirements.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
