@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 # checkout the virtual environment was installed from).
 LINT_IMPORTS := PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-.PHONY: up down test test-fast lint bench gpu-check gpu-wheels servers base-image certify-docker clean
+.PHONY: up down test test-fast lint bench bench-path gpu-check gpu-wheels servers base-image certify-docker clean
 
 up: $(STAMP)
 	$(PY) functions/classify/make_weights.py
@@ -82,6 +82,18 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/provider_overhead.py
+
+# Issue 20's benchmark with Ray Serve beside it. Ray (the `bench` extra: never a runtime dependency)
+# goes into .bench/ray, apart from the stack's venv; .bench/venv, of the interpreter .venv was made
+# from, reads the checkout, then .venv's packages, then Ray's, so both stacks run on the same Python.
+BENCH := .bench
+bench-path: $(STAMP)
+	test -d $(BENCH)/ray || $(PY) -m pip install -q --target $(BENCH)/ray 'ray[serve]==2.60.0'
+	test -x $(BENCH)/venv/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(BENCH)/venv
+	$(BENCH)/venv/bin/python -c 'import pathlib, site, sys; \
+		pathlib.Path(site.getsitepackages()[0], "faas_gpu_bench.pth").write_text("\n".join(sys.argv[1:]) + "\n")' \
+		$(CURDIR) $$($(PY) -c 'import site; print(site.getsitepackages()[0])') $(CURDIR)/$(BENCH)/ray
+	$(BENCH)/venv/bin/python benchmarks/path_limit.py --seconds 6 --warmup 30
 
 # The GPU suite, on a machine with an NVIDIA GPU: `pytest -m gpu tests/gpu` and the GPU benchmark
 # (discovery, cuda serving, memory, batching, loads, MPS, profile-colocation), into docs/GPU.md and
