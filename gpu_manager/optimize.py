@@ -260,9 +260,11 @@ class _Rewrite:
                 and len(src.args) == 2
                 and len(src.users) == 1
             ):
-                lhs, rhs = src.args
-                conv_node, other = (lhs, rhs) if self._conv2d(lhs, torch) is not None else (rhs, lhs)
+                conv_node, other = src.args
                 conv = self._conv2d(conv_node, torch)
+                if conv is None:  # the add's other side may be the convolution
+                    other, conv_node = conv_node, other
+                    conv = self._conv2d(conv_node, torch)
                 if conv is None or not isinstance(other, torch.fx.Node) or other is conv_node:
                     continue
                 if not _same_tensor_shape(conv_node, other, torch):  # oneDNN's add takes no broadcast
