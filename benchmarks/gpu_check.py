@@ -77,12 +77,21 @@ Part = Callable[[Context], dict[str, Any]]
 # -- orchestration ----------------------------------------------------------------------------------
 def run_parts(parts: Sequence[tuple[str, Part]], ctx: Context, log=print) -> dict[str, dict[str, Any]]:
     """Each part in turn; an exception is that part's `error` and the next one runs. An interrupt
-    (Ctrl-C, SIGTERM) ends the run: the parts' own `finally`s clean up on the way out."""
+    (Ctrl-C, SIGTERM: a time limit on a lent machine) ends the run once the part's own `finally`s
+    cleaned up: that part and those not reached are recorded as such, so the report still holds
+    what was measured."""
+    interrupted = None
     for name, part in parts:
+        if interrupted is not None:
+            ctx.results[name] = {"ok": False, "error": f"not run: interrupted ({interrupted})", "seconds": 0.0}
+            continue
         log(f"gpu-check: {name} ...", flush=True)
         t0 = time.perf_counter()
         try:
             out = {"ok": True, **part(ctx)}
+        except _Interrupted as exc:
+            interrupted = str(exc)
+            out = {"ok": False, "error": f"interrupted ({exc})"}
         except Exception as exc:  # fail soft: recorded, the rest still runs
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}".strip()[:2000]}
         out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -280,19 +289,21 @@ def discovery_part(ctx: Context, nvml: Any = None) -> dict[str, Any]:
 def gpu_tests_part(ctx: Context) -> dict[str, Any]:
     """`pytest -m gpu tests/gpu`: the counts (its failures fail this part)."""
     junit = ctx.scratch / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-s", "-rs", "-p", "no:cacheprovider"]
     done = subprocess.run([*cmd, f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True, timeout=1800)
     suite = ET.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    failed = [
-        f"{c.get('classname')}.{c.get('name')}"
-        for c in suite.iter("testcase")
-        if c.find("failure") is not None or c.find("error") is not None
-    ]
+    failed: dict[str, str] = {}
+    for case in suite.iter("testcase"):
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:  # the assertion's own line: what a reader of the report needs first
+            failed[f"{case.get('classname')}.{case.get('name')}"] = (bad.get("message") or "")[:400]
+    printed = [line for line in done.stdout.splitlines() if line and not line.startswith(("=", "_", "FAILED"))]
     if done.returncode not in (0, 5) or failed:  # 5: nothing collected
-        raise RuntimeError(f"gpu tests failed: {failed or done.stdout[-1500:]}")
-    return {**counts, "failed": failed}
+        raise RuntimeError(f"gpu tests failed: {json.dumps(failed) if failed else done.stdout[-1500:]}")
+    return {**counts, "failed": list(failed), "figures": printed[-20:]}
 
 
 def h2d_part(ctx: Context, mib: int = 512, repeat: int = 5) -> dict[str, Any]:

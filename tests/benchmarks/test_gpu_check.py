@@ -96,9 +96,11 @@ def test_every_part_ok_exits_0_and_only_picks_parts(bench, tmp_path, monkeypatch
         bench.main(["--out", str(tmp_path / "GPU.md"), "--only", "nope"], parts=parts)
 
 
-def test_sigterm_ends_the_run_through_the_parts_finally(bench, tmp_path, monkeypatch):
+def test_sigterm_ends_the_run_through_the_parts_finally_and_keeps_what_was_measured(bench, tmp_path, monkeypatch):
+    """A lent machine's time limit sends SIGTERM: the part cleans up, the parts after it do not
+    run, and the report still holds what the parts before it measured."""
     monkeypatch.setattr(bench, "gpu_missing", lambda: None)
-    cleaned = []
+    cleaned, ran = [], []
 
     def part(ctx):
         try:
@@ -108,10 +110,11 @@ def test_sigterm_ends_the_run_through_the_parts_finally(bench, tmp_path, monkeyp
         return {}
 
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt):
-        bench.main(["--out", str(tmp_path / "GPU.md")], parts=[("mps", part)])
-    assert cleaned == [True] and signal.getsignal(signal.SIGTERM) == before
-    assert not (tmp_path / "GPU.md").exists()
+    parts = [("discovery", lambda ctx: {"device": "X"}), ("mps", part), ("colocation", lambda ctx: ran.append(1))]
+    assert bench.main(["--out", str(tmp_path / "GPU.md")], parts=parts) == 1
+    assert cleaned == [True] and not ran and signal.getsignal(signal.SIGTERM) == before
+    report = (tmp_path / "GPU.md").read_text()
+    assert "interrupted (signal" in report and "not run: interrupted" in report and "| device | X |" in report
 
 
 def test_the_part_names_of_the_issue(bench):
