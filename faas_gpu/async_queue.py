@@ -36,8 +36,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 DEFAULT_VISIBILITY_S = 30.0
-DEDUPE_TTL_S = 24 * 3600.0
-"""How long a call's key is remembered: a retry of the same call within it is not run again."""
+DEDUPE_TTL_S = 3600.0
+"""How long a call's key is remembered: a retry of the same call within it is not run again.
+An hour covers a caller's retries and a gateway's restart many times over (NATS JetStream, the
+queue of OpenFaaS Pro, dedupes over 2 minutes by default); a key costs ~150 bytes in Redis."""
 PUT_TIMEOUT_S = 0.9
 """The longest a put waits for Redis (the gateway's caller is waiting: a 503 rather than a hang)."""
 

@@ -29,6 +29,7 @@ held, 30 s a call, the four workers every other caller's async calls needed (~5 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import fcntl
 import http.client
 import ipaddress
@@ -369,6 +370,19 @@ def stack_policy(
 
 
 # -- one delivery ------------------------------------------------------------------------------
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _resolvers() -> concurrent.futures.ThreadPoolExecutor:
+    """Where names are resolved (getaddrinfo has no timeout of its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="callback-dns")
+        return _pool
+
+
 def resolve(host: str, port: int) -> list[str]:
     """Every address of `host`, each once, in the resolver's order (an IP literal is itself)."""
     seen: dict[str, None] = {}
@@ -441,8 +455,15 @@ def deliver(
     the system's trust store and hostname check unless given (a test's own CA)."""
     deadline = time.monotonic() + timeout_s
     try:
-        addresses = [url.host] if url.ip is not None else resolver(url.host, url.port)
+        if url.ip is not None:
+            addresses = [url.host]
+        else:  # on a pool of its own: a name server that never answers costs this delivery its time, no more
+            addresses = _resolvers().submit(resolver, url.host, url.port).result(min(connect_timeout_s, timeout_s))
         ips = [ipaddress.ip_address(a) for a in addresses]
+    except concurrent.futures.TimeoutError:
+        return Outcome(
+            "failed", detail=f"cannot resolve {url.host}: no answer within {min(connect_timeout_s, timeout_s):g}s"
+        )
     except (OSError, UnicodeError, ValueError) as exc:
         return Outcome("failed", detail=f"cannot resolve {url.host}: {exc}")
     why = policy.refusal(url, ips)

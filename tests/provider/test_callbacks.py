@@ -374,6 +374,21 @@ def test_a_name_with_one_forbidden_address_is_not_sent_to_any(servers):
     assert sink.accepted == 0
 
 
+def test_a_name_server_that_never_answers_costs_a_delivery_its_time_and_no_more():
+    release = threading.Event()
+
+    def stuck(host: str, port: int) -> list[str]:
+        release.wait(30)
+        return ["127.0.0.1"]
+
+    try:
+        url = parse_callback_url("http://slow.dns.test/")
+        outcome = deliver(url, b"x", {}, LOOPBACK, resolver=stuck, connect_timeout_s=0.5, timeout_s=2)
+    finally:
+        release.set()
+    assert outcome.result == "failed" and outcome.detail.startswith("cannot resolve slow.dns.test: no answer")
+
+
 def test_redirects_are_not_followed(servers):
     inner = servers(_answers())
     outer = servers(_answers("302 Found", f"Location: http://127.0.0.1:{inner.port}/v3/kv/put\r\n"))
