@@ -70,7 +70,9 @@ RESOLVE_SERVERS_S = 60.0
 """How often the stack's servers' names are resolved again (`CallbackPolicy.servers`)."""
 
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"),)
+"""The well-known NAT64 prefix: DNS64 gives public IPv4 hosts such addresses on IPv6-only networks.
+(The local-use 64:ff9b:1::/48 stays refused: what it translates to is the network's business.)"""
 _IPV4_COMPAT = ipaddress.ip_network("::/96")
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 _NUMBER = re.compile(r"[0-9]+|0x[0-9a-f]*")
@@ -249,13 +251,14 @@ class CallbackPolicy:
     closed_endpoints: frozenset[tuple[IP, int]] = frozenset()
     servers: tuple[tuple[str, int], ...] = ()
 
-    def resolved(self, addresses_of: Callable[[str], set[IP]]) -> CallbackPolicy:
-        """This policy with the servers' current addresses closed too."""
+    def resolved(self, addresses_of: Callable[[str], set[IP]], local: set[IP] | None = None) -> CallbackPolicy:
+        """This policy with the servers' current addresses closed too (`local`: this host's)."""
         own, closed = set(self.own_addresses), set(self.closed_endpoints)
         for host, port in self.servers:
             found = addresses_of(host)
             own |= found
-            closed |= {(ip, port) for ip in found}
+            for ip in found:
+                closed |= closing(ip, port, local or set())
         return replace(self, own_addresses=frozenset(own), closed_endpoints=frozenset(closed))
 
     def refusal(self, url: CallbackUrl, addresses: Iterable[IP]) -> str | None:
@@ -268,7 +271,7 @@ class CallbackPolicy:
             return f"{url.host} is one of the stack's own hosts"
         for ip in addresses:
             plain = _embedded_v4(ip) or ip
-            if (ip, url.port) in self.closed_endpoints or (plain, url.port) in self.closed_endpoints:
+            if (_endpoint(ip), url.port) in self.closed_endpoints:
                 return f"{ip} port {url.port} is the stack's own datastore, queue or scheduler"
             if by_name or any(ip in net or plain in net for net in self.allowed_networks):
                 continue
@@ -278,6 +281,24 @@ class CallbackPolicy:
             if why is not None:
                 return f"{ip} is {why}"
         return None
+
+
+_LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
+
+
+def _endpoint(ip: IP) -> IP:
+    """The address a closed endpoint is known by: IPv6 forms as their IPv4 address, and every
+    loopback address as 127.0.0.1 (a server on loopback may listen on all of them, or on ::1)."""
+    plain = _embedded_v4(ip) or ip
+    return _LOOPBACK if plain.is_loopback else plain
+
+
+def closing(ip: IP, port: int, local: set[IP]) -> set[tuple[IP, int]]:
+    """The endpoints that reach a server at `ip`:`port`: itself, and loopback where it is this host."""
+    out = {(_endpoint(ip), port)}
+    if ip in local:
+        out.add((_LOOPBACK, port))
+    return out
 
 
 def local_addresses() -> set[IP]:
@@ -334,6 +355,7 @@ def stack_policy(
 ) -> CallbackPolicy:
     """The policy of a stack that listens on `binds` and talks to these servers."""
     names, networks = parse_allow(allow)
+    local = local_addresses()
     own: set[IP] = set()
     for bind in binds:
         try:
@@ -341,7 +363,7 @@ def stack_policy(
         except ValueError:
             own |= _addresses_of(bind)
             continue
-        own |= local_addresses() if ip.is_unspecified else {ip}
+        own |= local if ip.is_unspecified else {ip}
     servers: list[tuple[str, int]] = []
     for part in (etcd_url or "").split(","):
         if part.strip() and part.strip() != "embedded":
@@ -364,9 +386,9 @@ def stack_policy(
             named.append((host, port))
             continue
         own.add(ip)
-        closed.add((ip, port))
+        closed |= closing(ip, port, local)
     policy = CallbackPolicy(names, networks, frozenset(own), frozenset(own_names), frozenset(closed), tuple(named))
-    return policy.resolved(_addresses_of)
+    return policy.resolved(_addresses_of, local)
 
 
 # -- one delivery ------------------------------------------------------------------------------
@@ -635,7 +657,7 @@ class CallbackDispatcher:
         """The policy, its servers' names resolved again once a minute."""
         if self._base_policy.servers and time.monotonic() - self._resolved_at > RESOLVE_SERVERS_S:
             self._resolved_at = time.monotonic()
-            self.policy = self._base_policy.resolved(_addresses_of)
+            self.policy = self._base_policy.resolved(_addresses_of, local_addresses())
         return self.policy
 
     def _run(self) -> None:

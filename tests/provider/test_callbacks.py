@@ -135,6 +135,7 @@ URL = parse_callback_url("http://cb.example/")
         "::127.0.0.1",  # IPv4-compatible
         "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
         "64:ff9b::a00:1",
+        "64:ff9b:1::808:808",  # local-use NAT64: not the well-known prefix
         "2002:7f00:1::1",  # 6to4 of 127.0.0.1
         "2002:c0a8:101::1",
     ],
@@ -196,6 +197,9 @@ def test_the_stacks_own_addresses_are_refused_and_its_servers_stay_closed_even_w
         assert _refused(allowed, f"http://127.0.0.1:{port}/v3/kv/put", "127.0.0.1")
         assert _refused(allowed, f"http://cb.example:{port}/", "::ffff:127.0.0.1")
     assert _refused(allowed, "http://localhost:2380/", "127.0.0.1")  # the etcd host's name, by its name
+    wide = stack_policy(["127.0.0.0/8", "::1"], **own)  # a server on loopback may listen on all of it
+    assert _refused(wide, "http://127.0.0.2:2379/", "127.0.0.2")
+    assert _refused(wide, "http://[::1]:6379/", "::1")
     assert not _refused(allowed, "http://127.0.0.1:9999/", "127.0.0.1")
     assert _refused(stack_policy([], **own), "http://127.0.0.1:9999/", "127.0.0.1")
     assert _refused(stack_policy([], binds=["8.8.8.8"]), "http://cb.example/", "8.8.8.8")  # where it listens
