@@ -15,7 +15,7 @@ import redis
 import requests
 
 from faas_gpu.datastore import open_datastore
-from tests.provider.async_stack import NS, deploy, invocations
+from tests.provider.async_stack import NS, deploy, invocations, receiving
 from tests.stack_process import StackProcess
 from tests.waiting import eventually
 
@@ -23,17 +23,28 @@ from tests.waiting import eventually
 # -- callbacks into the stack itself (issue 41, finding 1) ---------------------------------------------
 @pytest.fixture(scope="module")
 def closed_stack(tmp_path_factory, etcd_server, redis_server):
-    """A stack on etcd and Redis with the default policy: no callback to loopback."""
-    s = StackProcess(tmp_path_factory.mktemp("closed"), "--etcd", etcd_server.url, "--redis", redis_server.url)
-    s.start()
-    try:
-        deploy(s, "echo")
-        yield s
-    finally:
-        s.stop()
+    """A stack on etcd, Redis and a scheduler (a receiver standing in for one: it counts what
+    reaches it) with the default policy: no callback to loopback."""
+    with receiving() as scheduler:
+        s = StackProcess(
+            tmp_path_factory.mktemp("closed"),
+            "--etcd",
+            etcd_server.url,
+            "--redis",
+            redis_server.url,
+            "--scheduler",
+            scheduler.url.removesuffix("/cb"),
+        )
+        s.start()
+        s.scheduler = scheduler
+        try:
+            deploy(s, "echo")
+            yield s
+        finally:
+            s.stop()
 
 
-def test_an_anonymous_callback_into_etcd_redis_or_the_gateway_itself_does_nothing(
+def test_an_anonymous_callback_into_etcd_redis_the_scheduler_or_the_gateway_does_nothing(
     closed_stack, etcd_server, redis_server
 ):
     """The attack: `echo` returns the caller's body, so a callback to etcd's JSON API posts a
@@ -55,6 +66,7 @@ def test_an_anonymous_callback_into_etcd_redis_or_the_gateway_itself_does_nothin
         (f"http://127.0.0.1:{redis_port}/", b"SET faas-gpu-pwned 1\r\n", "text/plain"),
         (f"http://127.0.0.1:{s.gateway_port}/function/echo", b"again", "text/plain"),
         (f"http://[::ffff:127.0.0.1]:{etcd_server.port}/v3/kv/put", json.dumps(put).encode(), "application/json"),
+        (f"{s.scheduler.url.removesuffix('/cb')}/v1/jobs/x", b"job", "application/octet-stream"),
     ]
     before = invocations(s, "echo")
     for url, body, content_type in attacks:
@@ -75,6 +87,7 @@ def test_an_anonymous_callback_into_etcd_redis_or_the_gateway_itself_does_nothin
     assert redis.Redis.from_url(redis_server.url).get("faas-gpu-pwned") is None
     assert invocations(s, "echo") == before + len(attacks), "a callback invoked the gateway's own function"
     assert requests.get(f"{s.url}/function/pwned", timeout=10).status_code == 404
+    assert not s.scheduler.seen, "a callback reached the scheduler"
     log = s.log_tail(100_000)
     assert log.count("callback refused") == len(attacks), log[-3000:]
     assert "the stack's own datastore, queue or scheduler" in log
