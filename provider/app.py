@@ -21,6 +21,7 @@ from faas_gpu.profiling.store import ProfileStore
 from faas_gpu.schedulers import Directory
 
 from .auth import ensure_credentials
+from .callbacks import CONNECT_TIMEOUT_S, TIMEOUT_S, CallbackDispatcher, stack_policy
 from .config import ProviderConfig
 from .core import Provider
 from .gateway import AsyncWorker, InvocationApp
@@ -148,6 +149,20 @@ def _metrics_app(metrics: GatewayMetrics) -> Flask:
     return app
 
 
+def callback_dispatcher(config: ProviderConfig) -> CallbackDispatcher:
+    """Async callbacks' delivery: closed to the stack's own addresses (where it listens, its etcd,
+    Redis and schedulers) and to non-public ones, but for what the operator allows."""
+    policy = stack_policy(
+        config.callback_allow or (),
+        binds=[config.bind],
+        etcd_url=config.etcd_url,
+        redis_url=config.redis_url,
+        scheduler_url=config.scheduler_url,
+    )
+    timeout_s = config.callback_timeout_s or TIMEOUT_S
+    return CallbackDispatcher(policy, connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s), timeout_s=timeout_s)
+
+
 class Stack:
     """All ports' apps over one Provider, plus the async worker (the queue-worker's role)."""
 
@@ -170,7 +185,10 @@ class Stack:
         self.gateway_app = InvocationApp(provider, self.gateway_metrics, gw.wsgi_app, gateway=True)
         self.provider_app = InvocationApp(provider, self.gateway_metrics, pv.wsgi_app, gateway=False)
         self.worker = AsyncWorker(
-            self.gateway_app, provider.config.async_workers, consumer=f"{socket.gethostname()}-{os.getpid()}"
+            self.gateway_app,
+            provider.config.async_workers,
+            consumer=f"{socket.gethostname()}-{os.getpid()}",
+            callbacks=callback_dispatcher(provider.config),
         )
 
     def start(self) -> None:

@@ -10,6 +10,7 @@ from faas_gpu import paths
 from faas_gpu.contract import env as env_vars
 from faas_gpu.contract.duration import parse_duration
 
+from .callbacks import parse_allow
 from .runtime.pins import parse_cpu_list
 
 __all__ = ["DEFAULT_NAMESPACE", "ProviderConfig", "parse_duration"]  # parse_duration: the contract's, for callers here
@@ -51,6 +52,11 @@ class ProviderConfig:
     """etcd bounds on the request path: a control-plane call answers 503 within about this long when
     etcd is away (then at once until it returns), and an invocation falls back to cached records."""
     async_workers: int = 4
+    callback_allow: tuple[str, ...] | None = None
+    """Host names, IPs and CIDRs async callbacks may reach although loopback, private or the
+    stack's own (`provider.callbacks`); None: $FAAS_GPU_CALLBACK_ALLOW, else none."""
+    callback_timeout_s: float | None = None
+    """One callback delivery's whole time (connect at most 3 s of it); None: $FAAS_GPU_CALLBACK_TIMEOUT, else 10 s."""
     threads: int = 64
     """Gateway request threads (one gthread worker). Invocations hold at most all but an eighth of
     them, one function at most `max_inflight_per_function`, unless its `max_inflight` allows fewer
@@ -119,6 +125,14 @@ class ProviderConfig:
                 f"--pin-cpus ({env_vars.PIN_CPUS.name}): only the local runtime pins replicas, not {cfg.runtime} "
                 "(give containers a cpuset there)"
             )
+        if cfg.callback_allow is None:
+            cfg.callback_allow = env_vars.CALLBACK_ALLOW.read(env)
+        if cfg.callback_timeout_s is None:
+            cfg.callback_timeout_s = env_vars.CALLBACK_TIMEOUT.read(env)
+        if cfg.callback_timeout_s <= 0:
+            raise ValueError(f"--callback-timeout ({env_vars.CALLBACK_TIMEOUT.name}): must be more than 0")
+        # checked at start, not at the first callback
+        parse_allow(cfg.callback_allow, f"--callback-allow ({env_vars.CALLBACK_ALLOW.name})")
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
         return cfg

@@ -55,6 +55,10 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--docker-host", args.docker_host]
     for namespace in args.namespace or ():
         stack_args += ["--namespace", namespace]
+    for allowed in args.callback_allow or ():
+        stack_args += ["--callback-allow", allowed]
+    if args.callback_timeout:
+        stack_args += ["--callback-timeout", args.callback_timeout]
     if not args.no_gpu:
         out.append(
             Daemon(
@@ -148,6 +152,19 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="a namespace functions may be deployed to (repeatable; the list replaces the default openfaas-fn, "
         "as the provider's --namespace: the certifier's CERTIFIER_NAMESPACES runs need openfaas-fn and theirs)",
+    )
+    p.add_argument(
+        "--callback-allow",
+        action="append",
+        metavar="HOSTS",
+        help="host names, IPs or CIDRs (repeatable, or a comma list) async callbacks may reach although loopback, "
+        "private or the stack's own, e.g. 127.0.0.1 for a receiver on this host (default "
+        "$FAAS_GPU_CALLBACK_ALLOW, else none; README: Limits and security)",
+    )
+    p.add_argument(
+        "--callback-timeout",
+        metavar="DURATION",
+        help="one callback delivery's whole time (default $FAAS_GPU_CALLBACK_TIMEOUT, else 10s)",
     )
     p.add_argument("--no-deploy", action="store_true", help="only start the stack")
     p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")

@@ -97,6 +97,21 @@ METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
 )
 
+CALLBACK_ALLOW: Var[tuple[str, ...]] = Var(
+    "FAAS_GPU_CALLBACK_ALLOW",
+    (),
+    lambda raw: tuple(item.strip() for item in raw.split(",") if item.strip()),
+    "host names, IP addresses and CIDRs (comma-separated) that async callbacks (X-Callback-Url) may reach "
+    "although they are loopback, private, link-local or the stack's own (`provider.callbacks`); default none",
+)
+CALLBACK_TIMEOUT: Var[float] = Var(
+    "FAAS_GPU_CALLBACK_TIMEOUT",
+    10.0,
+    lambda raw: parse_duration(raw, "FAAS_GPU_CALLBACK_TIMEOUT"),
+    "how long one callback delivery may take in all (connect: at most 3 s of it, then the request and the "
+    "answer's status line); a target that answers later is a failed callback, never retried",
+)
+
 RUNTIMES = ("local", "docker", "swarm")
 
 

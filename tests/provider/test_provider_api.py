@@ -24,7 +24,8 @@ NS = "openfaas-fn"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = StackProcess(tmp_path_factory.mktemp("stack")).start()
+    # the callback receivers of these tests listen on loopback, which callbacks may reach only when allowed
+    s = StackProcess(tmp_path_factory.mktemp("stack"), "--callback-allow", "127.0.0.1").start()
     yield s
     s.stop()
 

@@ -59,7 +59,7 @@ def test_async_work_accepted_before_a_crash_is_done_after_restart(tmp_path, requ
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     extra = ["--redis", request.getfixturevalue("redis_server").url] if queue == "redis" else []
-    s = StackProcess(tmp_path / "home", *extra).start()
+    s = StackProcess(tmp_path / "home", "--callback-allow", "127.0.0.1", *extra).start()
     try:
         _deploy(s, "slow", envProcess="sh -c 'sleep 3; cat'")
         s.wait_ready("slow")
