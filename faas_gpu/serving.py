@@ -8,6 +8,7 @@ that worker's memory, so the app is built in the worker (`load`) and closed when
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import select
 import socket
@@ -189,6 +190,34 @@ class OneWorkerServer(BaseApplication):
 
     def load(self):
         return self._load()
+
+
+MAX_JSON_BODY_BYTES = 1024 * 1024
+"""The largest JSON body an internal API reads (a lease's report, a MIG geometry): far above any
+a daemon sends, far below what would cost a daemon its memory."""
+
+
+def parse_json_body(raw: bytes, field_name: str = "body", max_bytes: int = MAX_JSON_BODY_BYTES) -> Any:
+    """JSON from a request body; ValueError naming `field_name` for anything else: too large, not
+    UTF-8, not JSON, or nested too deeply (json's decoder recurses once per level: 100,000 `[`
+    raised RecursionError, which `get_json(silent=True)` does not catch: a 500)."""
+    if len(raw) > max_bytes:
+        raise ValueError(f"{field_name}: {len(raw)} bytes; at most {max_bytes} bytes of JSON")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{field_name}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{field_name}: invalid JSON ({str(exc)[:200]})") from None
+
+
+def request_json(field_name: str = "body", max_bytes: int = MAX_JSON_BODY_BYTES) -> Any:
+    """The current request's JSON body (`parse_json_body`); None when it has none. The body is read
+    only up to `max_bytes` + 1."""
+    raw = flask_request.stream.read(max_bytes + 1) if flask_request.content_length != 0 else b""
+    if not raw:
+        return None
+    return parse_json_body(raw, field_name, max_bytes)
 
 
 def bearer_token(header: str | None) -> str | None:
