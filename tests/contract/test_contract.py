@@ -93,8 +93,8 @@ def test_keys_are_under_one_root():
         assert value.startswith(keys.ROOT) and value.endswith("/")
 
 
-DURATIONS = ["30", "1.5", "10s", "1m30s", "500ms", "1h30m", "1.5h", ".5s", "1.s", "2us", "3µs", "4ns"]
-NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S"]
+DURATIONS = ["30", "1.5", "10s", "1m30s", "500ms", "1h30m", "1.5h", ".5s", "1.s", "2us", "3µs", "4ns", "2562047h"]
+NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S", "99999999999h", "2562048h", "9999999999"]
 
 
 def _watchdog_parser():

@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 import tempfile
 
-from .durations import parse_duration
+from .durations import MAX_WAIT_S
+from .durations import parse_duration as _parse
+
+
+def parse_duration(value: str, name: str) -> float:
+    """A setting's duration, no longer than the longest wait a poll takes (`MAX_WAIT_S`)."""
+    return min(_parse(value, name), MAX_WAIT_S)
+
 
 MODES = ("http", "streaming", "serializing", "classic", "inproc")
 
