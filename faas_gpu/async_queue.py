@@ -17,6 +17,8 @@ from pathlib import Path
 
 import redis
 
+from faas_gpu.credentials import Login, redis_login, split_login
+
 DEFAULT_VISIBILITY_S = 30.0
 
 
@@ -117,8 +119,11 @@ class RedisStreamQueue(AsyncQueue):
         stream: str = "faas-gpu:queue",
         group: str = "faas-gpu",
         visibility_timeout_s: float = DEFAULT_VISIBILITY_S,
+        login: Login | None = None,
     ):
-        self.redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10, **redis_login(url, login)
+        )
         self.stream, self.group = stream, group
         self.visibility_ms = int(visibility_timeout_s * 1000)
         self._group_ready = False
@@ -190,9 +195,10 @@ class RedisStreamQueue(AsyncQueue):
         self.redis.close()
 
 
-def open_queue(url: str | None, path: Path) -> AsyncQueue:
+def open_queue(url: str | None, path: Path, login: Login | None = None) -> AsyncQueue:
+    """`login`: Redis's ACL user (else the URL's userinfo); `faas_gpu.credentials.resolve_login`."""
     if not url:
         return EmbeddedQueue(path)
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStreamQueue(url)
-    raise ValueError(f"redis URL: {url!r} must start with redis://, rediss:// or unix://")
+        return RedisStreamQueue(url, login=login)
+    raise ValueError(f"redis URL: {split_login(url)[0]!r} must start with redis://, rediss:// or unix://")

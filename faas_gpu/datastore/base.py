@@ -18,6 +18,11 @@ class DatastoreUnavailable(DatastoreError):
     """The back end could not be reached after retries."""
 
 
+class DatastoreDenied(DatastoreUnavailable):
+    """The back end refused our login or a permission: unavailable to us until an operator fixes
+    the credentials (callers answer 503 as for an outage), and never retried."""
+
+
 @dataclass(frozen=True)
 class KV:
     key: str
