@@ -133,6 +133,7 @@ def build_provider(config: ProviderConfig) -> Provider:
 def _flask(provider: Provider, *, gateway: bool) -> Flask:
     app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
     app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
+    app.config["FAAS_GPU_STATE_FOLDER"] = str(provider.config.home)  # named by a full disk's 507
     app.register_blueprint(system_blueprint(provider, gateway=gateway))
     if gateway:  # the status page, where OpenFaaS's gateway serves its portal
         status = StatusCollector(provider)

@@ -164,10 +164,14 @@ class SecretStore:
     def write(self, namespace: str, name: str, value: bytes) -> None:
         path = self._dir(namespace) / name
         tmp = path.with_name(f".{name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(value)
-        os.replace(tmp, path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(value)
+            os.replace(tmp, path)
+        except OSError:  # a full disk: the old value stays whole, and the part written is given back
+            tmp.unlink(missing_ok=True)
+            raise
 
     def delete(self, namespace: str, name: str) -> bool:
         try:

@@ -11,7 +11,17 @@ from pathlib import Path
 from faas_gpu import paths
 from faas_gpu.credentials import ETCD_CREDENTIALS_FILE, resolve_login, split_login
 
-from .base import KV, Datastore, DatastoreDenied, DatastoreError, DatastoreUnavailable, Event, Lease, Watch
+from .base import (
+    KV,
+    Datastore,
+    DatastoreDenied,
+    DatastoreError,
+    DatastoreFull,
+    DatastoreUnavailable,
+    Event,
+    Lease,
+    Watch,
+)
 from .sealed import Quarantined, SealedDatastore
 
 __all__ = [
@@ -19,6 +29,7 @@ __all__ = [
     "Datastore",
     "DatastoreDenied",
     "DatastoreError",
+    "DatastoreFull",
     "DatastoreUnavailable",
     "Event",
     "Lease",

@@ -32,7 +32,18 @@ from pyetcd import etcdrpc
 
 from faas_gpu.credentials import Login
 
-from .base import KV, Datastore, DatastoreDenied, DatastoreUnavailable, Event, Lease, Watch, lease_id, to_bytes
+from .base import (
+    KV,
+    Datastore,
+    DatastoreDenied,
+    DatastoreFull,
+    DatastoreUnavailable,
+    Event,
+    Lease,
+    Watch,
+    lease_id,
+    to_bytes,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -174,7 +185,7 @@ class EtcdDatastore(Datastore):
                 if self._login is not None and generation == 0:
                     self._authenticate(generation)
                 result = op()
-            except DatastoreDenied:
+            except (DatastoreDenied, DatastoreFull):
                 raise
             except grpc.RpcError as exc:
                 code = _code(exc)
@@ -185,6 +196,11 @@ class EtcdDatastore(Datastore):
                     except _RETRYABLE:
                         pass
                     continue
+                if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (exc.details() or ""):
+                    raise DatastoreFull(
+                        f"datastore (etcd at {self.url}) is out of space ({exc.details()}): nothing was changed; "
+                        "its operator compacts and defragments it, then disarms the NOSPACE alarm"
+                    ) from None
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or (
                     code is grpc.StatusCode.INVALID_ARGUMENT and _AUTH_WORDS.search(exc.details() or "")
                 ):
