@@ -11,6 +11,7 @@ Manager's daemon to find it. Functions' replicas never hold it: they get their o
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from dataclasses import dataclass
@@ -128,3 +129,22 @@ def redis_login(url: str, login: Login | None) -> dict[str, str]:
     if login is None:
         return {}
     return {"password": login.password, **({"username": login.user} if login.user else {})}
+
+
+REDIS_KEYS = "~faas-gpu:*"
+"""The keys the daemons use in Redis (the async queue's stream, the invocation history)."""
+
+
+def redis_acl(login: Login, keys: str = REDIS_KEYS) -> str:
+    """A Redis ACL file for the daemons' login: the default user off (no anonymous client), theirs
+    on for their keys and every command but the @dangerous ones (CONFIG, FLUSHALL, DEBUG, ...). The
+    password is written as its SHA-256 (`#<hex>`), so the file gives no one the password."""
+    if not login.user or login.user == "default":
+        raise ValueError("redis ACL: the daemons' login needs a user name of its own (user:password)")
+    digest = hashlib.sha256(login.password.encode()).hexdigest()
+    return f"user default off\nuser {login.user} on #{digest} {keys} &* +@all -@dangerous\n"
+
+
+def new_login(user: str) -> Login:
+    """A fresh login with a random password (`faas-gpu datastore enable-auth` makes the daemons')."""
+    return Login(user, secrets.token_urlsafe(32), "a new login")

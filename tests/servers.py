@@ -5,7 +5,7 @@ can be restarted by a test to prove that our daemons ride out a peer's restart.
 
 Both run with authentication, as every set-up faas-gpu documents does: etcd with users and roles
 (`faas_gpu.datastore.etcd_auth`: `root`, and the daemons' `faas-gpu` user, read/write under
-/faas-gpu/ only), Redis with an ACL user and its default user off. What a test hands the stack:
+/faas-gpu/ only), Redis with an ACL user (keys faas-gpu:* only) and its default user off. What a test hands the stack:
 - `credentials_file`: the daemons' login as a file (`--etcd-credentials` / `--redis-credentials`),
   and `daemon_args()`, the flags with the URL and that file;
 - `url`: the URL with the daemons' login in it (`http://faas-gpu:…@127.0.0.1:port`), for tests that
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from faas_gpu.credentials import Login, write_login
+from faas_gpu.credentials import Login, redis_acl, write_login
 from faas_gpu.ports import free_port
 
 
@@ -106,12 +106,12 @@ class _Server:
 class EtcdServer(_Server):
     FLAG = "--etcd"
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, auth: bool = True):
         super().__init__(workdir)
         self.binary = _need("etcd")
         self.port, self.peer_port = free_port(), free_port()
         self.root_password = secrets.token_urlsafe(16)
-        self._auth_on = False
+        self._auth_on = not auth  # auth=False: as etcd starts, for a test that turns it on itself
 
     @property
     def address(self) -> str:
@@ -176,10 +176,8 @@ class RedisServer(_Server):
         super().__init__(workdir)
         self.binary = _need("redis-server")
         self.port = free_port()
-        acl = workdir / "users.acl"  # not on the command line: `ps` shows that
-        acl.write_text(f"user default off\nuser {self.login.user} on >{self.login.password} ~* &* +@all -@dangerous\n")
-        acl.chmod(0o600)
-        self.acl_file = acl
+        self.acl_file = workdir / "users.acl"  # as the deploy files make it (`faas-gpu datastore enable-auth`)
+        self.acl_file.write_text(redis_acl(self.login))
 
     @property
     def address(self) -> str:

@@ -189,8 +189,13 @@ class EtcdDatastore(Datastore):
                 raise
             except grpc.RpcError as exc:
                 code = _code(exc)
-                if code is grpc.StatusCode.UNAUTHENTICATED and self._login is not None and not relogged:
-                    relogged = True  # the token ran out or etcd restarted: log in once more, then retry
+                stale = code is grpc.StatusCode.UNAUTHENTICATED or (
+                    code is grpc.StatusCode.INVALID_ARGUMENT and "user name is empty" in (exc.details() or "")
+                )
+                if stale and self._login is not None and not relogged:
+                    # the token ran out or etcd restarted, or auth was turned on after this client
+                    # found it off: log in once more, then retry
+                    relogged = True
                     try:
                         self._authenticate(generation)
                     except _RETRYABLE:
@@ -321,7 +326,7 @@ class EtcdDatastore(Datastore):
             else:
                 self.client.get_response(key, keys_only=True, limit=1)
         except grpc.RpcError as exc:
-            if _code(exc) is not grpc.StatusCode.UNAUTHENTICATED:
+            if _code(exc) is not grpc.StatusCode.UNAUTHENTICATED and "user name is empty" not in (exc.details() or ""):
                 raise
             self._authenticate(generation)
 

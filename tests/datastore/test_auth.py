@@ -82,3 +82,28 @@ def test_an_anonymous_client_cannot_write_to_redis(redis_server):
     finally:
         queue.redis.delete("faas-gpu:test-auth")
         queue.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_daemon_started_before_etcds_auth_was_turned_on_logs_in_once_it_is(tmp_path, caplog):
+    """The deploy files start etcd, then turn its auth on beside the daemons: one that found it
+    off warns that anyone may write, and logs in by itself when it is turned on."""
+    from faas_gpu.datastore.etcd_auth import enable_auth
+    from tests.servers import EtcdServer
+
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdServer(tmp_path / "etcd", auth=False)
+    etcd.start()
+    store = open_datastore(etcd.address, credentials_file=etcd.credentials_file)
+    try:
+        with caplog.at_level("WARNING", "faas_gpu.datastore.etcd"):
+            store.put("/faas-gpu/k", "before")
+        assert any("authentication off" in r.getMessage() for r in caplog.records)
+        assert enable_auth(etcd.address, etcd.root_password, etcd.login)
+        store.put("/faas-gpu/k", "after")
+        assert store.get("/faas-gpu/k").value == b"after"
+        with pytest.raises(DatastoreDenied):
+            open_datastore(etcd.address, retry_s=0.5).get("/faas-gpu/k")
+    finally:
+        store.close()
+        etcd.stop()
