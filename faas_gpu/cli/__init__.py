@@ -54,7 +54,7 @@ DELEGATED = {
     "sim": ("faas_gpu.sim.cli", "main", "replay a trace against the placement policies"),
     "serve": ("provider.server", "main", "run the stack in the foreground (what `up` starts)"),
     "datastore": (
-        "faas_gpu.cli.datastore",
+        "provider.datastore_cli",
         "main",
         "check the datastore's records, adopt an older version's, turn etcd's authentication on",
     ),

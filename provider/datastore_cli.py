@@ -1,5 +1,8 @@
 """`faas-gpu datastore`: the operator's side of the datastore's two walls.
 
+Here, in the provider, as `faas-gpu serve` is (the CLI dispatches both by name): it reads function
+records with the provider's own deploy validation.
+
 - `check`: every record under /faas-gpu/ the daemons will not act upon, and why: no MAC (written
   before records were sealed, or by hand), a MAC that fails (not written by this cluster's daemons,
   or changed since), or a function record today's deploy would refuse. The daemons quarantine
@@ -43,7 +46,12 @@ from faas_gpu.credentials import (
 from faas_gpu.datastore import Datastore, DatastoreUnavailable, open_datastore
 from faas_gpu.supervise import STACK_FILE
 
-from .common import CliError
+from .types import FunctionRecord, ValidationError
+
+
+class CliError(Exception):
+    """A message for the operator, printed as `faas-gpu datastore: ...` with exit status 1."""
+
 
 ROOT_CREDENTIALS_FILE = "etcd-root-credentials"
 """etcd's root login (root:password) under secrets/ when `enable-auth` made it: the operator's, for
@@ -86,8 +94,6 @@ def _record_key(home: Path) -> bytes:
 
 def _function_problem(value: bytes) -> str | None:
     """Why today's deploy would refuse this function record (None: it would not)."""
-    from provider.types import FunctionRecord, ValidationError
-
     try:
         FunctionRecord.from_json(json.loads(value))
     except (ValidationError, ValueError, KeyError, TypeError, RecursionError) as exc:
@@ -251,6 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except DatastoreUnavailable as exc:
+    except (CliError, DatastoreUnavailable) as exc:
         print(f"faas-gpu datastore: {exc}", file=sys.stderr)
         return 1
