@@ -8,9 +8,9 @@ check would be the hole. Through `SealedDatastore` none can forget: a value whos
 event becomes a delete), so nothing is started, routed or trusted from it.
 
 Such a record is *quarantined*, not deleted: it stays in the store for the operator to look at
-(`faas-gpu records check`), it is logged once per key and revision with why, and `quarantined()`
+(`faas-gpu datastore check`), it is logged once per key and revision with why, and `quarantined()`
 lists what this process has met. A daemon's own write to the key (a redeploy) replaces it; the
-operator removes it with `faas-gpu remove` / `faas-gpu records check --delete`.
+operator removes it with `faas-gpu remove` / `faas-gpu datastore check --delete`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SealedDatastore(Datastore):
                 self._quarantined.pop(next(iter(self._quarantined)))
             self._quarantined[key] = Quarantined(key, reason, mod_revision, seen.since if seen else time.time())
         why = (
-            "it has no MAC (written before records were sealed, or by hand: `faas-gpu records adopt` "
+            "it has no MAC (written before records were sealed, or by hand: `faas-gpu datastore adopt` "
             "seals such records once the operator trusts them)"
             if reason == records.UNSIGNED
             else "its MAC does not match (not written by this cluster's daemons, or changed since)"
