@@ -181,6 +181,7 @@ def _login_file(given: Path | None, default: Path, user: str) -> Login:
 
 
 def enable_auth(args: argparse.Namespace) -> int:
+    from faas_gpu.datastore.etcd import Tls
     from faas_gpu.datastore.etcd_auth import enable_auth as turn_on
 
     secrets = paths.secrets_dir(paths.home())
@@ -203,7 +204,7 @@ def enable_auth(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
     while True:
         try:
-            turned_on = turn_on(args.etcd, root_password, daemons)
+            turned_on = turn_on(args.etcd, root_password, daemons, tls=Tls.from_folder(secrets))
             break
         except ValueError as exc:
             raise CliError(str(exc)) from None

@@ -54,7 +54,8 @@ def open_datastore(
 
     `cluster_token`: the store seals and checks every record with it (what the daemons open);
     None: raw values. etcd's login: `credentials_file`, else the URL's userinfo, else
-    `secrets_dir/etcd-credentials` when it exists (`faas_gpu.credentials.resolve_login`).
+    `secrets_dir/etcd-credentials` when it exists (`faas_gpu.credentials.resolve_login`); an
+    https:// etcd's CA and client certificate: `secrets_dir`'s `etcd.TLS_FILES` when there.
     `timeout_s` / `retry_s` bound one etcd call and its retries (defaults: `etcd.TIMEOUT_S`,
     `etcd.RETRY_S`); a request path passes short ones so it answers 503 rather than hangs."""
     store: Datastore
@@ -63,7 +64,7 @@ def open_datastore(
 
         store = EmbeddedDatastore(path or paths.state_db())
     elif url.split("://", 1)[0] in ("http", "https", "etcd") or "://" not in url:
-        from .etcd import RETRY_S, TIMEOUT_S, EtcdDatastore
+        from .etcd import RETRY_S, TIMEOUT_S, EtcdDatastore, Tls
 
         plain, login = resolve_login(url, credentials_file, secrets_dir, ETCD_CREDENTIALS_FILE)
         store = EtcdDatastore(
@@ -71,6 +72,7 @@ def open_datastore(
             timeout_s=TIMEOUT_S if timeout_s is None else timeout_s,
             retry_s=RETRY_S if retry_s is None else retry_s,
             login=login,
+            tls=Tls.from_folder(secrets_dir) if "https://" in plain else None,
         )
     else:
         shown = split_login(url)[0]  # never the password a URL carried

@@ -16,11 +16,14 @@ an etcd that wants one, or a permission etcd denies is `DatastoreDenied` at once
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -71,6 +74,11 @@ _RETRYABLE = (
 
 def parse_endpoints(url: str) -> list[tuple[str, int]]:
     """`http://h:2379,http://h2:2379` or `etcd://h:2379` -> [(host, port)]."""
+    return [(host, port) for host, port, _ in parse_urls(url)]
+
+
+def parse_urls(url: str) -> list[tuple[str, int, bool]]:
+    """`http://h:2379,https://h2:2379` -> [(host, port, TLS or not)]."""
     out = []
     for part in url.split(","):
         part = part.strip()
@@ -79,8 +87,45 @@ def parse_endpoints(url: str) -> list[tuple[str, int]]:
         u = urlsplit(part)
         if not u.hostname:
             raise ValueError(f"etcd URL: {url!r} has no host")
-        out.append((u.hostname, u.port or 2379))
+        out.append((u.hostname, u.port or 2379, u.scheme == "https"))
     return out
+
+
+TLS_FILES = ("etcd-ca.crt", "etcd-client.crt", "etcd-client.key")
+"""An https:// etcd's files in the state folder's secrets/: the CA its certificate is checked
+against, and this client's certificate and key for etcd's `--client-cert-auth`."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    """What an https:// etcd is dialled with: the CA that signed etcd's certificate (None: the
+    system's roots), and a client certificate and key (None: none; etcd's `--client-cert-auth`
+    wants them)."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def from_folder(cls, folder: Path | None) -> Tls:
+        """The files of `TLS_FILES` that `folder` (a state folder's secrets/) holds."""
+        found = [(folder / name).read_bytes() if folder and (folder / name).is_file() else None for name in TLS_FILES]
+        if (found[1] is None) != (found[2] is None):
+            raise ValueError(f"etcd TLS: {folder} holds only one of etcd-client.crt and etcd-client.key")
+        return cls(*found)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+
+def endpoints(url: str, tls: Tls | None, **kwargs) -> list[pyetcd.Endpoint]:
+    """pyetcd's endpoints of `url`: https:// ones over TLS (`tls`, else the system's roots)."""
+    return [
+        pyetcd.Endpoint(h, p, secure=secure, creds=(tls or Tls()).credentials() if secure else None, **kwargs)
+        for h, p, secure in parse_urls(url)
+    ]
 
 
 def _reason(exc: Exception) -> str:
@@ -107,17 +152,36 @@ _AUTH_WORDS = re.compile(r"user name is empty|auth|password|permission", re.IGNO
 """What etcd's INVALID_ARGUMENT says when it is about the login (another one is a bad request)."""
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _code(exc: BaseException) -> grpc.StatusCode | None:
     return exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
 
 
 class EtcdDatastore(Datastore):
-    def __init__(self, url: str, timeout_s: float = TIMEOUT_S, retry_s: float = RETRY_S, login: Login | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = TIMEOUT_S,
+        retry_s: float = RETRY_S,
+        login: Login | None = None,
+        tls: Tls | None = None,
+    ):
         self.url = url
-        endpoints = [
-            pyetcd.Endpoint(h, p, secure=False, time_retry=0.2, opts=_CHANNEL_OPTIONS) for h, p in parse_endpoints(url)
-        ]
-        self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s, failover=True)
+        dialled = endpoints(url, tls, time_retry=0.2, opts=_CHANNEL_OPTIONS)
+        self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=dialled, timeout=timeout_s, failover=True)
+        if login is not None and any(not e.secure and not _loopback(e.host) for e in dialled):
+            log.warning(
+                "etcd at %s: the login from %s crosses the network in clear over http://; use https:// "
+                "(README: 'etcd and Redis with authentication')",
+                url,
+                login.where,
+            )
         self.retry_s = retry_s
         self._closed = False
         self._down = False  # the last call spent its retries and none has succeeded since

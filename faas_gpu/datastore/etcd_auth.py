@@ -20,7 +20,7 @@ from pyetcd import etcdrpc
 from faas_gpu.contract import keys
 from faas_gpu.credentials import Login
 
-from .etcd import parse_endpoints
+from .etcd import Tls, endpoints
 
 ROOT_USER = "root"
 DAEMON_ROLE = "faas-gpu"
@@ -40,7 +40,13 @@ def _ignore_exists(call, *args) -> None:
 
 
 def enable_auth(
-    url: str, root_password: str, daemons: Login, *, prefix: str = keys.ROOT, timeout_s: float = 10
+    url: str,
+    root_password: str,
+    daemons: Login,
+    *,
+    prefix: str = keys.ROOT,
+    timeout_s: float = 10,
+    tls: Tls | None = None,
 ) -> bool:
     """Users `root` and the daemons', the daemons' role (read/write under `prefix`), then auth on.
     True when it turned auth on; False when etcd already had it on (nothing is changed then: the
@@ -49,8 +55,7 @@ def enable_auth(
         raise ValueError("etcd auth: the root password and the daemons' user and password are required")
     if daemons.user == ROOT_USER:
         raise ValueError("etcd auth: the daemons' user must not be root (root may do anything)")
-    host, port = parse_endpoints(url)[0]
-    client = pyetcd.MultiEndpointEtcd3Client(endpoints=[pyetcd.Endpoint(host, port, secure=False)], timeout=timeout_s)
+    client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints(url, tls)[:1], timeout=timeout_s)
     try:
         auth = client.authstub
         try:
