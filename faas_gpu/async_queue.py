@@ -35,6 +35,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from faas_gpu.credentials import Login, redis_login, split_login
+
 DEFAULT_VISIBILITY_S = 30.0
 DEDUPE_TTL_S = 3600.0
 """How long a call's key is remembered: a retry of the same call within it is not run again.
@@ -290,13 +292,17 @@ class RedisStreamQueue(AsyncQueue):
         visibility_timeout_s: float = DEFAULT_VISIBILITY_S,
         dedupe_ttl_s: float = DEDUPE_TTL_S,
         put_timeout_s: float = PUT_TIMEOUT_S,
+        login: Login | None = None,
     ):
         self.url = url
-        self.redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10)
+        auth = redis_login(url, login)
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10, **auth
+        )
         # the caller's path: one short try (a fresh connection once), no library retries behind it
         attempt_s = put_timeout_s / 2
         self._put_redis = redis.Redis.from_url(
-            url, socket_timeout=attempt_s, socket_connect_timeout=attempt_s, retry=Retry(NoBackoff(), 0)
+            url, socket_timeout=attempt_s, socket_connect_timeout=attempt_s, retry=Retry(NoBackoff(), 0), **auth
         )
         self._put_script = self._put_redis.register_script(_PUT)
         self.put_timeout_s = put_timeout_s
@@ -441,9 +447,10 @@ class RedisStreamQueue(AsyncQueue):
         self._put_redis.close()
 
 
-def open_queue(url: str | None, path: Path) -> AsyncQueue:
+def open_queue(url: str | None, path: Path, login: Login | None = None) -> AsyncQueue:
+    """`login`: Redis's ACL user (else the URL's userinfo); `faas_gpu.credentials.resolve_login`."""
     if not url:
         return EmbeddedQueue(path)
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStreamQueue(url)
-    raise ValueError(f"redis URL: {url!r} must start with redis://, rediss:// or unix://")
+        return RedisStreamQueue(url, login=login)
+    raise ValueError(f"redis URL: {split_login(url)[0]!r} must start with redis://, rediss:// or unix://")

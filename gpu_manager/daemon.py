@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from faas_gpu import paths, tracing
+from faas_gpu.contract.env import ETCD_CREDENTIALS
 from faas_gpu.contract.keys import UNITS
 from faas_gpu.contract.keys import unit as unit_key
 from faas_gpu.credentials import ensure_token
@@ -146,7 +147,13 @@ class _Daemon:
             self.manager.close()
             raise SystemExit(f"gpu-manager: {exc}") from None
         token = ensure_token(home / "secrets")
-        datastore = open_datastore(a.etcd, paths.state_db(home))
+        datastore = open_datastore(
+            a.etcd,
+            paths.state_db(home),
+            cluster_token=token,  # records sealed and checked (`faas_gpu.datastore.sealed`)
+            credentials_file=a.etcd_credentials or ETCD_CREDENTIALS.read(),
+            secrets_dir=home / "secrets",
+        )
         url = f"http://{a.advertise or a.bind}:{a.port}"
         self.reporter = StatusReporter(self.manager, datastore, a.node, url)
         self.manager.on_units_changed.append(self.reporter.report)
@@ -239,6 +246,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--etcd-credentials", type=Path, help=ETCD_CREDENTIALS.doc)
     p.add_argument("--threads", type=int, default=16)
     args = p.parse_args(argv)
     if args.home is None:

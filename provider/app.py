@@ -12,6 +12,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
 from faas_gpu.contract import env as contract_env
+from faas_gpu.credentials import REDIS_CREDENTIALS_FILE, ensure_token, resolve_login
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.history import open_history
@@ -44,8 +45,19 @@ def build_provider(config: ProviderConfig) -> Provider:
     home = paths.ensure_private_home(config.home)
     credentials = ensure_credentials(config.secrets_dir)
     datastore = open_datastore(
-        config.etcd_url, paths.state_db(home), timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
+        config.etcd_url,
+        paths.state_db(home),
+        cluster_token=ensure_token(config.secrets_dir),  # records sealed and checked (`faas_gpu.datastore.sealed`)
+        credentials_file=config.etcd_credentials,
+        secrets_dir=config.secrets_dir,
+        timeout_s=config.datastore_timeout_s,
+        retry_s=config.datastore_retry_s,
     )
+    redis_url, redis_login = (None, None)
+    if config.redis_url:
+        redis_url, redis_login = resolve_login(
+            config.redis_url, config.redis_credentials, config.secrets_dir, REDIS_CREDENTIALS_FILE
+        )
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
@@ -85,7 +97,7 @@ def build_provider(config: ProviderConfig) -> Provider:
         threads=config.threads,
         max_inflight_per_function=config.max_inflight_per_function,
     )
-    queue = open_queue(config.redis_url, home / "queue.db")
+    queue = open_queue(redis_url, home / "queue.db", redis_login)
     # the node's own end-to-end measurements first, where it has them (`LatencyPredictor`'s docstring)
     predictor = LatencyPredictor(
         ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles, prefer_measured=True
@@ -93,7 +105,7 @@ def build_provider(config: ProviderConfig) -> Provider:
     policies = [
         InflessScaling(
             datastore,
-            open_history(config.redis_url, home / "history.db"),
+            open_history(redis_url, home / "history.db", redis_login),
             predictor,
             cpus=config.cpus,
             gpus=config.gpus,
@@ -122,6 +134,7 @@ def build_provider(config: ProviderConfig) -> Provider:
 def _flask(provider: Provider, *, gateway: bool) -> Flask:
     app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
     app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
+    app.config["FAAS_GPU_STATE_FOLDER"] = str(provider.config.home)  # named by a full disk's 507
     app.register_blueprint(system_blueprint(provider, gateway=gateway))
     if gateway:  # the status page, where OpenFaaS's gateway serves its portal
         status = StatusCollector(provider)

@@ -35,6 +35,11 @@ class ProviderConfig:
     home: Path = field(default_factory=paths.home)
     etcd_url: str | None = None
     redis_url: str | None = None
+    etcd_credentials: Path | None = None
+    """The daemons' etcd login file (user:password); None: secrets/etcd-credentials when it exists,
+    else the URL's userinfo (`faas_gpu.credentials.resolve_login`)."""
+    redis_credentials: Path | None = None
+    """The daemons' Redis login file; None: secrets/redis-credentials when it exists, else the URL's."""
     scheduler_url: str | None = None
     """The GPU scheduler the functions' GPU clients call (comma-separated replicas); None: models run locally."""
     basic_auth: bool = True
@@ -100,6 +105,10 @@ class ProviderConfig:
             cfg.etcd_url = env["FAAS_GPU_ETCD"]
         if "FAAS_GPU_REDIS" in env and cfg.redis_url is None:
             cfg.redis_url = env["FAAS_GPU_REDIS"]
+        if cfg.etcd_credentials is None:
+            cfg.etcd_credentials = env_vars.ETCD_CREDENTIALS.read(env)
+        if cfg.redis_credentials is None:
+            cfg.redis_credentials = env_vars.REDIS_CREDENTIALS.read(env)
         if "FAAS_GPU_CPUS" in env:
             cfg.cpus = float(env["FAAS_GPU_CPUS"])
         if "FAAS_GPU_HARMONY_COEFFICIENTS" in env and cfg.harmony_coefficients is None:

@@ -204,6 +204,12 @@ class Provider:
         ns, name = self._name_and_ns(raw_name, namespace_query)
         record = self.store.get(ns, name)
         if record is None:
+            why = self.store.quarantine_reason(ns, name)
+            if why is not None:  # for the operator (/system/* wants the admin's credentials)
+                raise NotFoundError(
+                    f"function {name}.{ns} not found: its stored record is quarantined, never started, because "
+                    f"{why}; deploy it again to replace it, or remove it (README: 'Quarantined records')"
+                )
             raise NotFoundError(f"function {name}.{ns} not found")
         return record
 

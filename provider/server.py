@@ -92,6 +92,18 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL, e.g. http://127.0.0.1:2379 (default: embedded store)")
     p.add_argument("--redis", help="Redis URL for the async queue (default: embedded queue)")
+    p.add_argument(
+        "--etcd-credentials",
+        type=Path,
+        help="file with the etcd login, user:password (default $FAAS_GPU_ETCD_CREDENTIALS, else "
+        "secrets/etcd-credentials in the state folder when it exists, else the URL's user:password@)",
+    )
+    p.add_argument(
+        "--redis-credentials",
+        type=Path,
+        help="file with the Redis login, user:password (default $FAAS_GPU_REDIS_CREDENTIALS, else "
+        "secrets/redis-credentials in the state folder when it exists, else the URL's user:password@)",
+    )
     p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
     add_callback_flags(p)
@@ -168,6 +180,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "alert_rule": not a.no_alert_rule,
         "etcd_url": a.etcd,
         "redis_url": a.redis,
+        "etcd_credentials": a.etcd_credentials.resolve() if a.etcd_credentials else None,
+        "redis_credentials": a.redis_credentials.resolve() if a.redis_credentials else None,
         "scheduler_url": a.scheduler,
         "runtime": a.runtime,
         "docker_host": a.docker_host,

@@ -58,7 +58,9 @@ def _own_faas_gpu_config(tmp_path_factory, monkeypatch):
 def cluster(tmp_path, etcd_server):
     """Returns a starter of scheduler and GPU Manager daemons on the session's etcd, and the
     cluster token's auth header; everything it started is killed at the end. Here, not in one
-    folder, because the scheduler, client and GPU-path tests all start such a cluster."""
+    folder, because the scheduler, client and GPU-path tests all start such a cluster. A test that
+    writes records the daemons act upon opens the store as they do: with the token in
+    `tmp_path / "secrets"` (`open_datastore(..., cluster_token=ensure_token(...))`)."""
     started: list[Daemon] = []
     prefix = "/faas-gpu/units/"
     ds = open_datastore(etcd_server.url)
@@ -67,7 +69,7 @@ def cluster(tmp_path, etcd_server):
     token = ensure_token(tmp_path / "secrets")
 
     def start(module: str, *args: str) -> Daemon:
-        d = Daemon(module, tmp_path, "--etcd", etcd_server.url, *args)
+        d = Daemon(module, tmp_path, *etcd_server.daemon_args(), *args)
         started.append(d)
         return d
 

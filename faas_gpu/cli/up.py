@@ -18,6 +18,7 @@ from faas_gpu import paths, running
 from faas_gpu.build import build as build_image
 from faas_gpu.build import docker_build
 from faas_gpu.contract import env as env_vars
+from faas_gpu.credentials import ETCD_CREDENTIALS_FILE, REDIS_CREDENTIALS_FILE, resolve_login, write_login
 from faas_gpu.stack import find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
@@ -89,6 +90,22 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
     return out
 
 
+def keep_logins(args: argparse.Namespace, secrets: Path) -> None:
+    """etcd's and Redis's logins into the state folder's secrets/ (0600), where every daemon finds
+    them, and the URLs the daemons get without them: no password on a command line (`ps` shows
+    those to every user and every replica), in stack.json or in a log."""
+    for server, file_name in (("etcd", ETCD_CREDENTIALS_FILE), ("redis", REDIS_CREDENTIALS_FILE)):
+        url, given = getattr(args, server), getattr(args, f"{server}_credentials")
+        if not url:
+            if given is not None:
+                raise ValueError(f"--{server}-credentials: needs --{server} (the embedded store has no login)")
+            continue
+        plain, login = resolve_login(url, given, None, file_name)
+        if login is not None:
+            write_login(secrets / file_name, login)
+        setattr(args, server, plain)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="faas-gpu up", description=__doc__)
     p.add_argument("-f", "--yaml", help="stack file to build and deploy (default stack.yaml/stack.yml)")
@@ -130,8 +147,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-units", type=int, default=2, help="emulated units of the cpu back end")
     p.add_argument("--unit-memory-mb", type=float, default=1024)
     p.add_argument("--no-gpu", action="store_true", help="no GPU Manager or scheduler: models run in the instances")
-    p.add_argument("--etcd", help="etcd URL (default: embedded datastore)")
-    p.add_argument("--redis", help="Redis URL for async invocations (default: embedded queue)")
+    p.add_argument(
+        "--etcd",
+        help="etcd URL (default: embedded datastore); a user:password@ in it is moved to secrets/etcd-credentials",
+    )
+    p.add_argument(
+        "--redis",
+        help="Redis URL for async invocations (default: embedded queue); a user:password@ in it is moved to "
+        "secrets/redis-credentials",
+    )
+    p.add_argument(
+        "--etcd-credentials",
+        type=Path,
+        help="file with etcd's login for the daemons (user:password), copied to secrets/etcd-credentials (0600)",
+    )
+    p.add_argument(
+        "--redis-credentials",
+        type=Path,
+        help="file with Redis's login for the daemons (user:password), copied to secrets/redis-credentials (0600)",
+    )
     p.add_argument(
         "--runtime",
         choices=env_vars.RUNTIMES,
@@ -182,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedulers < 1:
         parser.error("--schedulers: must be at least 1")
     home = paths.home()
+    try:
+        keep_logins(args, paths.secrets_dir(home))
+    except ValueError as exc:
+        parser.error(str(exc))
     started = start_stack(home, daemons(args))
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     gateway_url = f"http://{host}:{args.gateway_port}"

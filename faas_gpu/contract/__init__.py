@@ -13,6 +13,7 @@ other, and this imports nothing of theirs (only the standard library; `wire` add
 - `annotations`: every `com.faas-gpu.*` key with its rule (deploy-time validation uses the table);
 - `env`: every `FAAS_GPU_*` variable with its one default and parser;
 - `keys`: datastore keys and prefixes;
+- `records`: the MAC every datastore record carries, keyed from the cluster token;
 - `wire`: the job API's binary tensor format;
 - `errors`: typed errors that cross processes, each with its HTTP status and code;
 - `duration`: the one Go-style duration parser;

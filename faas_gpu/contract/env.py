@@ -77,6 +77,20 @@ def app_timeouts_ms(raw: str) -> dict[str, float]:
 HOME: Var[Path | None] = Var("FAAS_GPU_HOME", None, Path, "state folder (default ./.faas-gpu; `faas_gpu.paths`)")
 ETCD: Var[str | None] = Var("FAAS_GPU_ETCD", None, _text, "etcd URL (default: the embedded datastore)")
 REDIS: Var[str | None] = Var("FAAS_GPU_REDIS", None, _text, "Redis URL of the async queue (default: embedded)")
+ETCD_CREDENTIALS: Var[Path | None] = Var(
+    "FAAS_GPU_ETCD_CREDENTIALS",
+    None,
+    Path,
+    "a file holding the daemons' etcd login, user:password (`--etcd-credentials`; default the state "
+    "folder's secrets/etcd-credentials when it exists, else the URL's userinfo)",
+)
+REDIS_CREDENTIALS: Var[Path | None] = Var(
+    "FAAS_GPU_REDIS_CREDENTIALS",
+    None,
+    Path,
+    "a file holding the daemons' Redis login, user:password or a password alone (`--redis-credentials`; "
+    "default the state folder's secrets/redis-credentials when it exists, else the URL's userinfo)",
+)
 
 TRACES_FILE: Var[Path | None] = Var(
     "FAAS_GPU_TRACES_FILE",

@@ -238,3 +238,32 @@ def test_a_killed_gateway_is_restarted_by_the_supervisor(tmp_path):
     finally:
         stack.down()
     assert stack.leftovers() == []
+
+
+def test_up_moves_the_datastore_logins_into_secrets_and_no_daemon_command_line_holds_them(
+    tmp_path, etcd_server, redis_server
+):
+    """`up --etcd http://user:pass@... --redis redis://user:pass@...`: the logins land in the
+    state folder's secrets/ (0600), the daemons run with the bare URLs (their command lines, which
+    `ps` shows everyone, and stack.json hold no password), and the stack works on both servers."""
+    from faas_gpu.credentials import read_login
+
+    stack = Up(tmp_path / "home", "--no-gpu", "--etcd", etcd_server.url, "--redis", redis_server.url)
+    stack.up()
+    try:
+        secrets = stack.home / "secrets"
+        for name, server in (("etcd-credentials", etcd_server), ("redis-credentials", redis_server)):
+            assert read_login(secrets / name).password == server.login.password
+            assert (secrets / name).stat().st_mode & 0o777 == 0o600
+        passwords = (etcd_server.login.password, redis_server.login.password)
+        assert not any(p in (stack.home / "stack.json").read_text() for p in passwords)
+        pid = stack.pid("faas-gpu")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        assert etcd_server.address in cmdline and not any(p in cmdline for p in passwords)
+        _deploy_cat(stack, "through-etcd")
+        r = requests.post(f"{stack.url('gateway')}/async-function/through-etcd", data=b"q", timeout=10)
+        assert r.status_code == 202, r.text  # queued in the authenticated Redis
+        log = (stack.home / "faas-gpu.log").read_text()
+        assert not any(p in log for p in passwords)
+    finally:
+        stack.down()

@@ -14,6 +14,7 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.ports import free_port
@@ -50,8 +51,7 @@ def daemon(tmp_path_factory, etcd_server):
             "2",
             "--max-model-bytes",
             "5000000",
-            "--etcd",
-            etcd_server.url,
+            *etcd_server.daemon_args(),
             "--node",
             "n1",
         ],
@@ -130,8 +130,8 @@ def test_model_larger_than_the_unit_is_507(tmp_path, artifact):
 
 
 def test_unit_status_is_reported_into_the_datastore(daemon):
-    _, _, _, etcd = daemon
-    ds = open_datastore(etcd.url)
+    _, _, home, etcd = daemon
+    ds = open_datastore(etcd.url, cluster_token=ensure_token(home / "secrets"))  # sealed: read as the scheduler does
     try:
         deadline = time.monotonic() + 10
         units = []

@@ -24,7 +24,7 @@ from tests.servers import RedisServer
 def make_queue(request, tmp_path):
     """A factory: calling it again opens the same queue anew, as a restarted provider would."""
     opened = []
-    stream = f"test:{uuid.uuid4().hex[:8]}"
+    stream = f"faas-gpu:test:{uuid.uuid4().hex[:8]}"
 
     def make(visibility_s: float = 30.0):
         if request.param == "embedded":
@@ -87,7 +87,7 @@ def test_bad_message_is_refused(make_queue):
 
 
 def test_redis_queue_survives_a_redis_restart(redis_server):
-    q = RedisStreamQueue(redis_server.url, stream=f"test:{uuid.uuid4().hex[:8]}")
+    q = RedisStreamQueue(redis_server.url, stream=f"faas-gpu:test:{uuid.uuid4().hex[:8]}")
     try:
         q.put({"Function": "durable"})
         redis_server.restart()

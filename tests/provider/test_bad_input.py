@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from tests.harmony_models import VGG19
 from tests.stack_process import StackProcess
@@ -195,7 +196,7 @@ def test_async_app_header_naming_no_app_is_400(stack):
 def test_bad_records_stored_before_do_not_stop_the_stack(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    ds = open_datastore(None, home / "state.db")
+    ds = open_datastore(None, home / "state.db", cluster_token=ensure_token(home / "secrets"))  # the provider's seal
 
     def record(service: str, **extra) -> str:
         deployment = {"service": service, "image": f"functions/{service}:latest", "envProcess": "cat", **extra}

@@ -14,6 +14,7 @@ from faas_gpu import client
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.lease import Lease, sign, token_sha256
 from faas_gpu.contract.wire import encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.paths import REPO_ROOT
@@ -30,7 +31,7 @@ def test_a_function_sends_its_batches_to_the_leased_unit_and_falls_back_to_the_s
     manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "8")
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
-    ds = open_datastore(etcd_server.url)
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
     creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     token = creds.issue("openfaas-fn", "classify")
     other = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'other')}"}

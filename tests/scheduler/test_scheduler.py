@@ -15,6 +15,7 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from scheduler.core import Scheduler
@@ -205,7 +206,7 @@ def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_serve
     manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "2")
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
-    ds = open_datastore(etcd_server.url)
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
     creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     fn = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'classify')}"}
     try:
