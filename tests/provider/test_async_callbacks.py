@@ -63,7 +63,7 @@ def test_an_anonymous_callback_into_etcd_redis_the_scheduler_or_the_gateway_does
     redis_port = redis_server.url.rsplit(":", 1)[1].split("/")[0]
     attacks = [
         (f"http://127.0.0.1:{etcd_server.port}/v3/kv/put", json.dumps(put).encode(), "application/json"),
-        (f"http://127.0.0.1:{redis_port}/", b"SET faas-gpu-pwned 1\r\n", "text/plain"),
+        (f"http://127.0.0.1:{redis_port}/", b"SET faas-gpu:pwned 1\r\n", "text/plain"),
         (f"http://127.0.0.1:{s.gateway_port}/function/echo", b"again", "text/plain"),
         (f"http://[::ffff:127.0.0.1]:{etcd_server.port}/v3/kv/put", json.dumps(put).encode(), "application/json"),
         (f"{s.scheduler.url.removesuffix('/cb')}/v1/jobs/x", b"job", "application/octet-stream"),
@@ -84,7 +84,7 @@ def test_an_anonymous_callback_into_etcd_redis_the_scheduler_or_the_gateway_does
         assert store.get(key) is None, "a callback wrote a function record into etcd"
     finally:
         store.close()
-    assert redis.Redis.from_url(redis_server.url).get("faas-gpu-pwned") is None
+    assert redis.Redis.from_url(redis_server.url).get("faas-gpu:pwned") is None
     assert invocations(s, "echo") == before + len(attacks), "a callback invoked the gateway's own function"
     assert requests.get(f"{s.url}/function/pwned", timeout=10).status_code == 404
     assert not s.scheduler.seen, "a callback reached the scheduler"

@@ -22,8 +22,8 @@ from tests.waiting import eventually
 
 @pytest.mark.timeout(180)
 def test_a_stopped_redis_is_a_prompt_503_naming_the_queue_and_a_resent_call_runs_once(tmp_path, receiver):
-    server = RedisServer(tmp_path / "redis")
     (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
     server.start()
     s = StackProcess(tmp_path / "home", "--redis", server.url, "--callback-allow", "127.0.0.1").start()
     try:

@@ -149,7 +149,7 @@ def test_a_put_gives_up_within_a_second_while_redis_does_not_answer_and_is_not_a
     caller's back (the put carried a deadline)."""
     server = RedisServer(tmp_path)
     server.start()
-    q = RedisStreamQueue(server.url, stream="stopped")
+    q = RedisStreamQueue(server.url, stream="faas-gpu:stopped")
     try:
         q.put({"Function": "before"}, key="k0")
         os.kill(server.proc.pid, signal.SIGSTOP)
