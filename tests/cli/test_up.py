@@ -238,3 +238,27 @@ def test_a_killed_gateway_is_restarted_by_the_supervisor(tmp_path):
     finally:
         stack.down()
     assert stack.leftovers() == []
+
+
+def test_up_says_plainly_whether_functions_are_isolated(tmp_path, monkeypatch):
+    """Where replicas cannot be walled off (here: FAAS_GPU_ISOLATION=off, as where the kernel
+    refuses namespaces), `up` says so; where they are, it says how."""
+    monkeypatch.setenv("FAAS_GPU_ISOLATION", "off")
+    stack = Up(tmp_path / "off", "--no-gpu")
+    try:
+        out = stack.up().stdout
+    finally:
+        stack.down()
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert "WARNING: functions are NOT isolated" in line and "FAAS_GPU_ISOLATION=off" in line, out
+    monkeypatch.delenv("FAAS_GPU_ISOLATION")
+    stack = Up(tmp_path / "auto", "--no-gpu")
+    try:
+        out = stack.up().stdout
+        info = requests.get(f"{stack.url('gateway')}/system/info", auth=stack.auth(), timeout=10).json()
+    finally:
+        stack.down()
+    said = info["provider"]["faasGpuIsolation"]
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert line.split("functions:", 1)[1].strip() == said["message"], out
+    assert said["isolated"] == ("NOT" not in said["message"]) and said["mode"] in ("uid", "userns", "none")
