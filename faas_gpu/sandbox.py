@@ -24,7 +24,7 @@ no helper program (the design of bubblewrap, in Python):
 The host network stays: the gateway reaches a replica on 127.0.0.1:<port> and the replica reaches
 the scheduler and the GPU Managers with its function's token, as in faasd's host-network mode.
 
-How: `Sandbox` is the whole description (JSON, so a launcher can take it on stdin). `launch` (this
+How: `Sandbox` is the whole description (plain data, so a launcher can take it on stdin). `launch` (this
 file run as a script, `python -I -S sandbox.py`, standard library only) is what the provider
 executes per replica: `unshare_namespaces`, a fork (the child is PID 1 of the new PID namespace),
 then in the child `enter` (mounts, /proc, privileges) and `execve`. The same two calls serve a fork
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
+import marshal
 import os
 import select
 import signal
@@ -85,7 +85,7 @@ class Mount:
     def __init__(self, source: str, target: str, writable: bool = False):
         self.source, self.target, self.writable = str(source), str(target), writable
 
-    def to_json(self) -> list:
+    def to_list(self) -> list:
         return [self.source, self.target, self.writable]
 
     def __repr__(self) -> str:
@@ -134,8 +134,10 @@ class Sandbox:
     def namespaces(self) -> bool:
         return self.mode != NOT_ISOLATED
 
-    def to_json(self) -> bytes:
-        return json.dumps(
+    def encode(self) -> bytes:
+        """What the launcher reads on its stdin: `marshal` (no `json` to import in a process whose
+        start every replica waits for; the launcher is the same interpreter as its writer)."""
+        return marshal.dumps(
             {
                 "argv": self.argv,
                 "env": self.env,
@@ -144,16 +146,18 @@ class Sandbox:
                 "uid": self.uid,
                 "gid": self.gid,
                 "hide": self.hide,
-                "mounts": [m.to_json() for m in self.mounts],
+                "mounts": [m.to_list() for m in self.mounts],
                 "tmpfs": self.tmpfs,
-                "files": {str(k): v for k, v in self.files.items()},
+                "files": self.files,
                 "parent": self.parent,
             }
-        ).encode()
+        )
 
     @classmethod
-    def from_json(cls, raw: bytes) -> Sandbox:
-        d = json.loads(raw)
+    def decode(cls, raw: bytes) -> Sandbox:
+        d = marshal.loads(raw)
+        if not isinstance(d, dict):
+            raise ValueError("not a sandbox")
         return cls(
             d["argv"],
             d["env"],
@@ -508,7 +512,7 @@ def probe(sb: Sandbox, timeout_s: float = 30.0) -> str | None:
     import subprocess
 
     try:
-        done = subprocess.run(launcher_argv(), input=sb.to_json(), capture_output=True, timeout=timeout_s, check=False)
+        done = subprocess.run(launcher_argv(), input=sb.encode(), capture_output=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if done.returncode == 0:
@@ -529,7 +533,7 @@ def main() -> int:
     os.dup2(null, 0)
     os.close(null)
     try:
-        return launch(Sandbox.from_json(raw))
+        return launch(Sandbox.decode(raw))
     except (SandboxError, OSError, ValueError, KeyError) as exc:
         os.write(2, f"faas-gpu sandbox: {exc}\n".encode(errors="replace"))
         return 126
@@ -550,6 +554,8 @@ class UidTable:
         self._table: dict[str, int] | None = None
 
     def _load(self) -> dict[str, int]:
+        import json
+
         if self._table is None:
             try:
                 with open(self.path) as fh:
@@ -561,6 +567,7 @@ class UidTable:
 
     def uid(self, key: str) -> int:
         import hashlib
+        import json
 
         with self._lock:
             table = self._load()

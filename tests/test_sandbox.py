@@ -6,7 +6,7 @@ root or namespaces this host does not give skips, naming why.
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import signal
 import subprocess
@@ -28,14 +28,14 @@ def launch(box: sandbox.Sandbox, **kwargs) -> subprocess.Popen:
         sandbox.launcher_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
     )
     with proc.stdin:
-        proc.stdin.write(box.to_json())
+        proc.stdin.write(box.encode())
     return proc
 
 
 def output(box: sandbox.Sandbox, **kwargs) -> tuple[int, str]:
     """Run `box` to its end: its exit status and what it printed."""
     done = subprocess.run(
-        sandbox.launcher_argv(), input=box.to_json(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+        sandbox.launcher_argv(), input=box.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
         **kwargs,
     )  # fmt: skip
     return done.returncode, done.stdout.decode()
@@ -70,7 +70,7 @@ def namespaces(tmp_path):
         pytest.skip(f"no namespaces here: {said}")
 
 
-def test_a_sandbox_is_json_on_the_launchers_stdin():
+def test_a_sandbox_is_plain_data_on_the_launchers_stdin():
     box = sandbox.Sandbox(
         ["/bin/true"],
         {"A": "1"},
@@ -84,9 +84,11 @@ def test_a_sandbox_is_json_on_the_launchers_stdin():
         files={3: "/f"},
         parent=1,
     )
-    again = sandbox.Sandbox.from_json(box.to_json())
-    assert again.to_json() == box.to_json()
-    assert json.loads(box.to_json())["mounts"] == [["/s", "/t", True]]
+    again = sandbox.Sandbox.decode(box.encode())
+    assert marshal.loads(again.encode()) == marshal.loads(box.encode())
+    assert again.mounts[0].writable and again.files == {3: "/f"} and again.uid == 7
+    with pytest.raises(ValueError):
+        sandbox.Sandbox.decode(marshal.dumps([1]))
     with pytest.raises(ValueError, match="mode"):
         sandbox.Sandbox(["/bin/true"], {}, "/", mode="bogus")
 

@@ -59,7 +59,7 @@ def popen(box: Sandbox, run_dir: Path, port: int) -> subprocess.Popen:
     )
     try:
         with proc.stdin:
-            proc.stdin.write(box.to_json())
+            proc.stdin.write(box.encode())
     except BrokenPipeError:  # the launcher is gone: its exit status says so
         pass
     (run_dir / "pid").write_text(str(proc.pid))
