@@ -24,12 +24,13 @@ no helper program (the design of bubblewrap, in Python):
 The host network stays: the gateway reaches a replica on 127.0.0.1:<port> and the replica reaches
 the scheduler and the GPU Managers with its function's token, as in faasd's host-network mode.
 
-How: `Sandbox` is the whole description (plain data, so a launcher can take it on stdin). `launch` (this
-file run as a script, `python -I -S sandbox.py`, standard library only) is what the provider
-executes per replica: `unshare_namespaces`, a fork (the child is PID 1 of the new PID namespace),
-then in the child `enter` (mounts, /proc, privileges) and `execve`. The same two calls serve a fork
-server (issue 44: a replica forked from a template process): after the fork, `unshare_namespaces`,
-fork again, `enter` in the grandchild, then import the handler instead of `execve`.
+How: `Sandbox` is the whole description (plain data, so a launcher can take it on stdin).
+`launch` (this file run as a script, `python -I -S sandbox.py`, standard library only) is what the
+provider executes per replica: `unshare_namespaces`, a fork (the child is PID 1 of the new PID
+namespace), then in the child `enter` (mounts, /proc, privileges) and `execve`. The same two calls
+serve a fork server (issue 44: a replica forked from a template process): after the fork,
+`unshare_namespaces`, fork again, `enter` in the grandchild, then import the handler instead of
+`execve` (what the launcher adds to a start, an interpreter's start and its imports, is then gone).
 
 `probe` says whether this kernel and user can build the walls at all; where they cannot, the
 runtime runs replicas unisolated and says so (`faas-gpu up`, /system/info).
@@ -521,10 +522,15 @@ def probe(sb: Sandbox, timeout_s: float = 30.0) -> str | None:
     return said[-1].removeprefix("faas-gpu sandbox: ") if said else f"exit status {done.returncode}"
 
 
+LAUNCHER = os.path.abspath(__file__)
+"""The launcher's script (this file): how a process is known for a replica's launcher by its
+command line (what a restarted provider or `faas-gpu down` kills)."""
+
+
 def launcher_argv() -> list[str]:
     """The launcher's command line: the stack's interpreter without site (-S) or environment
     (-I), this file; the `Sandbox` goes on its stdin."""
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__)]
+    return [sys.executable, "-I", "-S", LAUNCHER]
 
 
 def main() -> int:

@@ -6,8 +6,8 @@ capabilities, a clean environment); this module says what a replica sees through
 - nothing of the state folder (the admin password, the cluster token, every function's token, the
   datastore, the logs, other images), of the stack user's home or of its config folder; only its
   own built image comes back, read-only, at its own path (its environment's scripts name it);
-- what the stack's interpreter and code need, read-only where it lay in a hidden folder (a
-  virtual environment under /root);
+- what the stack's interpreter and code need, read-only (and back in where it lay in a hidden
+  folder: a virtual environment under /root);
 - its own secrets, read-only at OpenFaaS's /var/openfaas/secrets/<name>, and its function's token
   at /var/openfaas/faas-gpu/token (`faas_gpu.contract.replica`), never in its environment;
 - a private /tmp and /var/tmp (folders of its replica under the state folder's run/, on disk, gone
@@ -140,10 +140,19 @@ def stack_paths() -> list[str]:
     return [os.path.realpath(p) for p in found if os.path.isdir(p)]
 
 
-def exposed(needed: list[str], hidden: list[str]) -> list[str]:
-    """The `needed` paths that lie in a hidden one, outermost only: bound back in, read-only."""
-    inside = sorted({p for p in needed if any(_under(p, h) for h in hidden)})
-    return [p for p in inside if not any(q != p and _under(p, q) for q in inside)]
+def outermost(needed: list[str], hidden: list[str]) -> list[str]:
+    """`needed` without the paths another of them brings in already, each then bound in once,
+    read-only: where it lies in a hidden folder it comes back, elsewhere it becomes read-only (no
+    replica changes the stack's code, even where the stack's user owns it). A path stays when a
+    hidden folder lies between it and the one around it (an image in a state folder in a checkout)."""
+    found = sorted(set(needed))
+
+    def brought_in(p: str) -> bool:
+        return any(
+            q != p and _under(p, q) and not any(h != q and _under(p, h) and _under(h, q) for h in hidden) for q in found
+        )
+
+    return [p for p in found if not brought_in(p)]
 
 
 def _under(path: str, folder: str) -> bool:
@@ -176,14 +185,17 @@ class Walls:
 
     @classmethod
     def choose(cls, home: Path, setting: str) -> Walls:
-        """Probe the walls (unless `setting` is off): isolated where they hold, else say why."""
+        """Probe the walls (unless `setting` is off): a uid per function where the stack is root,
+        a user namespace where it is a user; where they do not hold, unisolated, saying why (`on`:
+        refuse to start instead). A root that cannot switch uids (a container's root, mapped to one
+        uid) gets no user-namespace walls instead: its replicas would be that root, owner of the
+        stack's files."""
         home = Path(os.path.realpath(home))
         if setting == "off":
             return cls(home, Isolation(sandbox.NOT_ISOLATED, f"{contract_env.ISOLATION.name}=off"), None)
         mode = sandbox.ISOLATED_BY_UID if os.geteuid() == 0 else sandbox.ISOLATED_BY_USERNS
-        walls = cls(
-            home, Isolation(mode), sandbox.UidTable(home / UIDS_FILE) if mode == sandbox.ISOLATED_BY_UID else None
-        )
+        uids = sandbox.UidTable(home / UIDS_FILE) if mode == sandbox.ISOLATED_BY_UID else None
+        walls = cls(home, Isolation(mode), uids)
         reason = walls.probe()
         if reason is None:
             return walls
@@ -252,7 +264,7 @@ class Walls:
             sandbox.Mount(folders.tmp, "/tmp", writable=True),
             sandbox.Mount(folders.var_tmp, "/var/tmp", writable=True),
             sandbox.Mount(folders.home, where.HOME, writable=True),
-            *(sandbox.Mount(p, p) for p in exposed(needed, self.hidden)),
+            *(sandbox.Mount(p, p) for p in outermost(needed, self.hidden)),
             sandbox.Mount(folders.secrets, where.SECRETS_PATH),
             sandbox.Mount(folders.faas_gpu, where.FAAS_GPU_DIR),
         ]

@@ -16,12 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faas_gpu.sandbox import Sandbox, launcher_argv
+from faas_gpu.sandbox import LAUNCHER, Sandbox, launcher_argv
 
 from .base import watchdog_ready
-
-LAUNCHER_NAME = Path(launcher_argv()[-1]).name.encode()
-"""How `reap_stale` knows a replica's launcher in a process's command line."""
 
 
 @dataclass
@@ -99,7 +96,7 @@ def reap_stale(run_root: Path) -> None:
         try:
             pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if LAUNCHER_NAME in cmdline or b"fwatchdog" in cmdline:
+            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline:
                 os.killpg(pid, signal.SIGKILL)
         except (OSError, ValueError):
             pass

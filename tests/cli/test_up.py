@@ -157,8 +157,9 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
         argv = procs.cmdline(stack.pid("faas-gpu"))
         assert argv[argv.index("--scheduler") + 1] == ",".join(sched)
         _deploy_cat(stack, "env-check")
-        (replica,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
-        environ = Path(f"/proc/{replica}/environ").read_bytes().split(b"\0")
+        (launcher,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
+        watchdog = _descendants(launcher)[0]  # the launcher's one child, in the replica's sandbox
+        environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
         assert f"FAAS_GPU_SCHEDULER_URL={','.join(sched)}".encode() in environ
         assert all(_healthy(u) for u in sched)
 

@@ -245,3 +245,31 @@ def test_an_unprivileged_stacks_replicas_are_walled_off_too(nobody_home):
         assert isolation_of(s)["mode"] == "userns"
     finally:
         s.stop()
+
+
+class ContainerRootStack(UnprivilegedStack):
+    """The stack as the root of a user namespace that maps one uid (a container's root) and may
+    make no user namespace: the kernel refuses the walls."""
+
+    def popen(self, argv, **kwargs):
+        script = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+        return super().popen(["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", *argv], **kwargs)
+
+
+def test_where_the_kernel_refuses_the_walls_the_stack_says_functions_are_not_isolated(nobody_home, monkeypatch):
+    from faas_gpu.cli.up import functions_isolation
+
+    s = ContainerRootStack(nobody_home)
+    s.log_path = nobody_home.parent / "stack-test.log"
+    try:
+        s.start()
+        said = isolation_of(s)
+        assert said["isolated"] is False and said["mode"] == "none", said
+        assert said["message"].startswith("functions are NOT isolated"), said
+        monkeypatch.setenv("FAAS_GPU_HOME", str(nobody_home))
+        assert functions_isolation(s.url).startswith("WARNING: functions are NOT isolated")
+        deploy(s, "still-serves", envProcess="cat")  # unisolated, functions still run
+        assert requests.post(f"{s.url}/function/still-serves", data=b"x", timeout=30).text == "x"
+        assert "functions are NOT isolated" in s.log_path.read_text()
+    finally:
+        s.stop()
