@@ -86,7 +86,15 @@ def build_provider(config: ProviderConfig) -> Provider:
         if pins is not None:
             pin_tree(os.getpid(), pins.take())  # the gateway is the process building the provider
         runtime = LocalRuntime(
-            home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials, pins=pins
+            home,
+            ImageStore(home / "images"),
+            secrets,
+            logs,
+            gpu_env,
+            schedulers,
+            fn_credentials,
+            pins=pins,
+            isolation=config.isolation or "auto",
         )
     invoker = Invoker(
         store,

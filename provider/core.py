@@ -262,8 +262,13 @@ class Provider:
         return started
 
     def info(self) -> dict:
-        """faas-provider's ProviderInfo."""
-        return {"provider": "faas-gpu", "orchestration": "local-process", "version": _version_info()}
+        """faas-provider's ProviderInfo, and (ours) whether functions are isolated from the stack
+        and each other (`faasGpuIsolation`; the local runtime's sandbox, `runtime.isolation`)."""
+        info = {"provider": "faas-gpu", "orchestration": "local-process", "version": _version_info()}
+        isolation = self.runtime.isolation()
+        if isolation is not None:
+            info["faasGpuIsolation"] = isolation.describe()
+        return info
 
     def gateway_version(self) -> dict:
         """The gateway's own VersionInfo for the gateway's /system/info (CE builds it from the

@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
     print(f"  recorded in:  {record} (faas-gpu finds this stack from any folder)")
+    isolation = functions_isolation(gateway_url)
+    if isolation is not None:
+        print(f"  functions:    {isolation}")
     for name in deployed:
         print(f"  function:     {gateway_url}/function/{name}")
     if deployed and not args.no_gpu:
@@ -264,6 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             down_main([])
     return 0
+
+
+def functions_isolation(gateway: str) -> str | None:
+    """What the stack says of its functions' isolation (/system/info's `faasGpuIsolation`, the
+    local runtime's sandbox), in words; None where it says nothing (containers: the engine's)."""
+    client = Client(gateway, credentials(argparse.Namespace(), gateway, paths.home()))
+    try:
+        resp = client.request("GET", "/system/info")
+        said = (resp.json().get("provider") or {}).get("faasGpuIsolation") if resp.status_code == 200 else None
+    except (CliError, ValueError, AttributeError):
+        return None
+    if not isinstance(said, dict) or not said.get("message"):
+        return None
+    return str(said["message"]) if said.get("isolated") else f"WARNING: {said['message']}"
 
 
 # -- what `up` runs once the daemons serve ------------------------------------------------

@@ -69,6 +69,11 @@ class Runtime(ABC):
     def usage(self, namespace: str, name: str) -> dict | None:
         return None
 
+    def isolation(self) -> Any:
+        """How replicas are kept apart from the stack and each other, where the runtime does it
+        itself (the local runtime's `isolation.Isolation`); None where an engine does (containers)."""
+        return None
+
     def problem(self, namespace: str, name: str) -> dict[str, str] | None:
         """Why the function cannot serve, when the reason is its own ({"state", "message"}):
         requests answer 503 with the message at once and describe shows it."""

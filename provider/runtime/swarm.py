@@ -159,7 +159,7 @@ class SwarmRuntime(WatchedRuntime):
     ):
         """`client`: a docker SDK DockerClient on a Swarm manager. `gpu_env`: how replicas reach
         the scheduler (an address every node can reach, not loopback); `credentials`: each
-        function's own token (FAAS_GPU_TOKEN). `stack` labels this provider's services, so two
+        function's own token (a Swarm secret, FAAS_GPU_TOKEN_FILE). `stack` labels this provider's services, so two
         stacks on one swarm keep apart. `engines`: a client on a node's own engine, given the
         address its `com.faas-gpu.engine` label names (usage of the tasks on that node)."""
         self.client, self.api = client, client.api
@@ -390,10 +390,19 @@ class SwarmRuntime(WatchedRuntime):
     def _secret(self, namespace: str, name: str) -> Any:
         """A Swarm secret holding the provider's secret `name` (by content: a changed value is a
         new Swarm secret, and so a new spec digest and a rolling update)."""
+        data = self.secrets.path(namespace, name).read_bytes()
+        return self._swarm_secret(f"faas-gpu-{namespace}-{name}", data, f"{SECRETS_PATH}/{name}")
+
+    def _token_secret(self, record: FunctionRecord, token: str) -> Any:
+        """The function's own token as a Swarm secret, a file in its tasks (never their env: a
+        function may show its environment to anyone, as `printenv` does)."""
+        filename = f"{containers.TOKEN_DIR}/{containers.TOKEN_NAME}"
+        return self._swarm_secret(f"faas-gpu-token-{record.namespace}-{record.name}", token.encode(), filename)
+
+    def _swarm_secret(self, prefix: str, data: bytes, filename: str) -> Any:
         from docker.types import SecretReference
 
-        data = self.secrets.path(namespace, name).read_bytes()
-        sname = f"faas-gpu-{namespace}-{name}-{hashlib.sha256(data).hexdigest()[:12]}"[:64]
+        sname = f"{prefix[:51]}-{hashlib.sha256(data).hexdigest()[:12]}"  # Swarm's 64 characters, the digest kept
         sid = self._secret_ids.get(sname)
         if sid is None:
             found = self.api.secrets(filters={"name": sname})
@@ -402,7 +411,7 @@ class SwarmRuntime(WatchedRuntime):
                 found[0]["ID"] if found else self.api.create_secret(sname, data, labels={LABEL_OWNER: self.stack})["ID"]
             )
             self._secret_ids[sname] = sid
-        return SecretReference(sid, sname, filename=f"{SECRETS_PATH}/{name}", uid="0", gid="0", mode=0o444)
+        return SecretReference(sid, sname, filename=filename, uid="0", gid="0", mode=0o444)
 
     def _instance_specs(self, fn: _Function) -> list[tuple[str, dict[str, str]]]:
         if fn.plan is not None:
@@ -465,7 +474,8 @@ class SwarmRuntime(WatchedRuntime):
             spec.image,
             env=spec.env,
             labels=spec.labels,
-            secrets=[self._secret(record.namespace, s) for s in plan.secrets],
+            secrets=[self._secret(record.namespace, s) for s in plan.secrets]
+            + ([self._token_secret(record, plan.token)] if plan.token else []),
             read_only=spec.read_only_rootfs,
             hostname=f"{record.name}-{instance}"[:63],
             # the watchdog drains its in-flight calls on SIGTERM for up to write_timeout

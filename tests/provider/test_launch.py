@@ -35,9 +35,7 @@ def _image(tmp_path: Path, dockerfile: str | None, python: bool = True) -> Image
 
 def _plan(tmp_path: Path, image: ImageRecord, **deployment):
     record = FunctionRecord(FunctionDeployment(service="fn", image="fn:latest", **deployment), "openfaas-fn", 1)
-    return plan_launch(
-        record, images=OneImage(image), secrets=SecretStore(tmp_path / "secrets"), gpu_env={}, run_root=tmp_path
-    )
+    return plan_launch(record, images=OneImage(image), secrets=SecretStore(tmp_path / "secrets"), gpu_env={})
 
 
 def test_the_python3_gpu_template_runs_its_handler_in_the_watchdogs_process():

@@ -418,7 +418,7 @@ def test_secrets_lifecycle_and_delivery(stack):
     assert requests.get(url, auth=a, timeout=5).json() == [{"name": "api-key", "namespace": NS}]
     path = stack.home / "function-secrets" / NS / "api-key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"v2"
-    r = deploy(stack, "read-secret", envProcess='sh -c "cat $secret_mount_path/api-key"', secrets=["api-key"])
+    r = deploy(stack, "read-secret", envProcess="cat /var/openfaas/secrets/api-key", secrets=["api-key"])
     assert r.status_code == 202
     stack.wait_ready("read-secret")
     assert requests.post(f"{stack.url}/function/read-secret", data=b"", timeout=10).content == b"v2"

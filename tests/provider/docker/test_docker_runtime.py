@@ -76,10 +76,16 @@ def test_echo_runs_as_a_container_with_openfaas_labels_env_and_its_own_token(sta
     assert env["FAAS_GPU_SCHEDULER_URL"].startswith("http://127.0.0.1:9")
     own = (stack.home / "secrets" / "function-tokens").rglob("*")
     tokens = {p.read_text().strip() for p in own if p.is_file()}
-    assert env["FAAS_GPU_TOKEN"] in tokens  # the function's own token ...
+    # the function's own token, as a read-only file (never in the env a function may print) ...
+    assert "FAAS_GPU_TOKEN" not in env and env["FAAS_GPU_TOKEN_FILE"] == "/var/openfaas/faas-gpu/token"
+    token = c.exec_run(["cat", "/var/openfaas/faas-gpu/token"]).output.decode().strip()
+    assert token in tokens and not any(t in "\n".join(env.values()) for t in tokens)
     cluster = stack.home / "secrets" / "gpu-manager-token"
     if cluster.exists():
-        assert env["FAAS_GPU_TOKEN"] != cluster.read_text().strip()  # ... never the cluster's
+        assert token != cluster.read_text().strip()  # ... never the cluster's
+    # and nothing else of the host: no state folder, no daemon's credentials
+    assert [(m["Destination"], m["RW"]) for m in c.attrs["Mounts"]] == [("/var/openfaas/faas-gpu", False)]
+    assert not {"FAAS_GPU_HOME", "FAAS_GPU_ETCD", "FAAS_GPU_REDIS"} & set(env)
     assert env["port"] == labels["com.faas-gpu.port"]  # a port of its own on the host network
 
 
