@@ -73,7 +73,10 @@ def plan_launch(
         cwd = Path(image.context)
         base_env["PATH"] = str(python.parent) + os.pathsep + base_env.get("PATH", os.defpath)
         base_env["VIRTUAL_ENV"] = str(python.parent.parent)
-        mode = env_vars.get("mode") or dockerfile_env(cwd / "Dockerfile").get("mode") or "http"
+        image_env = dockerfile_env(cwd / "Dockerfile")
+        mode = env_vars.get("mode") or image_env.get("mode") or "http"
+        if "ready_path" in image_env:  # the template's readiness check (python3-gpu: handler loaded)
+            base_env["ready_path"] = image_env["ready_path"]
         image_id = f"{image.image}@{getattr(image, 'created', '')}"
     elif dep.envProcess:
         try:

@@ -248,6 +248,11 @@ def test_logs_come_from_the_engine(stack):
     assert texts[0]["instance"].startswith("echo-") and texts[0]["namespace"] == "openfaas-fn"
 
 
+def test_system_info_says_the_docker_engine_runs_the_functions(stack):
+    info = stack.request("GET", "/system/info").json()
+    assert info["provider"]["orchestration"] == "docker", info
+
+
 def test_unknown_image_is_refused_at_deploy(stack):
     r = stack.request("POST", "/system/functions", json={"service": "nothere", "image": "faas-gpu/nothere:latest"})
     assert r.status_code == 400 and "not in the Docker engine" in r.text, r.text
