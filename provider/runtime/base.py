@@ -24,6 +24,9 @@ class Readiness:
     ready: bool
     failed: str | None = None
 
+    def __bool__(self) -> bool:
+        return self.ready
+
 
 NOT_YET = Readiness(False)
 
