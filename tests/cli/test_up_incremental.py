@@ -121,3 +121,22 @@ def test_one_functions_failed_build_is_reported_and_the_others_deploy(offline, s
     assert sorted(stub.functions) == ["also-good", "good"]
     err = capsys.readouterr().err
     assert "bad not deployed: its build failed" in err and "pip install" in err
+
+
+def test_up_says_what_serves_and_exits_1_naming_what_did_not(offline, monkeypatch, capsys):
+    """The daemons are up and some functions deployed: `up` prints the stack as it serves, then
+    fails naming the rest (before: the first failed build ended `up` with nothing deployed)."""
+    from faas_gpu import running
+    from faas_gpu.cli import up
+
+    monkeypatch.setattr(up, "start_stack", lambda home, daemons: {"faas-gpu": 4242})
+    monkeypatch.setattr(running, "record_stack", lambda home, gateway, provider="": offline / "config.yml")
+
+    def incomplete(*args, **kwargs):
+        raise UpIncomplete(["good"], ["bad's build failed"])
+
+    monkeypatch.setattr(up, "up_deploy", incomplete)
+    assert up.main(["--no-gpu", "--gateway-port", "18080"]) == 1
+    out, err = capsys.readouterr()
+    assert "function:     http://127.0.0.1:18080/function/good" in out and "faas-gpu is serving" in out
+    assert "the stack serves, but not every function: bad's build failed" in err
