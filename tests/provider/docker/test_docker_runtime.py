@@ -185,7 +185,9 @@ def test_scale_up_and_down(stack, host):
 
 
 def test_rolling_update_serves_throughout(stack, host):
-    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}})
+    # one replica, whatever the load: CE's alert rule would scale this loop's load up meanwhile
+    one = {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"}
+    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}, "labels": one})
     stack.wait_ready("rolling")
     [old] = containers(host, "rolling")
     failures: list = []
@@ -200,7 +202,9 @@ def test_rolling_update_serves_throughout(stack, host):
     t = threading.Thread(target=load)
     t.start()
     try:
-        stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}}, "PUT")
+        stack.deploy(
+            {"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}, "labels": one}, "PUT"
+        )
 
         def rolled():
             cs = containers(host, "rolling")
