@@ -20,7 +20,7 @@ from faas_gpu.build import build as build_image
 from faas_gpu.build import docker_build
 from faas_gpu.contract import env as env_vars
 from faas_gpu.imagestore import BuildError, ImageStore
-from faas_gpu.stack import StackError, find_stack_file, load_stack
+from faas_gpu.stack import FunctionSpec, Stack, StackError, find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
 from .build import BuildProgress, build_args_of
@@ -289,7 +289,7 @@ class UpIncomplete(CliError):
         super().__init__("; ".join(failures))
 
 
-def _build(spec, stack, docker: DockerBuild | None, progress: bool, failed: list[str]) -> bool:
+def _build(spec: FunctionSpec, stack: Stack, docker: DockerBuild | None, progress: bool, failed: list[str]) -> bool:
     """Build one function for `up` (not when its inputs are what the image store's image was built
     from: `build(reuse=True)`); a failure is printed and noted in `failed`, and the other
     functions still build and deploy. False: do not deploy it."""
