@@ -54,7 +54,7 @@ from faas_gpu.schedulers import merge as merge_schedulers
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import InstanceSpec, LaunchError, watchdog_ready
+from .base import InstanceSpec, LaunchError, Readiness, probe_readiness
 from .containers import LABEL_OWNER, TOKEN_NAME, ContainerPlan, plan_container, replica_container
 from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
@@ -323,8 +323,8 @@ class DockerRuntime(SupervisedRuntime):
         self._remove_container(replica.container_id)
         shutil.rmtree(replica.run_dir, ignore_errors=True)
 
-    def _probe(self, replica: ContainerReplica) -> bool:
-        return watchdog_ready("127.0.0.1", replica.port)
+    def _probe(self, replica: ContainerReplica) -> Readiness:
+        return probe_readiness("127.0.0.1", replica.port)
 
     def _stop_all(self, replicas: list[ContainerReplica], timeout_s: float) -> None:
         """SIGTERM each (the watchdog drains), the engine kills what is left after timeout_s."""

@@ -84,7 +84,10 @@ def plan_launch(
         cwd = Path(image.context)
         folder = Path(image.folder)
         base_env["PATH"] = replica_path(python.parent)
-        mode = env_vars.get("mode") or dockerfile_env(cwd / "Dockerfile").get("mode") or "http"
+        image_env = dockerfile_env(cwd / "Dockerfile")
+        mode = env_vars.get("mode") or image_env.get("mode") or "http"
+        if "ready_path" in image_env:  # the template's readiness check (python3-gpu: handler loaded)
+            base_env["ready_path"] = image_env["ready_path"]
         image_id = f"{image.image}@{getattr(image, 'created', '')}"
     elif dep.envProcess:
         try:

@@ -26,7 +26,7 @@ from faas_gpu.schedulers import merge as merge_schedulers
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import InstanceSpec
+from .base import InstanceSpec, Readiness, probe_readiness
 from .cpu_usage import CpuRate
 from .isolation import Isolation, ReplicaFolders, Walls
 from .launch import LaunchSpec, plan_launch
@@ -36,7 +36,6 @@ from .processes import (
     Replica,
     cpu_seconds,
     popen,
-    probe,
     reap_stale,
     rss_bytes,
     signal_group,
@@ -119,8 +118,8 @@ class LocalRuntime(SupervisedRuntime):
         if replica.cpus is not None:  # threads started before `_popen` pinned the leader
             pin_tree(replica.proc.pid, replica.cpus)
 
-    def _probe(self, replica: Replica) -> bool:
-        return probe(replica)
+    def _probe(self, replica: Replica) -> Readiness:
+        return probe_readiness("127.0.0.1", replica.port)
 
     def _stop_all(self, replicas: list[Replica], timeout_s: float) -> None:
         self._unpin(replicas)  # now: a replica started while these drain may take their CPUs

@@ -42,6 +42,14 @@ def test_the_python3_gpu_template_runs_its_handler_in_the_watchdogs_process():
     assert dockerfile_env(TEMPLATES_DIR / "python3-gpu" / "Dockerfile")["mode"] == "inproc"
 
 
+def test_a_process_replica_gets_its_images_readiness_check(tmp_path):
+    """python3-gpu's Dockerfile names its readiness check (`ready_path`, of-watchdog's): a process
+    replica gets it as a container of the image would, unless the function sets its own."""
+    image = _image(tmp_path, (TEMPLATES_DIR / "python3-gpu" / "Dockerfile").read_text())
+    assert _plan(tmp_path, image).env["ready_path"] == "/_/ready"
+    assert _plan(tmp_path, image, envVars={"ready_path": "/mine"}).env["ready_path"] == "/mine"
+
+
 def test_dockerfile_env_reads_both_forms_and_continued_lines(tmp_path):
     path = tmp_path / "Dockerfile"
     path.write_text(

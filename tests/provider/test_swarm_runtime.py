@@ -292,6 +292,31 @@ def test_a_new_spec_rolls_and_remove_removes(rt):
     assert rt.fake.services() == []
 
 
+def test_a_new_spec_whose_handler_cannot_load_stalls_while_the_old_service_serves(rt, monkeypatch):
+    """The new service's watchdog answers /_/ready 500 (its handler raised at import): Swarm keeps
+    its task running, the old service serves on, and the rollout says it stalled and why."""
+    from provider.runtime.base import Readiness
+
+    rt.apply(record())
+    first = only_service(rt)
+    old_url = wait_for(lambda: rt.endpoints("openfaas-fn", "classify"))[0]
+    broken = Readiness(False, "the handler failed to load: RuntimeError: broken setting")
+    monkeypatch.setattr(swarm_mod, "probe", lambda url, timeout_s=0.5: Readiness(True) if url == old_url else broken)
+    rt.apply(record(envVars={"BROKEN": "1"}))
+    rollout = wait_for(
+        lambda: (
+            (rt.rollout("openfaas-fn", "classify") or {}).get("state") == "Stalled"
+            and rt.rollout("openfaas-fn", "classify")
+        )
+    )
+    assert "broken setting" in rollout["message"] and rollout["oldReplicas"] == 1
+    assert rt.endpoints("openfaas-fn", "classify") == [old_url] and rt.problem("openfaas-fn", "classify") is None
+    assert first["ID"] in rt.fake.services_
+    rt.apply(record())  # the previous spec again: its service is the current one, the new one goes
+    wait_for(lambda: rt.rollout("openfaas-fn", "classify") is None and len(rt.fake.services()) == 1)
+    assert rt.fake.services()[0]["ID"] == first["ID"]
+
+
 def test_check_refuses_what_swarm_cannot_run(rt):
     with pytest.raises(LaunchError, match="constraints"):
         rt.check(record(constraints=["gpu"]))

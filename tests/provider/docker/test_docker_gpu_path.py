@@ -46,7 +46,7 @@ def test_classify_runs_as_a_container_through_the_gpu_path(docker_host, tmp_path
     env = {
         **os.environ,
         "FAAS_GPU_HOME": str(tmp_path / "home"),
-        "FAAS_GPU_CONFIG": str(tmp_path / "config"),
+        "FAAS_GPU_CONFIG": str(tmp_path / "config.yml"),
         "upstream_timeout": "180s",  # the gateway waits out the first call (the model loads)
     }
 

@@ -191,7 +191,9 @@ def test_scale_up_and_down(stack, host):
 
 
 def test_rolling_update_serves_throughout(stack, host):
-    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}})
+    # one replica, whatever the load: CE's alert rule would scale this loop's load up meanwhile
+    one = {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"}
+    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}, "labels": one})
     stack.wait_ready("rolling")
     [old] = containers(host, "rolling")
     failures: list = []
@@ -206,7 +208,9 @@ def test_rolling_update_serves_throughout(stack, host):
     t = threading.Thread(target=load)
     t.start()
     try:
-        stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}}, "PUT")
+        stack.deploy(
+            {"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}, "labels": one}, "PUT"
+        )
 
         def rolled():
             cs = containers(host, "rolling")
@@ -252,6 +256,11 @@ def test_logs_come_from_the_engine(stack):
         30,
     )
     assert texts[0]["instance"].startswith("echo-") and texts[0]["namespace"] == "openfaas-fn"
+
+
+def test_system_info_says_the_docker_engine_runs_the_functions(stack):
+    info = stack.request("GET", "/system/info").json()
+    assert info["provider"]["orchestration"] == "docker", info
 
 
 def test_unknown_image_is_refused_at_deploy(stack):
