@@ -1,0 +1,46 @@
+"""What a loader bug would try from inside a model worker, run in a child spawned as the workers
+are and behind the same walls (`gpu_manager.worker._walled`). Apart from the tests' module: a
+spawned child imports its target's module, and torch's import starts a thread, while the walls
+are entered single-threaded (as a worker enters them, before it imports torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from faas_gpu.paths import REPO_ROOT
+from faas_gpu.sandbox import Walls
+from gpu_manager.worker import _walled
+
+
+def attempts(conn, walls: Walls, home: str, model: str, targets: list[tuple[str, int]], host_tmp: str) -> None:
+    """The probe: run in a child spawned as the workers are, behind the same walls, what a
+    loader bug would try. Answers {what: outcome} over the pipe."""
+    _walled(walls)
+    out: dict[str, str] = {}
+
+    def attempt(what: str, action) -> None:
+        try:
+            result = action()
+            out[what] = f"ok {result!r}"[:200]
+        except OSError as exc:
+            out[what] = f"refused {type(exc).__name__}: {exc.strerror}"
+
+    attempt("read token", lambda: Path(home, "secrets", "gpu-manager-token").read_text())
+    attempt("read datastore", lambda: Path(home, "state.db").read_text())
+    attempt("list state", lambda: sorted(os.listdir(home)))
+    attempt("read model", lambda: len(Path(model).read_bytes()))
+    for host, port in targets:
+        attempt(f"connect {port}", lambda h=host, p=port: socket.create_connection((h, p), timeout=2).close())
+    for where in (home, str(Path(model).parent), str(REPO_ROOT), "/var/tmp", os.path.dirname(host_tmp)):
+        attempt(f"write {where}", lambda w=where: Path(w, f"pwned-{uuid.uuid4().hex}").write_text("x"))
+    attempt("write scratch", lambda: Path(os.environ["TMPDIR"], "scratch").write_text("x"))
+    attempt("write host tmp", lambda: Path(host_tmp).write_text("x"))
+    attempt("environment", lambda: sorted(os.environ))
+    status = Path("/proc/self/status").read_text().splitlines()
+    out["status"] = json.dumps({k: v.split() for k, v in (line.split(":", 1) for line in status)})
+    out["processes"] = str(len([p for p in os.listdir("/proc") if p.isdigit()]))
+    conn.send(out)
