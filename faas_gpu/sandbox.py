@@ -172,13 +172,17 @@ def _depth(path: str) -> int:
 
 
 def _make_mountpoint(path: str, is_dir: bool) -> None:
-    """A mount point inside a cover (a tmpfs of ours: nothing on the host is touched)."""
-    parent = os.path.dirname(path)
-    os.makedirs(parent, mode=0o755, exist_ok=True)
-    if is_dir:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    elif not os.path.exists(path):
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    """A mount point inside a cover (a tmpfs of ours: nothing on the host is touched), each folder
+    on the way 0755 whatever the parent's umask (a daemon's is 077: the child could not cross it)."""
+    old = os.umask(0o022)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if is_dir:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        elif not os.path.exists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    finally:
+        os.umask(old)
 
 
 def _kept_flags(path: str) -> int:
@@ -375,19 +379,25 @@ def enter(walls: Walls) -> Isolation:
             _build_view(walls, covers, binds)
         except OSError as exc:  # half a view is no view: never run on it
             raise SandboxError(f"sandbox: the filesystem view failed ({exc})") from exc
-    if root and (walls.uid is None or walls.uid == 0):
+    change_uid = root and walls.uid is not None and walls.uid != 0
+    if change_uid and not names and walls.read_only:
+        # without a mount namespace nothing can show the kept paths to another uid (a private state
+        # folder's model store): the child keeps root's uid, without its capabilities
+        change_uid = False
+        missing.append("the uid stays root (no mount namespace to show it the paths it must read)")
+    elif root and not change_uid:
         missing.append("the uid stays root")
     if root or names:
         _drop_bounding_set()
     try:
-        if root and walls.gid is not None:
+        if change_uid and walls.gid is not None:
             os.setgroups([])
             os.setresgid(target_gid, target_gid, target_gid)
-        if root and walls.uid is not None:
+        if change_uid:
             os.setresuid(target_uid, target_uid, target_uid)  # from root: every capability goes
     except OSError as exc:
         raise SandboxError(f"sandbox: could not become uid {target_uid} ({exc})") from exc
-    if names and not root:
+    if (names and not root) or (root and not change_uid):
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_DUMPABLE, 0)

@@ -1,6 +1,8 @@
 """A model worker's load path: artifact to model on its device, timed part by part, then warmed up.
 
-Runs inside the worker process (never the manager), after `safe_formats` checked the archive.
+Runs inside the worker process (never the manager), behind its walls (`isolation.py`), after
+`safe_formats` checked the archive, through the one reader torch's input is held to
+(`faas_gpu.models.archive`: the store's canonical archives only).
 Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
 
 - **read**: the archive to a model in host memory. Both formats are zips whose members torch

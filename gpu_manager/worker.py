@@ -4,7 +4,9 @@ The process loads the artifact on its device once (TorchScript or a `torch.expor
 never a pickle: `safe_formats` says why these are safe and checks the file again here, whatever
 the store on disk holds) and then runs batches sent over a pipe as wire-format tensors. Loading
 and running user models happens here, never in the manager, so a model that crashes or hangs
-takes down only its worker.
+takes down only its worker; and every worker process, fresh or pooled, enters its walls
+(`isolation.py`: an unprivileged uid, no network, nothing of the state folder, writes only to a
+private scratch) before it reads anything uploaded, so a loader bug gains nothing either.
 
 A miss takes a warm process from the `WorkerPool` (torch imported, loader warmed, its unit's
 environment set) when the manager keeps one, and spawns one otherwise; either way the worker

@@ -19,6 +19,7 @@ from gpu_manager.worker import _walled
 def attempts(conn, walls: Walls, home: str, model: str, targets: list[tuple[str, int]], host_tmp: str) -> None:
     """The probe: run in a child spawned as the workers are, behind the same walls, what a
     loader bug would try. Answers {what: outcome} over the pipe."""
+    os.umask(0o077)  # as the daemons run (`paths.private_umask`): the walls may not depend on it
     _walled(walls)
     out: dict[str, str] = {}
 
@@ -44,3 +45,14 @@ def attempts(conn, walls: Walls, home: str, model: str, targets: list[tuple[str,
     out["status"] = json.dumps({k: v.split() for k, v in (line.split(":", 1) for line in status)})
     out["processes"] = str(len([p for p in os.listdir("/proc") if p.isdigit()]))
     conn.send(out)
+
+
+def where_namespaces_are_refused(conn, walls: Walls) -> None:
+    """`enter(walls)` on a host that refuses namespaces (a container's seccomp profile; here a
+    filter of our own that refuses unshare): answers (Isolation, /proc/self/status)."""
+    from faas_gpu import sandbox
+
+    sandbox._prctl(sandbox.PR_SET_NO_NEW_PRIVS, 1)
+    sandbox._install_seccomp(sandbox._seccomp_filter())
+    got = sandbox.enter(walls)
+    conn.send((got, Path("/proc/self/status").read_text()))

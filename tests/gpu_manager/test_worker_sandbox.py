@@ -200,3 +200,28 @@ print(json.dumps(out))
         assert not (home / "pwned").exists() and not (home / "models" / "pwned").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_root
+def test_where_namespaces_are_refused_the_worker_keeps_root_without_capabilities_and_says_so(state):
+    """A root manager in a container without CAP_SYS_ADMIN: no mount namespace, so no other uid
+    could reach the model store; the worker keeps uid 0 with no capability left, and the walls it
+    lacks are named (the manager logs them: `isolation.checked`)."""
+    from tests.gpu_manager.sandbox_probe import where_namespaces_are_refused
+
+    walls = isolation.worker_walls(state, state / "models")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=where_namespaces_are_refused, args=(child, walls))
+    proc.start()
+    try:
+        assert parent.poll(60)
+        got, status = parent.recv()
+    finally:
+        proc.join(10)
+    assert not got.isolated and got.namespaces == ()
+    assert any("namespaces refused" in m for m in got.missing) and any("uid stays root" in m for m in got.missing)
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    assert fields["Uid"].split() == ["0"] * 4
+    assert int(fields["CapEff"], 16) == int(fields["CapPrm"], 16) == int(fields["CapBnd"], 16) == 0
+    assert fields["NoNewPrivs"].strip() == "1"
