@@ -182,3 +182,20 @@ def test_a_reader_group_is_given_the_store_and_its_artifacts(tmp_path, artifacts
     os.chmod(a.path, 0o600)
     ModelStore(tmp_path / "store", reader_gid=gid)  # an existing store is given to it at start
     assert stat.S_IMODE(a.path.stat().st_mode) == 0o640
+
+
+def test_a_starts_tightening_of_the_state_folder_leaves_the_workers_group_its_read(tmp_path, artifacts):
+    """`faas-gpu up` tightens the state folder's entries (0700) whenever it starts, after the GPU
+    Manager may have given its store to its workers' group: that read stays, no write appears."""
+    import stat
+
+    from faas_gpu.paths import ensure_private_home
+
+    home = tmp_path / "home"
+    store = ModelStore(home / "models", reader_gid=4242)
+    a = store.put(artifacts["export"])
+    (home / "secrets").mkdir(mode=0o755)
+    ensure_private_home(home)
+    assert stat.S_IMODE((home / "models").stat().st_mode) == 0o750
+    assert stat.S_IMODE(a.path.stat().st_mode) == 0o640
+    assert stat.S_IMODE((home / "secrets").stat().st_mode) == 0o700
