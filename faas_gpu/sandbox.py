@@ -258,12 +258,17 @@ def _build_view(walls: Walls, covers: list[str], binds: list[tuple[str, bool]]) 
 
 
 # -- identity, privileges, seccomp, environment ----------------------------------------------------
-def _drop_bounding_set() -> None:
+def _drop_bounding_set() -> bool:
+    """Every capability out of the bounding set; False where this process may not (no
+    CAP_SETPCAP: a container's root), which `no_new_privs` and empty sets make up for."""
     cap = 0
     while True:
         if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == -1:
-            if ctypes.get_errno() == errno.EINVAL:
-                return  # past the last capability this kernel knows
+            err = ctypes.get_errno()
+            if err == errno.EINVAL:
+                return True  # past the last capability this kernel knows
+            if err == errno.EPERM:
+                return False
             _check(-1, f"drop capability {cap}")
         cap += 1
 
@@ -387,8 +392,8 @@ def enter(walls: Walls) -> Isolation:
         missing.append("the uid stays root (no mount namespace to show it the paths it must read)")
     elif root and not change_uid:
         missing.append("the uid stays root")
-    if root or names:
-        _drop_bounding_set()
+    if (root or names) and not _drop_bounding_set():
+        missing.append("the capability bounding set stays (no CAP_SETPCAP)")
     try:
         if change_uid and walls.gid is not None:
             os.setgroups([])

@@ -190,8 +190,8 @@ def hand_zip(
     """A zip written field by field, for the tricks no zip library writes. Each entry: `name`
     (bytes), `data` (as stored in the file), and optional overrides: `method` (0), `flags` (0),
     `crc` (of `plain`, else of `data`), `size` and `csize` (declared in both headers: `len(plain)`
-    and `len(data)`), `local_name`, `local_extra`, `central_extra`, `local_sizes` (crc, csize,
-    size in the local header), `offset` (in the central directory). `between`: bytes after each
+    and `len(data)`), `local_name`, `local_flags`, `local_extra`, `central_extra`, `local_sizes`
+    (crc, csize, size in the local header), `offset` (in the central directory). `between`: bytes after each
     entry's data; `zip64_end`: fields of a zip64 end record and locator to add (`count`)."""
     import struct
     import zlib
@@ -208,8 +208,9 @@ def hand_zip(
         lcrc, lcsize, lsize = e.get("local_sizes", (crc, csize, size))
         lextra, cextra = e.get("local_extra", b""), e.get("central_extra", b"")
         offset = e.get("offset", len(out))
+        lflags = e.get("local_flags", flags)
         out += struct.pack(
-            "<IHHHHHIIIHH", 0x04034B50, 20, flags, method, 0, 0, lcrc, lcsize, lsize, len(local_name), len(lextra)
+            "<IHHHHHIIIHH", 0x04034B50, 20, lflags, method, 0, 0, lcrc, lcsize, lsize, len(local_name), len(lextra)
         )
         out += local_name + lextra + data + between
         central += struct.pack(

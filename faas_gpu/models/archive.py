@@ -85,6 +85,7 @@ class Entry:
     size: int
     header_offset: int
     data_offset: int  # where its (compressed) data starts in the file
+    flags: int = 0
 
 
 class Archive:
@@ -194,7 +195,7 @@ class Archive:
                 what = "twice" if other == name else f"and {other}, names that differ only by case"
                 raise ArtifactError(f"artifact: entry {name} appears {what} (an ambiguous archive is refused)")
             seen[folded] = name
-            self.entries.append(Entry(name, method, crc, csize, size, offset, 0))
+            self.entries.append(Entry(name, method, crc, csize, size, offset, 0, flags))
         if pos != len(cd):
             raise ArtifactError("artifact: the central directory holds more than its entries")
 
@@ -209,8 +210,8 @@ class Archive:
             raw = self._read_at(at + _LOCAL.size, nlen + xlen)
             if sig != _LOCAL_SIG or raw[:nlen] != e.name.encode("ascii"):
                 raise ArtifactError(f"artifact: the local header of {e.name} names another entry")
-            if method != e.method:
-                raise ArtifactError(f"artifact: the local header of {e.name} says another compression method")
+            if method != e.method or flags != e.flags:
+                raise ArtifactError(f"artifact: the local header of {e.name} says another method or flags")
             described = bool(flags & 0x0008)
             lsize, lcsize, _ = _zip64(raw[nlen:], e.name, size, csize, None, local=True)
             if described:  # the sizes and CRC follow the data; here they may be left 0
@@ -232,7 +233,7 @@ class Archive:
                 or self._read_at(data_end, end - data_end) != _descriptor(e.crc, e.size, at)
             ):
                 self.canonical = False
-            self.entries[i] = e = Entry(e.name, e.method, e.crc, e.compressed_size, e.size, at, data_offset)
+            self.entries[i] = e = Entry(e.name, e.method, e.crc, e.compressed_size, e.size, at, data_offset, flags)
             self._by_name[e.name] = e
             at = following
         if at != cd_offset:

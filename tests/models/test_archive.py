@@ -129,6 +129,15 @@ def test_a_local_header_naming_another_entry_than_the_directory_is_refused(progr
     refused(hand_zip(raw), "names another entry")
 
 
+def test_a_local_header_with_other_flags_than_the_directory_is_refused():
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    stream = c.compress(b"x" * 100) + c.flush()
+    entry = {"name": b"archive/x", "data": stream, "plain": b"x" * 100, "method": 8}
+    assert read(hand_zip([entry])).read("archive/x", 1000) == b"x" * 100
+    entry["local_flags"] = 1  # encrypted, says the local header alone
+    refused(hand_zip([entry]), "another method or flags")
+
+
 def test_a_local_header_declaring_other_sizes_is_refused(program):
     root, entries = entries_of(program)
     raw = [{"name": f"{root}/{n}".encode(), "data": d} for n, d in entries]
