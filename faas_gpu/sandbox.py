@@ -149,7 +149,8 @@ def _traversable(path: str, uid: int, gid: int) -> bool:
 def plan(walls: Walls, uid: int, gid: int) -> tuple[list[str], list[tuple[str, bool]]]:
     """(covers, binds): the folders to cover with an empty tmpfs (hidden ones, scratch, and any
     folder `uid` could not traverse on the way to a kept path), and the kept paths to bind back
-    because a cover hides them (path, writable). Pure but for the stats of the kept paths."""
+    because a cover hides them or they must stay writable (path, writable). Pure but for the
+    stats of the kept paths."""
     covers = [os.path.realpath(p) for p in (*walls.hide, *walls.scratch) if os.path.isdir(p)]
     kept = [(os.path.realpath(p), False) for p in walls.read_only]
     kept += [(os.path.realpath(p), True) for p in walls.writable]
@@ -163,7 +164,8 @@ def plan(walls: Walls, uid: int, gid: int) -> tuple[list[str], list[tuple[str, b
             if not _traversable(folder, uid, gid):
                 covers.append(folder)
                 break
-    binds = [(p, w) for p, w in kept if any(_under(p, c) and p != c for c in covers)]
+    # hidden by a cover: shown again; writable: bound onto itself, to be writable in a read-only tree
+    binds = [(p, w) for p, w in kept if w or any(_under(p, c) and p != c for c in covers)]
     return covers, binds
 
 
@@ -364,14 +366,7 @@ def enter(walls: Walls) -> Isolation:
     names = ["mnt"] + ([] if walls.network else ["net"]) + ([] if walls.ipc else ["ipc"])
     covers, binds = plan(walls, target_uid, target_gid)
     try:
-        if root:
-            _check(_libc.unshare(flags), "unshare")
-        else:
-            _check(_libc.unshare(flags | CLONE_NEWUSER), "unshare")
-            names.insert(0, "user")
-            Path("/proc/self/setgroups").write_text("deny")
-            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+        _check(_libc.unshare(flags if root else flags | CLONE_NEWUSER), "unshare")
     except OSError as exc:
         if walls.required:
             raise SandboxError(f"sandbox: no namespaces ({exc})") from exc
@@ -379,6 +374,14 @@ def enter(walls: Walls) -> Isolation:
         missing.append(
             f"namespaces refused ({exc.strerror}): the network, the state folder and the files are the parent's"
         )
+    if names and not root:
+        names.insert(0, "user")
+        try:  # the parent's uid and gid, mapped to themselves: no other is needed
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+        except OSError as exc:
+            raise SandboxError(f"sandbox: the user namespace's maps were refused ({exc})") from exc
     if names:
         try:
             _build_view(walls, covers, binds)
@@ -390,7 +393,7 @@ def enter(walls: Walls) -> Isolation:
         # folder's model store): the child keeps root's uid, without its capabilities
         change_uid = False
         missing.append("the uid stays root (no mount namespace to show it the paths it must read)")
-    elif root and not change_uid:
+    elif root and walls.uid == 0:
         missing.append("the uid stays root")
     if (root or names) and not _drop_bounding_set():
         missing.append("the capability bounding set stays (no CAP_SETPCAP)")

@@ -85,7 +85,7 @@ def worker_walls(
         gid=gid,
         hide=tuple(hide),
         read_only=(str(store), *code_paths()),
-        writable=(str(mps),) if mps is not None else (),
+        writable=(str(mps), "/dev/shm") if mps is not None else (),
         scratch=("/tmp",) if mps is not None else ("/tmp", "/dev/shm"),
         ipc=mps is not None,
         keep_env=KEEP_ENV,
@@ -111,4 +111,6 @@ def checked(walls: Walls | None, mode: str) -> tuple[Walls | None, Isolation | N
         log.info("model workers isolated: %s", isolation.describe())
     else:
         log.warning("model workers are only partly isolated: %s", isolation.describe())
+    if isolation.uid == 0 and walls.ipc:
+        log.warning("with --mps the model workers keep uid 0, without capabilities: MPS serves a client as its uid")
     return walls, isolation

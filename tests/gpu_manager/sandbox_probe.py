@@ -56,3 +56,28 @@ def where_namespaces_are_refused(conn, walls: Walls) -> None:
     sandbox._install_seccomp(sandbox._seccomp_filter())
     got = sandbox.enter(walls)
     conn.send((got, Path("/proc/self/status").read_text()))
+
+
+def under_mps(conn, walls: Walls, home: str, mps: str) -> None:
+    """The MPS case: what the worker may still do (its unit's MPS folder, the host's /dev/shm) and
+    may not (the rest of the state folder); answers (outcomes, /proc/self/status)."""
+    os.umask(0o077)
+    _walled(walls)
+    out = {}
+    for what, action in (
+        ("token", lambda: Path(home, "secrets", "gpu-manager-token").read_text()),
+        ("write mps", lambda: Path(mps, f"client-{uuid.uuid4().hex}").write_text("x")),
+        ("write shm", lambda: _written_and_gone(Path("/dev/shm", f"faas-gpu-probe-{uuid.uuid4().hex}"))),
+        ("write home", lambda: Path(home, "pwned").write_text("x")),
+    ):
+        try:
+            action()
+            out[what] = "ok"
+        except OSError as exc:
+            out[what] = f"refused {type(exc).__name__}"
+    conn.send((out, Path("/proc/self/status").read_text()))
+
+
+def _written_and_gone(path: Path) -> None:
+    path.write_text("x")
+    path.unlink()

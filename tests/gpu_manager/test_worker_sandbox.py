@@ -225,3 +225,30 @@ def test_where_namespaces_are_refused_the_worker_keeps_root_without_capabilities
     assert fields["Uid"].split() == ["0"] * 4
     assert int(fields["CapEff"], 16) == int(fields["CapPrm"], 16) == int(fields["CapBnd"], 16) == 0
     assert fields["NoNewPrivs"].strip() == "1"
+
+
+@needs_root
+def test_with_mps_a_worker_keeps_uid_0_without_capabilities_and_reaches_only_its_mps_folder(state):
+    """Under MPS (untestable here without a GPU: its folders stand in) the worker keeps the
+    manager's uid and the host's IPC, and its MPS folder stays writable; the rest of the walls stand."""
+    from tests.gpu_manager.sandbox_probe import under_mps
+
+    mps = state / "mps"
+    mps.mkdir()
+    walls = isolation.worker_walls(state, state / "models", mps=mps)
+    assert walls.uid is None and walls.ipc and walls.scratch == ("/tmp",) and walls.writable == (str(mps), "/dev/shm")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=under_mps, args=(child, walls, str(state), str(mps)))
+    proc.start()
+    try:
+        assert parent.poll(60)
+        seen, status = parent.recv()
+    finally:
+        proc.join(10)
+    assert seen["token"] == "refused FileNotFoundError" and seen["write mps"] == seen["write shm"] == "ok", seen
+    assert not (state / "pwned").exists()  # (under pytest's /tmp, the worker wrote into its own scratch)
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    assert fields["Uid"].split() == ["0"] * 4 and int(fields["CapEff"], 16) == int(fields["CapBnd"], 16) == 0
+    assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
+    assert len(list(mps.iterdir())) == 1  # written through to the real folder: MPS's pipes live there
