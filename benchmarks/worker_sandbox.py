@@ -1,11 +1,13 @@
 """What the model workers' walls (gpu_manager/isolation.py) cost a worker's start, with and
 without them, in one run, interleaved (issue 41; issue 44 wants misses fast).
 
-Three figures each way, medians of `--runs`:
+Figures each way, medians of `--runs`:
 - `fresh_s`: a miss with no pooled process: `Worker.start()` of a small torch.export program,
   spawn (interpreter, imports), walls, read, warm-up, until the worker reports ready;
+  `fresh_cpu_s`, the CPU (user + system) the worker process spent on it (steadier than the wall
+  clock on a shared machine);
 - `pooled_s`: a pooled process spawned until it reports warm (torch imported, loader warmed),
-  which is what the pool pays off the job's path;
+  which is what the pool pays off the job's path; `pooled_cpu_s` likewise;
 - `enter_ms`: `sandbox.enter` alone, timed inside a spawned child.
 
 Root builds the uid wall too; otherwise the walls are made in a user namespace.
@@ -21,6 +23,7 @@ import argparse
 import io
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -52,24 +55,31 @@ def enter_ms(walls) -> float:
     return seconds * 1000
 
 
-def pooled_s(walls) -> float:
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def pooled_s(walls) -> tuple[float, float]:
     t0 = time.perf_counter()
     pooled = spawn_pooled(1, {}, walls=walls)
     kind, _ = pooled.conn.recv()
     assert kind == "warm", kind
     took = time.perf_counter() - t0
+    cpu = cpu_s(pooled.proc.pid)
     pooled.conn.close()
     pooled.proc.join(10)
-    return took
+    return took, cpu
 
 
-def fresh_s(artifact, walls) -> float:
+def fresh_s(artifact, walls) -> tuple[float, float]:
     worker = Worker(artifact, walls=walls)
     t0 = time.perf_counter()
     worker.start()
     took = time.perf_counter() - t0
+    cpu = cpu_s(worker.proc.pid)
     worker.stop()
-    return took
+    return took, cpu
 
 
 def main() -> None:
@@ -88,18 +98,17 @@ def main() -> None:
         buf = io.BytesIO()
         torch.export.save(program, buf)
         artifact = store.put(buf.getvalue())
-        runs: dict[str, dict[str, list[float]]] = {
-            "without": {"fresh_s": [], "pooled_s": []},
-            "with": {"fresh_s": [], "pooled_s": [], "enter_ms": []},
-        }
+        runs: dict[str, dict[str, list[float]]] = {name: {} for name in ("without", "with")}
         for _ in range(args.runs):
             for name, w in (("without", None), ("with", walls)):
-                runs[name]["fresh_s"].append(fresh_s(artifact, w))
-                runs[name]["pooled_s"].append(pooled_s(w))
+                figures = runs[name]
+                for kind, (wall, cpu) in (("fresh", fresh_s(artifact, w)), ("pooled", pooled_s(w))):
+                    figures.setdefault(f"{kind}_s", []).append(wall)
+                    figures.setdefault(f"{kind}_cpu_s", []).append(cpu)
                 if w is not None:
-                    runs[name]["enter_ms"].append(enter_ms(w))
+                    figures.setdefault("enter_ms", []).append(enter_ms(w))
     result = {name: {k: round(statistics.median(v), 4) for k, v in figures.items()} for name, figures in runs.items()}
-    for name in ("fresh_s", "pooled_s"):
+    for name in ("fresh_s", "pooled_s", "fresh_cpu_s", "pooled_cpu_s"):
         result["with"][f"{name}_ratio"] = round(result["with"][name] / result["without"][name], 3)
     print(json.dumps(result))
 
