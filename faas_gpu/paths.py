@@ -104,14 +104,18 @@ def private_umask() -> None:
 
 
 def make_private(path: Path) -> None:
-    """chmod one entry: folders 0700, files 0600 (0700 when the owner may execute them)."""
+    """chmod one entry: folders 0700, files 0600 (0700 when the owner may execute them). An entry
+    given to another group on purpose keeps that group's read (and a folder's traverse), never its
+    write: the GPU Manager's model store, which its sandboxed workers' group reads
+    (`gpu_manager/isolation.py`); other users still cannot reach it through the 0700 folder."""
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode):
         return
+    group = st.st_mode & 0o050 if st.st_gid != os.getegid() else 0
     if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR:
-        os.chmod(path, 0o700)
+        os.chmod(path, 0o700 | group)
     else:
-        os.chmod(path, 0o600)
+        os.chmod(path, 0o600 | (group & 0o040))
 
 
 def make_tree_private(root: Path) -> None:

@@ -21,7 +21,15 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from tests.daemon_process import Daemon
-from tests.malicious import SavesAFile, malicious_pickle, torchscript
+from tests.malicious import (
+    SavesAFile,
+    exported_linear,
+    hostile_program,
+    hostile_torchscript,
+    malicious_pickle,
+    torchscript,
+    zip_bomb,
+)
 from tests.stack_process import StackProcess
 
 
@@ -167,3 +175,56 @@ def test_a_non_ascii_bearer_token_is_401_not_500(gpu_stack, daemon, path):
     url = getattr(gpu_stack, daemon).url
     r = requests.get(f"{url}{path}", headers={"Authorization": "Bearer ä".encode()}, timeout=10)
     assert r.status_code == 401 and "invalid token" in r.text
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The largest peak resident memory (VmHWM) of `pid` and its children (gunicorn's worker)."""
+    pids = [pid] + [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+    peaks = []
+    for p in pids:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return max(peaks)
+
+
+def test_archives_two_readers_would_read_apart_are_refused_and_nothing_runs(gpu_stack, tmp_path):
+    """Issue 41, finding 2, as it was done: a function's token, an archive whose hostile entry only
+    torch's reader takes (a .pt2 whose shape expression is a command; TorchScript whose __setstate__
+    writes a file), uploaded to the scheduler, and to a manager with the cluster token."""
+    deploy_printenv(gpu_stack, "printenv")
+    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    marker = tmp_path / "pwned"
+    for payload in (hostile_program(exported_linear(), marker), hostile_torchscript(marker)):
+        r = upload(gpu_stack, token, payload)
+        assert r.status_code == 400 and "appears twice" in r.text, r.text
+        r = job(gpu_stack, token, hashlib.sha256(payload).hexdigest())
+        assert r.status_code == 403
+        r = requests.put(
+            f"{gpu_stack.manager.url}/v1/models", data=payload, headers=bearer(gpu_stack.cluster_token), timeout=60
+        )
+        assert r.status_code == 400 and "appears twice" in r.text, r.text
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_a_zip_bomb_is_refused_and_no_daemon_inflates_it(gpu_stack):
+    """Issue 41, finding 3: 298 KiB declaring 300 MiB of model.json was stored (201) and took the
+    scheduler to 866 MB and the manager from 248 to 859 MB. Refused now from the archive's directory:
+    neither daemon's peak memory moves by more than the upload's own size."""
+    deploy_printenv(gpu_stack, "printenv")
+    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    bomb = zip_bomb(exported_linear())
+    for daemon, send in (
+        (gpu_stack.scheduler, lambda: upload(gpu_stack, token, bomb)),
+        (
+            gpu_stack.manager,
+            lambda: requests.put(
+                f"{gpu_stack.manager.url}/v1/models", data=bomb, headers=bearer(gpu_stack.cluster_token), timeout=60
+            ),
+        ),
+    ):
+        before = peak_rss_mb(daemon.proc.pid)
+        r = send()
+        assert r.status_code == 400 and "zip bomb" in r.text, r.text
+        assert peak_rss_mb(daemon.proc.pid) - before < 50
