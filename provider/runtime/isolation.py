@@ -105,10 +105,14 @@ class ReplicaFolders:
 
 
 def hidden_paths(home: Path) -> list[str]:
-    """What no replica sees: the state folder, the stack's config folder, its user's home, and,
+    """What no replica sees: the state folder, the stack's config file, its user's home, and,
     for a stack run as a user (whose replicas keep that user's uid and groups), that user's
     runtime folder and the Docker socket."""
-    out = [home, paths.config_dir()]
+    out = [home]
+    try:
+        out.append(paths.config_file())  # where `up` records the running stack (its state folder's path)
+    except OSError:  # a config file this user may not even look at: nothing of it to hide
+        pass
     user_home = _user_home()
     if user_home:
         out.append(Path(user_home))
