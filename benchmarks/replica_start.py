@@ -1,6 +1,6 @@
 """How long a local replica takes from its start to serving (`/_/ready` answers 200).
 
-Issue 41 put each replica in a sandbox (`faas_gpu.sandbox`: its own uid, mount, PID and IPC
+Issue 41 put each replica in a sandbox (`faas_gpu.sandbox.replica`: its own uid, mount, PID and IPC
 namespaces, a clean environment); issue 44 wants a replica serving within 300 ms. This measures
 what a start costs on the local runtime as the provider runs it (`LocalRuntime._spawn`, then a
 tight probe of the watchdog every 2 ms, without the supervisor's 100 ms tick), for:

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from faas_gpu.models import ModelStore  # noqa: E402
-from faas_gpu.walls import enter  # noqa: E402
+from faas_gpu.sandbox.worker import enter  # noqa: E402
 from gpu_manager import isolation  # noqa: E402
 from gpu_manager.worker import Worker, spawn_pooled  # noqa: E402
 

@@ -166,7 +166,7 @@ ISOLATION: Var[str] = Var(
     "FAAS_GPU_ISOLATION",
     "auto",
     isolation_name,
-    "the local runtime's sandbox of each replica (`faas_gpu.sandbox`: its own uid, mount, PID and IPC "
+    "the local runtime's sandbox of each replica (`faas_gpu.sandbox.replica`: its own uid, mount, PID and IPC "
     "namespaces, a clean environment): auto, where the kernel allows it (else replicas run unisolated and "
     "the stack says so); on, or the stack does not start; off, never (replicas then share the stack's "
     "user and view of the host)",

@@ -1,13 +1,13 @@
 """What a local replica sees through its sandbox (provider/runtime/isolation.py), read off the
-sandbox each replica gets; the walls themselves are tests/test_sandbox.py's and
+sandbox each replica gets; the walls themselves are tests/sandbox/test_replica.py's and
 tests/provider/test_tenant_isolation.py's."""
 
 from __future__ import annotations
 
 import sys
 
-from faas_gpu import sandbox
 from faas_gpu.paths import REPO_ROOT
+from faas_gpu.sandbox import replica as sandbox
 from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, outermost, stack_paths
 
 

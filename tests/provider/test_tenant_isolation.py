@@ -28,7 +28,7 @@ import requests
 from faas_gpu.contract.replica import STANDARD_PATH
 from faas_gpu.credentials import ensure_token
 from faas_gpu.paths import REPO_ROOT
-from faas_gpu.sandbox import FIRST_UID, UID_COUNT
+from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT
 from tests.stack_process import StackProcess
 
 from .test_process_groups import children, replica_pids, tree

@@ -1,4 +1,5 @@
-"""faas_gpu.sandbox on its own: the launcher, the walls it builds, and each function's uid.
+"""A replica's walls (`faas_gpu.sandbox.replica`) and its launcher on their own: what a tenant's
+code can and cannot do inside.
 
 Real processes and real namespaces (the launcher as the provider runs it); a test that needs
 root or namespaces this host does not give skips, naming why.
@@ -10,22 +11,23 @@ import marshal
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from faas_gpu import sandbox
 from faas_gpu.procs import alive
+from faas_gpu.sandbox import launcher
+from faas_gpu.sandbox import replica as sandbox
+from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT
 
 ROOT = os.geteuid() == 0
-UID = sandbox.FIRST_UID + sandbox.UID_COUNT - 1  # a uid of the range no other test's function gets
+UID = FIRST_UID + UID_COUNT - 1  # a uid of the range no other test's function gets
 
 
 def launch(box: sandbox.Sandbox, **kwargs) -> subprocess.Popen:
     proc = subprocess.Popen(
-        sandbox.launcher_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
+        launcher.launcher_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
     )
     with proc.stdin:
         proc.stdin.write(box.encode())
@@ -35,7 +37,7 @@ def launch(box: sandbox.Sandbox, **kwargs) -> subprocess.Popen:
 def output(box: sandbox.Sandbox, **kwargs) -> tuple[int, str]:
     """Run `box` to its end: its exit status and what it printed."""
     done = subprocess.run(
-        sandbox.launcher_argv(), input=box.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+        launcher.launcher_argv(), input=box.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
         **kwargs,
     )  # fmt: skip
     return done.returncode, done.stdout.decode()
@@ -65,7 +67,7 @@ def walled(tmp_path: Path, script: str, **kwargs) -> sandbox.Sandbox:
 @pytest.fixture
 def namespaces(tmp_path):
     """Skip where this host cannot build the walls at all (no namespaces for us)."""
-    said = sandbox.probe(walled(tmp_path, "true"))
+    said = launcher.probe(walled(tmp_path, "true"))
     if said is not None:
         pytest.skip(f"no namespaces here: {said}")
 
@@ -216,46 +218,26 @@ def test_a_sandbox_that_cannot_be_built_says_why_and_runs_nothing(tmp_path, name
     box.mounts.append(sandbox.Mount(tmp_path / "absent", "/var/openfaas/secrets"))
     code, out = output(box)
     assert code == 126 and "ran" not in out and "absent" in out
-    assert sandbox.probe(box) is not None and "absent" in sandbox.probe(box)
+    assert launcher.probe(box) is not None and "absent" in launcher.probe(box)
 
 
 @pytest.mark.skipif(not ROOT, reason="dropping to another uid needs root")
 def test_a_uid_sandbox_refuses_root(tmp_path, namespaces):
     box = walled(tmp_path, "echo ran", uid=0, gid=0)
-    assert "unprivileged uid" in (sandbox.probe(box) or "")
+    assert "unprivileged uid" in (launcher.probe(box) or "")
 
 
-def test_each_function_keeps_its_uid_across_restarts_and_no_two_share_one(tmp_path):
-    table = sandbox.UidTable(tmp_path / "uids.json")
-    a, b = table.uid("openfaas-fn/a"), table.uid("openfaas-fn/b")
-    assert a != b and all(sandbox.FIRST_UID <= u < sandbox.FIRST_UID + sandbox.UID_COUNT for u in (a, b))
-    again = sandbox.UidTable(tmp_path / "uids.json")
-    assert again.uid("openfaas-fn/b") == b and again.uid("openfaas-fn/a") == a
-
-
-def test_uids_of_this_hosts_users_are_never_given(tmp_path):
-    import pwd
-
-    real = sorted(u.pw_uid for u in pwd.getpwall())
-    first = real[-1]  # a real user's uid, and the two after it
-    table = sandbox.UidTable(tmp_path / "uids.json", first=first, count=3)
-    given = {table.uid(f"ns/f{i}") for i in range(2)}
-    assert first not in given and len(given) == 2
-    with pytest.raises(sandbox.SandboxError, match="no free uid"):
-        table.uid("ns/third")
-
-
-def test_uids_in_other_users_subordinate_ranges_are_never_given(monkeypatch, tmp_path):
-    first = sandbox.FIRST_UID
-    monkeypatch.setattr(sandbox, "_subordinate_ranges", lambda: [(first, first + 3)])  # /etc/subuid's
-    table = sandbox.UidTable(tmp_path / "uids.json", first=first, count=4)
-    assert table.uid("ns/f") == first + 3
-
-
-def test_the_launcher_needs_no_site_packages():
+def test_the_launcher_loads_only_the_standard_library_and_the_replicas_walls():
+    """Every replica's start waits for the launcher's interpreter: it runs without site packages
+    (-I -S) and imports nothing of faas-gpu but the walls (a heavier import would slow every start)."""
+    box = sandbox.Sandbox(["/bin/true"], {}, "/", parent=os.getpid())
+    argv = launcher.launcher_argv()
+    assert argv[1:3] == ["-I", "-S"] and argv[3] == launcher.LAUNCHER and launcher.LAUNCHER.endswith("launcher.py")
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", f"import runpy; runpy.run_path({sandbox.__file__!r}, run_name='x')"],
-        capture_output=True,
-        timeout=30,
+        [*argv[:3], "-X", "importtime", *argv[3:]], input=box.encode(), capture_output=True, timeout=30
     )
     assert done.returncode == 0, done.stderr
+    modules = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    ours = {m for m in modules if m.startswith("faas_gpu")}
+    assert ours == {"faas_gpu", "faas_gpu.sandbox", "faas_gpu.sandbox.primitives", "faas_gpu.sandbox.replica"}
+    assert not modules & {"site", "json", "pathlib", "dataclasses", "platform", "subprocess"}, modules
