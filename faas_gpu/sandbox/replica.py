@@ -1,4 +1,4 @@
-"""A replica's sandbox: the walls a tenant's code runs inside on a host it shares with the stack.
+"""A replica's walls: what a tenant's code runs inside on a host it shares with the stack.
 
 Why: a function runs its user's code. Beside the daemons as the same user it read the admin
 password, the cluster token, every function's token and the datastore from the state folder, and
@@ -6,20 +6,27 @@ the provider's environment from /proc (issue 41). faasd runs each function as a 
 namespaces of its own; a plain process gets the same walls here, built from Linux namespaces with
 no helper program (the design of bubblewrap, in Python):
 
-- its own **mount namespace**, where the paths in `hide` do not exist (an empty read-only tmpfs over
-  a folder, /dev/null over a file: the state folder, the stack user's home and config folder), and
-  only `mounts` come back in, each at a path of its choosing (for a replica: its built image
-  read-only, its own secrets read-only at OpenFaaS's /var/openfaas/secrets, its token, a private
-  /tmp and HOME; `faas_gpu.contract.replica`);
+- its own **mount namespace**, where every mount is read-only and nosuid, the paths in `hide` do
+  not exist (an empty read-only tmpfs over a folder, /dev/null over a file: the state folder, the
+  stack user's home and config), and only `mounts` come back in, each at a path of its choosing
+  (for a replica: its built image read-only, its own secrets read-only at OpenFaaS's
+  /var/openfaas/secrets, its token, a private /tmp, /var/tmp and HOME, writable:
+  `faas_gpu.contract.replica`); the `tmpfs` folders (/dev/shm) and the writable mounts are the
+  only places it writes;
 - its own **PID namespace** with its own /proc: it sees its own processes only, and when its first
   process (the watchdog) exits the kernel kills every process it left behind;
 - its own **IPC namespace** (System V IPC and POSIX message queues of its own) and /dev/shm;
-- an **unprivileged uid of its function's own** (`uids.UidTable`) when the stack runs as
-  root; where the stack runs as a user, a **user namespace** mapping that user to itself gives the
-  same mount and PID walls without privilege (the replica then has the stack user's uid and
-  groups, and cannot read the folders hidden from it);
-- no capabilities (bounding set emptied), `no_new_privs`, and a clean environment: exactly `env`;
-- it dies with its launcher (`PR_SET_PDEATHSIG`), and the launcher with the provider.
+- an **unprivileged uid of its function's own** (`uids.UidTable`) when the stack runs as root;
+  where the stack runs as a user, a **user namespace** mapping that user to itself gives the
+  same walls without privilege (the replica then has the stack user's uid and groups, and can
+  neither read the folders hidden from it nor write the ones it can see);
+- no capabilities (bounding, ambient, effective and permitted sets emptied), `no_new_privs`, a
+  **seccomp filter** refusing what no function needs and what reaches other processes or widens
+  the kernel's surface (ptrace, process_vm_*, mounts and namespaces, keyrings, bpf, perf,
+  userfaultfd, io_uring, modules, kexec: `primitives.DENIED_SYSCALLS_X86_64`; kept across
+  execve, for the watchdog and everything it runs), not dumpable (until its execve, which resets
+  it), and exactly `env` as its environment;
+- it dies with the process that made it (`PR_SET_PDEATHSIG`).
 The host network stays: the gateway reaches a replica on 127.0.0.1:<port> and the replica reaches
 the scheduler and the GPU Managers with its function's token, as in faasd's host-network mode.
 
@@ -28,7 +35,8 @@ How, in two steps, each callable from a process that is single-threaded (a forke
 `enter(sb)` in that first process (PID 1 of the new PID namespace), after which it may `execve`
 its program (the launcher, `launcher.py`, per replica) or import a handler and serve (issue 44: a
 replica forked from a template process: fork, `unshare_namespaces`, fork again, `enter` in the
-grandchild, import the handler).
+grandchild, import the handler; nothing of the template's environment is left, and the
+template's own process keeps none of these walls).
 
 `Sandbox` is the whole description: plain data, so the launcher can take it on its stdin.
 """
@@ -195,7 +203,7 @@ class _Mounts:
                     os.mkdir(target)
                 else:
                     os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
-                p.mount(source, target, None, p.MS_BIND | p.MS_REC)
+                p.mount(source, target, None, p.MS_BIND | p.MS_REC)  # read-only, as the tree is
         finally:
             os.close(fd)
 
@@ -223,13 +231,14 @@ class _Mounts:
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
 
     def bind(self, source_fd: int, target: str, writable: bool) -> None:
+        """`source_fd`'s file or folder at `target`: read-only, or writable (a bind inherits the
+        read-only tree's flags: made writable again, that mount alone)."""
         directory = stat.S_ISDIR(os.fstat(source_fd).st_mode)
         self.make_point(target, directory)
         p.mount(f"/proc/self/fd/{source_fd}", target, None, p.MS_BIND | p.MS_REC)
+        p.remount(target, read_only=not writable)
         if writable:
             self.ours.append(target)
-        else:
-            p.remount(target)
 
     def finish(self) -> None:
         for target in self.read_only_later:
@@ -238,9 +247,10 @@ class _Mounts:
 
 def enter(sb: Sandbox) -> None:
     """Step two, in the sandbox's first process (PID 1 of the namespaces `unshare_namespaces`
-    made), single-threaded: build its file system, mount its /proc, chdir, and give up every
-    privilege. After this the process may `execve` its program or import a handler; it cannot
-    undo any of it. SandboxError or OSError: nothing may run."""
+    made), single-threaded: build its file system (read-only, then what is hidden and what comes
+    back), mount its /proc, chdir, give up every privilege and install the seccomp filter, and
+    replace the environment with `sb.env`. After this the process may `execve` its program or
+    import a handler; it cannot undo any of it. SandboxError or OSError: nothing may run."""
     if not p.single_threaded():
         raise SandboxError("sandbox: entered by a process that already runs threads")
     p.private_root()
@@ -252,6 +262,7 @@ def enter(sb: Sandbox) -> None:
         except OSError as exc:
             raise SandboxError(f"mount source {m.source}: {exc.strerror}") from None
     null = os.open("/dev/null", os.O_PATH | os.O_CLOEXEC)
+    p.read_only_tree()  # what the sandbox writes is its own: the tmpfs folders and writable mounts below
     mounts = _Mounts()
     for target in sb.tmpfs:
         if os.path.isdir(target):
@@ -292,12 +303,14 @@ def enter(sb: Sandbox) -> None:
         os.close(fd)
     os.chdir(sb.cwd)
     drop_privileges(sb)
+    p.replace_environment(sb.env)
 
 
 def drop_privileges(sb: Sandbox) -> None:
-    """No capability now or after any execve (every set emptied, `no_new_privs`), and, for
-    ISOLATED_BY_UID, the function's uid and gid with no supplementary groups. Then the death
-    signal again: changing credentials clears it."""
+    """No capability now or after any execve (every set emptied, `no_new_privs`), for
+    ISOLATED_BY_UID the function's uid and gid with no supplementary groups, not dumpable, the
+    death signal again (changing credentials clears it), and last the seccomp filter (which
+    refuses the mounts and namespaces built before it)."""
     p.drop_bounding_set()  # False (a root without CAP_SETPCAP): no_new_privs and the uid make up for it
     if sb.mode == ISOLATED_BY_UID:
         if sb.uid is None or sb.gid is None:
@@ -305,4 +318,8 @@ def drop_privileges(sb: Sandbox) -> None:
         p.become(sb.uid, sb.gid)
     p.drop_capabilities()
     p.no_new_privs()
+    p.not_dumpable()
     p.die_with_parent()
+    program = p.seccomp_filter()
+    if program is not None:
+        p.install_seccomp(program)

@@ -1,7 +1,8 @@
 """How the local runtime walls a replica off from the stack and from other functions.
 
-The walls themselves are `faas_gpu.sandbox.replica`'s (namespaces, a uid of the function's own, no
-capabilities, a clean environment); this module says what a replica sees through them:
+The walls themselves are `faas_gpu.sandbox.replica`'s (namespaces, a uid of the function's own, a
+read-only tree, no capabilities, a seccomp filter, a clean environment); this module says what a
+replica sees through them:
 
 - nothing of the state folder (the admin password, the cluster token, every function's token, the
   datastore, the logs, other images), of the stack user's home or of its config file; only its
@@ -35,7 +36,7 @@ from faas_gpu.contract import replica as where
 from faas_gpu.imagestore import stack_site_packages
 from faas_gpu.sandbox import replica as sandbox
 from faas_gpu.sandbox.launcher import probe as probe_sandbox
-from faas_gpu.sandbox.primitives import under
+from faas_gpu.sandbox.primitives import seccomp_filter, under
 from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT, UidTable
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,12 @@ PROBE_UID = FIRST_UID + UID_COUNT
 """The uid the start-up check runs as: one past the functions' range, never a function's."""
 UIDS_FILE = "replica-uids.json"
 """The state folder's table of each function's uid (`faas_gpu.sandbox.uids.UidTable`)."""
+
+
+def _walls() -> str:
+    """What every isolated replica has besides its namespaces (`faas_gpu.sandbox.replica`)."""
+    seccomp = " and a seccomp filter" if seccomp_filter() is not None else " (no seccomp filter on this architecture)"
+    return "writing only its own folders, with no capabilities" + seccomp
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,13 @@ class Isolation:
         if self.mode == sandbox.ISOLATED_BY_UID:
             how = (
                 "each function's replicas run as a uid of its own, in mount, PID and IPC namespaces of their "
-                "own, without the state folder, its secrets at /var/openfaas/secrets"
+                f"own, without the state folder, its secrets at /var/openfaas/secrets, {_walls()}"
             )
         elif self.mode == sandbox.ISOLATED_BY_USERNS:
             how = (
                 "each replica runs in user, mount, PID and IPC namespaces of its own, without the state folder, "
-                "its secrets at /var/openfaas/secrets (as the stack's user: run the stack as root for a uid per "
-                "function)"
+                f"its secrets at /var/openfaas/secrets, {_walls()} (as the stack's user: run the stack as root for a "
+                "uid per function)"
             )
         else:
             how = f"functions are NOT isolated: they run as the stack's user and see what it sees ({self.reason})"
