@@ -27,6 +27,7 @@ def home() -> Path:
 
 
 CONFIG_FILE_NAME = "config.yml"
+CONFIG_FOLDER_NAME = "faas-gpu"  # under $XDG_CONFIG_HOME or ~/.config
 _folder_noted: set[str] = set()
 
 
@@ -41,7 +42,11 @@ def config_file() -> Path:
     value = os.environ.get("FAAS_GPU_CONFIG")
     if value:
         path = Path(value).expanduser().resolve()
-        if not path.is_dir():
+        try:
+            folder = path.is_dir()
+        except OSError:  # a folder this user may not look into: not one of its own
+            folder = False
+        if not folder:
             return path
         if value not in _folder_noted:
             _folder_noted.add(value)
@@ -53,7 +58,7 @@ def config_file() -> Path:
         return path / CONFIG_FILE_NAME
     xdg = os.environ.get("XDG_CONFIG_HOME")
     base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
-    return (base / "faas-gpu" / CONFIG_FILE_NAME).resolve()
+    return (base / CONFIG_FOLDER_NAME / CONFIG_FILE_NAME).resolve()
 
 
 def secrets_dir(state: Path | None = None) -> Path:

@@ -116,14 +116,10 @@ class ReplicaFolders:
 
 
 def hidden_paths(home: Path) -> list[str]:
-    """What no replica sees: the state folder, the stack's config file, its user's home, and,
+    """What no replica sees: the state folder, the stack's config (`config_hidden`), its user's home, and,
     for a stack run as a user (whose replicas keep that user's uid and groups), that user's
     runtime folder and the Docker socket."""
-    out = [home]
-    try:
-        out.append(paths.config_file())  # where `up` records the running stack (its state folder's path)
-    except OSError:  # a config file this user may not even look at: nothing of it to hide
-        pass
+    out = [home, config_hidden(paths.config_file())]
     user_home = _user_home()
     if user_home:
         out.append(Path(user_home))
@@ -136,6 +132,15 @@ def hidden_paths(home: Path) -> list[str]:
         if real != "/" and os.path.lexists(real) and real not in found:
             found.append(real)
     return found
+
+
+def config_hidden(config: Path) -> Path:
+    """What of the per-user config (where `up` records the running stack, naming its state
+    folder, itself hidden) a replica must not see: its folder when that is faas-gpu's own
+    (~/.config/faas-gpu: `up` replaces the record by a rename, which lifts a mount hiding the file
+    alone), else the file: $FAAS_GPU_CONFIG may name a file in a folder every program needs
+    (/etc/faas-gpu.yml), which hiding would take from every replica."""
+    return config.parent if config.parent.name == paths.CONFIG_FOLDER_NAME else config
 
 
 def _user_home() -> str | None:

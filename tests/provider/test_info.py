@@ -8,13 +8,6 @@ from provider.config import ProviderConfig
 from provider.core import Provider
 
 
-class _EngineRuntime:
-    """info reads the config, and asks the runtime how it isolates replicas (an engine: it does)."""
-
-    def isolation(self) -> None:
-        return None
-
-
 @pytest.mark.parametrize(
     "runtime, orchestration",
     [("local", "local-process"), ("docker", "docker"), ("swarm", "swarm"), (None, "local-process")],
@@ -22,7 +15,7 @@ class _EngineRuntime:
 def test_provider_info_names_the_runtimes_orchestration(tmp_path, runtime, orchestration):
     """As each OpenFaaS provider names its own (faasd `containerd`, faas-swarm `swarm`,
     faas-netes `kubernetes`): under `--runtime docker` it is the Docker engine, not processes."""
-    provider = Provider(ProviderConfig(home=tmp_path, runtime=runtime), *([None] * 5), _EngineRuntime(), None, None)
+    provider = Provider(ProviderConfig(home=tmp_path, runtime=runtime), *([None] * 8))  # info reads the config only
     info = provider.info()
     assert info["provider"] == "faas-gpu" and info["orchestration"] == orchestration
     assert set(info["version"]) == {"sha", "release"}
