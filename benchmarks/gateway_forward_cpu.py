@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from faas_gpu.sandbox import LAUNCHER  # noqa: E402
+from faas_gpu.sandbox.launcher import LAUNCHER  # noqa: E402
 from tests.stack_process import StackProcess  # noqa: E402
 
 HANDLER = (
@@ -68,7 +68,7 @@ def gateway_pids(pid: int) -> list[int]:
 def watchdog_pids(gateway: list[int]) -> list[int]:
     """The replica's watchdog: a process running fwatchdog.py whose parent is the gateway's (started
     by any of their threads, so found by parent pid, not by the main thread's children file) or
-    the replica's launcher, the gateway's child (`faas_gpu.sandbox`)."""
+    the replica's launcher, the gateway's child (`faas_gpu.sandbox.launcher`)."""
     parents = set(gateway)
     found = []
     for launched in (False, True):

@@ -1,12 +1,16 @@
 """How long a local replica takes from its start to serving (`/_/ready` answers 200).
 
-Issue 41 put each replica in a sandbox (`faas_gpu.sandbox`: its own uid, mount, PID and IPC
-namespaces, a clean environment); issue 44 wants a replica serving within 300 ms. This measures
-what a start costs on the local runtime as the provider runs it (`LocalRuntime._spawn`, then a
-tight probe of the watchdog every 2 ms, without the supervisor's 100 ms tick), for:
+Issue 41 put each replica in a sandbox (`faas_gpu.sandbox.replica`: its own uid, mount, PID and IPC
+namespaces, a read-only tree, no capabilities, a seccomp filter, a clean environment); issue 44
+wants a replica serving within 300 ms. This measures what a start costs on the local runtime as
+the provider runs it (`LocalRuntime._spawn`, then a tight probe of the watchdog every 2 ms,
+without the supervisor's 100 ms tick), for:
 - `classic`: an envProcess-only function (`cat`, the classic watchdog, no image);
 - `echo`: the python3-gpu echo example built into a fresh image store (mode inproc: the watchdog
-  imports the template and the handler, as every python3-gpu replica does).
+  imports the template and the handler, as every python3-gpu replica does);
+- `walls`: the launcher alone, through a replica's sandbox as the runtime builds it (the
+  function's uid, its folders, the stack's code), running `/bin/true` until it exits: what the
+  walls cost a start, without the watchdog's.
 
 Run it as root (the sandbox then drops to the function's uid) or as a user (user namespaces),
 with `--isolation off` for the same runtime without the walls, or from a checkout before issue 41
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +66,9 @@ def main() -> None:
         }
         out: dict[str, dict[str, float]] = {}
         try:
+            if hasattr(runtime, "walls"):  # a checkout before issue 41 has no launcher to time
+                out["walls"] = _summary(walls_s(runtime, args.rounds))
+                print(f"walls: median {out['walls']['median_ms']} ms over {args.rounds} launches", flush=True)
             for kind, dep in kinds.items():
                 record = FunctionRecord(dep, "openfaas-fn", 1)
                 fn = FunctionReplicas(record, runtime.plan(record))
@@ -73,15 +82,43 @@ def main() -> None:
                         time.sleep(0.002)
                     times.append(time.perf_counter() - t0)
                     runtime._stop_all([replica], 5)
-                out[kind] = {
-                    "median_ms": round(statistics.median(times) * 1000, 1),
-                    "min_ms": round(min(times) * 1000, 1),
-                    "max_ms": round(max(times) * 1000, 1),
-                }
+                out[kind] = _summary(times)
                 print(f"{kind}: median {out[kind]['median_ms']} ms over {args.rounds} starts", flush=True)
         finally:
             runtime.close()
     print(json.dumps(out))
+
+
+def walls_s(runtime, rounds: int) -> list[float]:
+    """Seconds from the launcher's start to its exit, `/bin/true` in a replica's sandbox."""
+    from provider.runtime.isolation import ReplicaFolders
+
+    try:
+        from faas_gpu.sandbox.launcher import launcher_argv
+    except ImportError:  # a checkout before faas_gpu/sandbox/ was a package
+        from faas_gpu.sandbox import launcher_argv
+
+    uid = runtime.walls.uid_of("openfaas-fn", "walls")
+    times = []
+    for i in range(rounds):
+        run_dir = runtime.run_root / "openfaas-fn" / f"walls-{i}"
+        folders = ReplicaFolders.make(run_dir, uid)
+        box = runtime.walls.sandbox_of(["/bin/true"], {"PATH": "/usr/bin:/bin"}, None, folders, uid, None)
+        t0 = time.perf_counter()
+        done = subprocess.run(launcher_argv(), input=box.encode(), capture_output=True, check=False)
+        times.append(time.perf_counter() - t0)
+        if done.returncode != 0:
+            raise SystemExit(f"walls: the launcher exited {done.returncode}: {done.stderr.decode()[-300:]}")
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return times
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 1),
+        "min_ms": round(min(times) * 1000, 1),
+        "max_ms": round(max(times) * 1000, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Figures each way, medians of `--runs`:
   clock on a shared machine);
 - `pooled_s`: a pooled process spawned until it reports warm (torch imported, loader warmed),
   which is what the pool pays off the job's path; `pooled_cpu_s` likewise;
-- `enter_ms`: `sandbox.enter` alone, timed inside a spawned child.
+- `enter_ms`: `faas_gpu.sandbox.worker.enter` alone, timed inside a spawned child.
 
 Root builds the uid wall too; otherwise the walls are made in a user namespace.
 
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from faas_gpu.models import ModelStore  # noqa: E402
-from faas_gpu.walls import enter  # noqa: E402
+from faas_gpu.sandbox.worker import enter  # noqa: E402
 from gpu_manager import isolation  # noqa: E402
 from gpu_manager.worker import Worker, spawn_pooled  # noqa: E402
 

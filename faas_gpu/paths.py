@@ -27,6 +27,7 @@ def home() -> Path:
 
 
 CONFIG_FILE_NAME = "config.yml"
+CONFIG_FOLDER_NAME = "faas-gpu"  # under $XDG_CONFIG_HOME or ~/.config
 _folder_noted: set[str] = set()
 
 
@@ -57,7 +58,7 @@ def config_file() -> Path:
         return path / CONFIG_FILE_NAME
     xdg = os.environ.get("XDG_CONFIG_HOME")
     base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
-    return (base / "faas-gpu" / CONFIG_FILE_NAME).resolve()
+    return (base / CONFIG_FOLDER_NAME / CONFIG_FILE_NAME).resolve()
 
 
 def secrets_dir(state: Path | None = None) -> Path:

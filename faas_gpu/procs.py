@@ -7,13 +7,12 @@ the stack's state folder.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import time
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+from faas_gpu.sandbox import primitives
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) -> None:
@@ -23,8 +22,7 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
     The signal fires when the *thread* that created the child exits, so the creator must be a
     long-lived thread. When `parent_pid` is given and the parent is already gone (it died
     before the prctl), the child exits at once."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    primitives.die_with_parent(sig)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
 

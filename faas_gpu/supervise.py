@@ -28,7 +28,7 @@ from pathlib import Path
 import requests
 
 from faas_gpu import paths, procs
-from faas_gpu.sandbox import LAUNCHER
+from faas_gpu.sandbox.launcher import LAUNCHER
 
 log = logging.getLogger("faas-gpu.supervise")
 MODULE = "faas_gpu.supervise"

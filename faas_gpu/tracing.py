@@ -136,7 +136,7 @@ def shutdown() -> None:
 
 INHERITED_FD = "/dev/fd/"
 """A traces file named /dev/fd/<n> is that descriptor, already open: a sandboxed instance may not open
-the stack's traces file itself, so its launcher opens it for it (`faas_gpu.sandbox`, `files`)."""
+the stack's traces file itself, so its launcher opens it for it (`faas_gpu.sandbox.launcher`, `files`)."""
 
 
 class JsonLinesExporter:

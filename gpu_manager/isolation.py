@@ -2,7 +2,7 @@
 kernels, reached by an uploaded artifact, gains nothing (issue 41).
 
 The checks of `faas_gpu.models` are the first wall; this is the second. Each worker process,
-pooled or fresh, enters `faas_gpu.walls`'s walls before it reads anything uploaded:
+pooled or fresh, enters `faas_gpu.sandbox.worker`'s walls before it reads anything uploaded:
 
 - **an unprivileged uid** (`--worker-user`, default 64999:64999) when the manager runs as root,
   no capability, `no_new_privs`, not dumpable, a seccomp filter (x86-64);
@@ -36,7 +36,8 @@ import os
 import sys
 from pathlib import Path
 
-from faas_gpu.walls import Isolation, SandboxError, Walls, probe
+from faas_gpu.sandbox.primitives import SandboxError
+from faas_gpu.sandbox.worker import Isolation, Walls, probe
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from faas_gpu.models import Artifact, ModelStore
 from faas_gpu.mps import thread_percentage
 from faas_gpu.observability import DaemonMetrics
 from faas_gpu.policies import ModelCache, ModelTooLarge
-from faas_gpu.walls import Walls
+from faas_gpu.sandbox.worker import Walls
 
 from . import mig, optimize
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 
 from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
-from faas_gpu.walls import Walls, enter
+from faas_gpu.sandbox.worker import Walls, enter
 
 from . import faults, loader
 from .handover import Receiver, Sender

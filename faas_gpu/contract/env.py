@@ -166,10 +166,10 @@ ISOLATION: Var[str] = Var(
     "FAAS_GPU_ISOLATION",
     "auto",
     isolation_name,
-    "the local runtime's sandbox of each replica (`faas_gpu.sandbox`: its own uid, mount, PID and IPC "
-    "namespaces, a clean environment): auto, where the kernel allows it (else replicas run unisolated and "
-    "the stack says so); on, or the stack does not start; off, never (replicas then share the stack's "
-    "user and view of the host)",
+    "the local runtime's sandbox of each replica (`faas_gpu.sandbox.replica`: its own uid, mount, PID and "
+    "IPC namespaces, a read-only tree, no capabilities, a seccomp filter, a clean environment): auto, where "
+    "the kernel allows it (else replicas run unisolated and the stack says so); on, or the stack does not "
+    "start; off, never (replicas then share the stack's user and view of the host)",
 )
 
 PIN_CPUS: Var[str | None] = Var(

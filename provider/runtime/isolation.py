@@ -1,10 +1,11 @@
 """How the local runtime walls a replica off from the stack and from other functions.
 
-The walls themselves are `faas_gpu.sandbox`'s (namespaces, a uid of the function's own, no
-capabilities, a clean environment); this module says what a replica sees through them:
+The walls themselves are `faas_gpu.sandbox.replica`'s (namespaces, a uid of the function's own, a
+read-only tree, no capabilities, a seccomp filter, a clean environment); this module says what a
+replica sees through them:
 
 - nothing of the state folder (the admin password, the cluster token, every function's token, the
-  datastore, the logs, other images), of the stack user's home or of its config folder; only its
+  datastore, the logs, other images), of the stack user's home or of its config file; only its
   own built image comes back, read-only, at its own path (its environment's scripts name it);
 - what the stack's interpreter and code need, read-only (and back in where it lay in a hidden
   folder: a virtual environment under /root);
@@ -29,20 +30,30 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from faas_gpu import paths, sandbox
+from faas_gpu import paths
 from faas_gpu.contract import env as contract_env
 from faas_gpu.contract import replica as where
 from faas_gpu.imagestore import stack_site_packages
+from faas_gpu.sandbox import replica as sandbox
+from faas_gpu.sandbox.launcher import probe as probe_sandbox
+from faas_gpu.sandbox.primitives import seccomp_filter, under
+from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT, UidTable
 
 log = logging.getLogger(__name__)
 
 TRACES_FD = 3
 """The descriptor a sandboxed replica appends its spans to (the stack's FAAS_GPU_TRACES_FILE,
 opened by its launcher: the replica's uid may not open it)."""
-PROBE_UID = sandbox.FIRST_UID + sandbox.UID_COUNT
+PROBE_UID = FIRST_UID + UID_COUNT
 """The uid the start-up check runs as: one past the functions' range, never a function's."""
 UIDS_FILE = "replica-uids.json"
-"""The state folder's table of each function's uid (`sandbox.UidTable`)."""
+"""The state folder's table of each function's uid (`faas_gpu.sandbox.uids.UidTable`)."""
+
+
+def _walls() -> str:
+    """What every isolated replica has besides its namespaces (`faas_gpu.sandbox.replica`)."""
+    seccomp = " and a seccomp filter" if seccomp_filter() is not None else " (no seccomp filter on this architecture)"
+    return "writing only its own folders, with no capabilities" + seccomp
 
 
 @dataclass(frozen=True)
@@ -61,13 +72,13 @@ class Isolation:
         if self.mode == sandbox.ISOLATED_BY_UID:
             how = (
                 "each function's replicas run as a uid of its own, in mount, PID and IPC namespaces of their "
-                "own, without the state folder, its secrets at /var/openfaas/secrets"
+                f"own, without the state folder, its secrets at /var/openfaas/secrets, {_walls()}"
             )
         elif self.mode == sandbox.ISOLATED_BY_USERNS:
             how = (
                 "each replica runs in user, mount, PID and IPC namespaces of its own, without the state folder, "
-                "its secrets at /var/openfaas/secrets (as the stack's user: run the stack as root for a uid per "
-                "function)"
+                f"its secrets at /var/openfaas/secrets, {_walls()} (as the stack's user: run the stack as root for a "
+                "uid per function)"
             )
         else:
             how = f"functions are NOT isolated: they run as the stack's user and see what it sees ({self.reason})"
@@ -105,10 +116,10 @@ class ReplicaFolders:
 
 
 def hidden_paths(home: Path) -> list[str]:
-    """What no replica sees: the state folder, the stack's config folder, its user's home, and,
+    """What no replica sees: the state folder, the stack's config (`config_hidden`), its user's home, and,
     for a stack run as a user (whose replicas keep that user's uid and groups), that user's
     runtime folder and the Docker socket."""
-    out = [home, paths.config_file().parent]
+    out = [home, config_hidden(paths.config_file())]
     user_home = _user_home()
     if user_home:
         out.append(Path(user_home))
@@ -121,6 +132,15 @@ def hidden_paths(home: Path) -> list[str]:
         if real != "/" and os.path.lexists(real) and real not in found:
             found.append(real)
     return found
+
+
+def config_hidden(config: Path) -> Path:
+    """What of the per-user config (where `up` records the running stack, naming its state
+    folder, itself hidden) a replica must not see: its folder when that is faas-gpu's own
+    (~/.config/faas-gpu: `up` replaces the record by a rename, which lifts a mount hiding the file
+    alone), else the file: $FAAS_GPU_CONFIG may name a file in a folder every program needs
+    (/etc/faas-gpu.yml), which hiding would take from every replica."""
+    return config.parent if config.parent.name == paths.CONFIG_FOLDER_NAME else config
 
 
 def _user_home() -> str | None:
@@ -149,14 +169,10 @@ def outermost(needed: list[str], hidden: list[str]) -> list[str]:
 
     def brought_in(p: str) -> bool:
         return any(
-            q != p and _under(p, q) and not any(h != q and _under(p, h) and _under(h, q) for h in hidden) for q in found
+            q != p and under(p, q) and not any(h != q and under(p, h) and under(h, q) for h in hidden) for q in found
         )
 
     return [p for p in found if not brought_in(p)]
-
-
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def share_image(folder: Path) -> None:
@@ -177,7 +193,7 @@ class Walls:
     """The sandbox each replica of one runtime gets: `isolation` says which; `sandbox_of` builds
     one replica's."""
 
-    def __init__(self, home: Path, isolation: Isolation, uids: sandbox.UidTable | None):
+    def __init__(self, home: Path, isolation: Isolation, uids: UidTable | None):
         self.home, self.isolation, self.uids = home, isolation, uids
         self.hidden = hidden_paths(home) if isolation.isolated else []
         self.stack = stack_paths()
@@ -194,7 +210,7 @@ class Walls:
         if setting == "off":
             return cls(home, Isolation(sandbox.NOT_ISOLATED, f"{contract_env.ISOLATION.name}=off"), None)
         mode = sandbox.ISOLATED_BY_UID if os.geteuid() == 0 else sandbox.ISOLATED_BY_USERNS
-        uids = sandbox.UidTable(home / UIDS_FILE) if mode == sandbox.ISOLATED_BY_UID else None
+        uids = UidTable(home / UIDS_FILE) if mode == sandbox.ISOLATED_BY_UID else None
         walls = cls(home, Isolation(mode), uids)
         reason = walls.probe()
         if reason is None:
@@ -214,7 +230,7 @@ class Walls:
             env = {"PATH": where.STANDARD_PATH}
             if os.environ.get("PYTHONPATH"):
                 env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-            return sandbox.probe(self._sandbox(argv, env, where.HOME, folders, uid, image=None))
+            return probe_sandbox(self._sandbox(argv, env, where.HOME, folders, uid, image=None))
         except OSError as exc:
             return str(exc)
         finally:

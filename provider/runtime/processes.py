@@ -1,6 +1,6 @@
 """A replica as an operating-system process: start it, probe it, stop it, measure it, reap it.
 
-Each replica is a launcher (`faas_gpu.sandbox`, which dies with the provider) leading its own
+Each replica is a launcher (`faas_gpu.sandbox.launcher`, which dies with the provider) leading its own
 process group (`start_new_session`), with the watchdog under it in the replica's sandbox, so
 stopping it reaches the function's children too; the pid files under `run/` let a restarted
 provider kill what a crashed one left running.
@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faas_gpu.sandbox import LAUNCHER, Sandbox, launcher_argv
+from faas_gpu.sandbox.launcher import LAUNCHER, launcher_argv
+from faas_gpu.sandbox.replica import Sandbox
 
 from .base import watchdog_ready
 

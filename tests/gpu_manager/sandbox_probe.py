@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from faas_gpu.paths import REPO_ROOT
-from faas_gpu.walls import Walls
+from faas_gpu.sandbox.worker import Walls
 from gpu_manager.worker import _walled
 
 
@@ -50,11 +50,12 @@ def attempts(conn, walls: Walls, home: str, model: str, targets: list[tuple[str,
 def where_namespaces_are_refused(conn, walls: Walls) -> None:
     """`enter(walls)` on a host that refuses namespaces (a container's seccomp profile; here a
     filter of our own that refuses unshare): answers (Isolation, /proc/self/status)."""
-    from faas_gpu import walls as sandbox
+    from faas_gpu.sandbox import primitives
+    from faas_gpu.sandbox.worker import enter
 
-    sandbox._prctl(sandbox.PR_SET_NO_NEW_PRIVS, 1)
-    sandbox._install_seccomp(sandbox._seccomp_filter())
-    got = sandbox.enter(walls)
+    primitives.no_new_privs()
+    primitives.install_seccomp(primitives.seccomp_filter())
+    got = enter(walls)
     conn.send((got, Path("/proc/self/status").read_text()))
 
 

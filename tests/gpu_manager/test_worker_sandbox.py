@@ -26,7 +26,7 @@ import torch
 from faas_gpu.contract.wire import decode, encode
 from faas_gpu.models import ModelStore
 from faas_gpu.paths import REPO_ROOT
-from faas_gpu.walls import Walls, plan
+from faas_gpu.sandbox.worker import Walls, plan
 from gpu_manager import isolation
 from gpu_manager.discovery import cpu_units
 from gpu_manager.manager import GPUManager
@@ -161,7 +161,7 @@ def test_an_unprivileged_managers_workers_are_walled_by_a_user_namespace(etcd_se
 import json, os, socket
 from pathlib import Path
 from gpu_manager import isolation
-from faas_gpu.walls import enter
+from faas_gpu.sandbox.worker import enter
 home = Path({str(home)!r})
 walls = isolation.worker_walls(home, home / "models")
 got = enter(walls)

@@ -1,13 +1,14 @@
 """What a local replica sees through its sandbox (provider/runtime/isolation.py), read off the
-sandbox each replica gets; the walls themselves are tests/test_sandbox.py's and
+sandbox each replica gets; the walls themselves are tests/sandbox/test_replica.py's and
 tests/provider/test_tenant_isolation.py's."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from faas_gpu import sandbox
 from faas_gpu.paths import REPO_ROOT
+from faas_gpu.sandbox import replica as sandbox
 from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, outermost, stack_paths
 
 
@@ -44,3 +45,22 @@ def test_unisolated_a_replica_finds_its_folders_where_they_are(tmp_path):
     assert (
         Isolation(sandbox.NOT_ISOLATED, "no namespaces").describe()["message"].startswith("functions are NOT isolated")
     )
+
+
+def test_the_config_is_hidden_by_its_own_folder_never_by_a_folder_every_program_needs(tmp_path, monkeypatch):
+    """Hiding $FAAS_GPU_CONFIG's folder took /etc from every replica when it named /etc/faas-gpu.yml."""
+    from faas_gpu import paths
+    from provider.runtime.isolation import config_hidden, hidden_paths
+
+    assert config_hidden(tmp_path / "xdg" / "faas-gpu" / "config.yml") == tmp_path / "xdg" / "faas-gpu"
+    assert config_hidden(Path("/etc/faas-gpu.yml")) == Path("/etc/faas-gpu.yml")
+    etc_file = tmp_path / "etc" / "faas-gpu.yml"
+    etc_file.parent.mkdir()
+    etc_file.write_text("stacks: []\n")
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(etc_file))
+    hidden = hidden_paths(tmp_path / ".faas-gpu")
+    assert str(etc_file) in hidden and str(etc_file.parent) not in hidden
+    monkeypatch.delenv("FAAS_GPU_CONFIG")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / paths.CONFIG_FOLDER_NAME).mkdir(parents=True)
+    assert str(tmp_path / "xdg" / paths.CONFIG_FOLDER_NAME) in hidden_paths(tmp_path / ".faas-gpu")

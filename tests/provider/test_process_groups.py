@@ -30,7 +30,7 @@ def children(pid: int) -> list[int]:
 
 
 def replica_pids(home: Path) -> list[int]:
-    """Each replica's launcher (`faas_gpu.sandbox`): its one child is the watchdog, PID 1 of the
+    """Each replica's launcher (`faas_gpu.sandbox.launcher`): its one child is the watchdog, PID 1 of the
     replica's PID namespace; killing either ends the replica."""
     return [int(p.read_text()) for p in (home / "run").glob("*/*/pid")]
 

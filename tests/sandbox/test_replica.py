@@ -1,4 +1,5 @@
-"""faas_gpu.sandbox on its own: the launcher, the walls it builds, and each function's uid.
+"""A replica's walls (`faas_gpu.sandbox.replica`) and its launcher on their own: what a tenant's
+code can and cannot do inside.
 
 Real processes and real namespaces (the launcher as the provider runs it); a test that needs
 root or namespaces this host does not give skips, naming why.
@@ -6,26 +7,32 @@ root or namespaces this host does not give skips, naming why.
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from faas_gpu import sandbox
+from faas_gpu.paths import REPO_ROOT
 from faas_gpu.procs import alive
+from faas_gpu.sandbox import launcher
+from faas_gpu.sandbox import replica as sandbox
+from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT
 
 ROOT = os.geteuid() == 0
-UID = sandbox.FIRST_UID + sandbox.UID_COUNT - 1  # a uid of the range no other test's function gets
+UID = FIRST_UID + UID_COUNT - 1  # a uid of the range no other test's function gets
 
 
 def launch(box: sandbox.Sandbox, **kwargs) -> subprocess.Popen:
     proc = subprocess.Popen(
-        sandbox.launcher_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
+        launcher.launcher_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
     )
     with proc.stdin:
         proc.stdin.write(box.encode())
@@ -35,7 +42,7 @@ def launch(box: sandbox.Sandbox, **kwargs) -> subprocess.Popen:
 def output(box: sandbox.Sandbox, **kwargs) -> tuple[int, str]:
     """Run `box` to its end: its exit status and what it printed."""
     done = subprocess.run(
-        sandbox.launcher_argv(), input=box.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+        launcher.launcher_argv(), input=box.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
         **kwargs,
     )  # fmt: skip
     return done.returncode, done.stdout.decode()
@@ -65,7 +72,7 @@ def walled(tmp_path: Path, script: str, **kwargs) -> sandbox.Sandbox:
 @pytest.fixture
 def namespaces(tmp_path):
     """Skip where this host cannot build the walls at all (no namespaces for us)."""
-    said = sandbox.probe(walled(tmp_path, "true"))
+    said = launcher.probe(walled(tmp_path, "true"))
     if said is not None:
         pytest.skip(f"no namespaces here: {said}")
 
@@ -155,10 +162,130 @@ def test_a_hidden_folder_inside_a_folder_let_back_in_stays_hidden(tmp_path, name
     assert f"{home}:\nrepo\n" in done and f"{repo}/.faas-gpu:\nimages\n" in done, done
 
 
-def test_no_capability_and_no_new_privileges(tmp_path, namespaces):
-    script = "grep -E '^(Cap(Prm|Eff|Bnd|Amb)|NoNewPrivs)' /proc/self/status"
+def test_no_capability_no_new_privileges_and_a_seccomp_filter(tmp_path, namespaces):
+    script = "grep -E '^(Cap(Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status"
     done = output(walled(tmp_path, script))[1].split()
-    assert done == [*[w for cap in ("Prm", "Eff", "Bnd", "Amb") for w in (f"Cap{cap}:", "0" * 16)], "NoNewPrivs:", "1"]
+    caps = [w for cap in ("Prm", "Eff", "Bnd", "Amb") for w in (f"Cap{cap}:", "0" * 16)]
+    assert done == [*caps, "NoNewPrivs:", "1", "Seccomp:", "2"]  # 2: a filter, kept across the watchdog's execve
+
+
+ATTACKS = r"""
+import ctypes, errno, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+def said(result):
+    return "ok" if result != -1 else errno.errorcode[ctypes.get_errno()]
+victim = os.fork()
+if victim == 0:
+    time.sleep(30)
+    os._exit(0)
+print("ptrace", said(libc.ptrace(16, victim, None, None)))  # PTRACE_ATTACH: a process of its own uid
+buf = ctypes.create_string_buffer(8)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+print("process_vm_readv", said(libc.syscall(310, victim, iov, 1, iov, 1, 0)))
+print("unshare", said(libc.unshare(0x10000000)))  # a user namespace: root inside, the kernel's surface
+print("bpf", said(libc.syscall(321, 0, None, 0)))
+print("keyctl", said(libc.syscall(250, 0, 0, 0, 0, 0)))
+print("mount", said(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+os.kill(victim, signal.SIGKILL)
+os.waitpid(victim, 0)
+child = os.fork()  # what functions do need still works: processes, threads, a program
+if child == 0:
+    os._exit(7)
+import threading, subprocess
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+cat = subprocess.run(["cat"], input=b"cat ok", capture_output=True).stdout.decode()
+print("fork", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), "thread ok", cat)
+"""
+
+
+def test_a_replica_cannot_trace_another_process_nor_reach_the_kernels_wider_surface(tmp_path, namespaces):
+    """What the seccomp filter refuses, tried from inside (EPERM), on a process of the replica's
+    own uid that ptrace would otherwise reach; and what a function needs still runs."""
+    box = walled(tmp_path, "")
+    box.argv = ["/usr/bin/python3", "-I", "-c", ATTACKS]
+    code, done = output(box)
+    assert code == 0, done
+    seen = dict(line.split(" ", 1) for line in done.splitlines())
+    for call in ("ptrace", "process_vm_readv", "unshare", "bpf", "keyctl", "mount"):
+        assert seen[call] == "EPERM", (call, done)
+    assert seen["fork"] == "7 thread ok cat ok", done
+
+
+def test_a_replica_writes_only_its_own_folders(tmp_path, namespaces):
+    """The host's tree is read-only inside: a world-writable folder (as /run/lock is) can carry
+    nothing from one tenant to another, and a stack run as a user keeps its own files; the
+    replica's /tmp and /dev/shm are its own."""
+    shared = Path(tempfile.mkdtemp(prefix="faas-gpu-shared-", dir="/var/tmp"))
+    try:
+        os.chmod(shared, 0o1777)
+        box = walled(
+            tmp_path, f"echo x > {shared}/from-a-tenant; echo x > /tmp/mine && echo x > /dev/shm/mine && echo own ok"
+        )
+        box.tmpfs = ["/dev/shm"]
+        code, done = output(box)
+        assert "Read-only file system" in done and done.rstrip().endswith("own ok"), done
+        assert list(shared.iterdir()) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+FORKED = r"""
+import ctypes, json, os, sys
+from faas_gpu.sandbox import replica
+
+state, own, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode = replica.ISOLATED_BY_UID if uid else replica.ISOLATED_BY_USERNS
+sb = replica.Sandbox(
+    ["/bin/false"], {"PATH": "/usr/bin:/bin", "ONLY": "this"}, "/", mode=mode, uid=uid or None, gid=uid or None,
+    hide=[state], mounts=[replica.Mount(own, "/tmp", writable=True)],
+)
+r, w = os.pipe()
+if os.fork() == 0:  # the template's child: namespaces, then the replica's first process
+    replica.unshare_namespaces(sb)
+    pid = os.fork()
+    if pid == 0:
+        replica.enter(sb)  # no execve: this process imports the handler next
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+        fields = open("/proc/self/stat").read().rpartition(")")[2].split()
+        start, end = int(fields[47]), int(fields[48])
+        out = {k: status[k].strip() for k in ("Uid", "Seccomp", "NoNewPrivs", "CapBnd", "CapEff")}
+        out["pid"] = os.getpid()
+        out["dumpable"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        out["environ"] = dict(os.environ)
+        out["template's env left"] = b"TEMPLATE_SECRET" in ctypes.string_at(start, end - start)
+        out["state"] = os.path.exists(os.path.join(state, "password"))
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+os.close(w)
+got = json.loads(os.read(r, 65536))
+got["template's seccomp"] = open("/proc/self/status").read().split("Seccomp:")[1].split()[0]
+print(json.dumps(got))
+"""
+
+
+def test_entered_from_a_forked_child_the_walls_hold_without_an_exec(tmp_path, namespaces):
+    """Issue 44's path: a template process forks, the child makes the namespaces and forks the
+    replica's first process, which enters the walls and runs on without an execve: PID 1, its
+    uid, the filter, no capability, not dumpable, exactly its environment (the template's gone
+    from its memory too); the template itself keeps none of the walls."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "password").write_text("hunter2")
+    own = tmp_path / "own"  # made by the `namespaces` fixture, the sandbox's uid's
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), "TEMPLATE_SECRET": "of the template"}
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, str(tmp_path / "state"), str(own), str(UID if ROOT else 0)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["pid"] == 1 and got["Uid"].split() == [str(UID if ROOT else os.geteuid())] * 4
+    assert got["Seccomp"] == "2" and got["NoNewPrivs"] == "1" and got["dumpable"] == 0
+    assert int(got["CapBnd"], 16) == int(got["CapEff"], 16) == 0
+    assert got["environ"] == {"PATH": "/usr/bin:/bin", "ONLY": "this"} and not got["template's env left"]
+    assert got["state"] is False and got["template's seccomp"] == "0"
 
 
 def test_the_launcher_relays_sigterm_and_exits_as_its_program_does(tmp_path, namespaces):
@@ -216,46 +343,26 @@ def test_a_sandbox_that_cannot_be_built_says_why_and_runs_nothing(tmp_path, name
     box.mounts.append(sandbox.Mount(tmp_path / "absent", "/var/openfaas/secrets"))
     code, out = output(box)
     assert code == 126 and "ran" not in out and "absent" in out
-    assert sandbox.probe(box) is not None and "absent" in sandbox.probe(box)
+    assert launcher.probe(box) is not None and "absent" in launcher.probe(box)
 
 
 @pytest.mark.skipif(not ROOT, reason="dropping to another uid needs root")
 def test_a_uid_sandbox_refuses_root(tmp_path, namespaces):
     box = walled(tmp_path, "echo ran", uid=0, gid=0)
-    assert "unprivileged uid" in (sandbox.probe(box) or "")
+    assert "unprivileged uid" in (launcher.probe(box) or "")
 
 
-def test_each_function_keeps_its_uid_across_restarts_and_no_two_share_one(tmp_path):
-    table = sandbox.UidTable(tmp_path / "uids.json")
-    a, b = table.uid("openfaas-fn/a"), table.uid("openfaas-fn/b")
-    assert a != b and all(sandbox.FIRST_UID <= u < sandbox.FIRST_UID + sandbox.UID_COUNT for u in (a, b))
-    again = sandbox.UidTable(tmp_path / "uids.json")
-    assert again.uid("openfaas-fn/b") == b and again.uid("openfaas-fn/a") == a
-
-
-def test_uids_of_this_hosts_users_are_never_given(tmp_path):
-    import pwd
-
-    real = sorted(u.pw_uid for u in pwd.getpwall())
-    first = real[-1]  # a real user's uid, and the two after it
-    table = sandbox.UidTable(tmp_path / "uids.json", first=first, count=3)
-    given = {table.uid(f"ns/f{i}") for i in range(2)}
-    assert first not in given and len(given) == 2
-    with pytest.raises(sandbox.SandboxError, match="no free uid"):
-        table.uid("ns/third")
-
-
-def test_uids_in_other_users_subordinate_ranges_are_never_given(monkeypatch, tmp_path):
-    first = sandbox.FIRST_UID
-    monkeypatch.setattr(sandbox, "_subordinate_ranges", lambda: [(first, first + 3)])  # /etc/subuid's
-    table = sandbox.UidTable(tmp_path / "uids.json", first=first, count=4)
-    assert table.uid("ns/f") == first + 3
-
-
-def test_the_launcher_needs_no_site_packages():
+def test_the_launcher_loads_only_the_standard_library_and_the_replicas_walls():
+    """Every replica's start waits for the launcher's interpreter: it runs without site packages
+    (-I -S) and imports nothing of faas-gpu but the walls (a heavier import would slow every start)."""
+    box = sandbox.Sandbox(["/bin/true"], {}, "/", parent=os.getpid())
+    argv = launcher.launcher_argv()
+    assert argv[1:3] == ["-I", "-S"] and argv[3] == launcher.LAUNCHER and launcher.LAUNCHER.endswith("launcher.py")
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", f"import runpy; runpy.run_path({sandbox.__file__!r}, run_name='x')"],
-        capture_output=True,
-        timeout=30,
+        [*argv[:3], "-X", "importtime", *argv[3:]], input=box.encode(), capture_output=True, timeout=30
     )
     assert done.returncode == 0, done.stderr
+    modules = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    ours = {m for m in modules if m.startswith("faas_gpu")}
+    assert ours == {"faas_gpu", "faas_gpu.sandbox", "faas_gpu.sandbox.primitives", "faas_gpu.sandbox.replica"}
+    assert not modules & {"site", "json", "pathlib", "dataclasses", "platform", "subprocess"}, modules
