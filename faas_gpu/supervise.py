@@ -5,7 +5,16 @@ them in order (each once the previous one serves), restarts any that dies with b
 keeps H/<name>.pid holding the pid that really runs. SIGTERM (`faas-gpu down`) stops them in the
 reverse order and then the supervisor itself. A daemon already running for this state folder
 (its pid file names a live process with its command line) is adopted, never started twice; so
-is a supervisor: a second one exits at once.
+is a supervisor: it holds H/supervisor.lock while it runs, and a second one exits at once.
+
+The supervisor is supervised in turn (issue 42: after kill -9 of it nothing restarted it, and a
+daemon killed later stayed down): each daemon it starts is told its state folder
+(`FAAS_GPU_SUPERVISOR_HOME`) and runs `keep_supervisor`, which starts the supervisor again when
+it is gone and the stack is still wanted (stack.json there, no H/stack.down, which `faas-gpu
+down` writes first). The new supervisor adopts the daemons that run and restarts the others, so
+every daemon comes back by itself after any sequence of kills that leaves one of them, or the
+supervisor, running. Hosts that run the daemons outside containers without `faas-gpu up` give
+that job to systemd (deploy/systemd/).
 
 The callers' side lives here too (`start_stack`, `stop_stack`, `stack_pids`): how the
 supervisor is found, started and stopped is one account, whichever command (`up`, `down`) asks.
@@ -14,6 +23,7 @@ supervisor is found, started and stopped is one account, whichever command (`up`
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -28,6 +38,7 @@ from pathlib import Path
 import requests
 
 from faas_gpu import paths, procs
+from faas_gpu.contract.env import SUPERVISOR_HOME
 
 log = logging.getLogger("faas-gpu.supervise")
 MODULE = "faas_gpu.supervise"
@@ -36,6 +47,9 @@ MAX_BACKOFF_S = 30.0
 HEALTHY_RESET_S = 30.0  # a daemon that ran this long since its start has its back-off forgotten
 STOP_TIMEOUT_S = 45.0
 CHECK_EVERY_S = 0.25
+KEEP_EVERY_S = 1.0  # how often a daemon looks whether its supervisor still runs
+DOWN_FILE = "stack.down"  # written by `faas-gpu down` before it stops anything: nobody restarts the stack
+LOCK_FILE = "supervisor.lock"  # held by the one supervisor of a state folder
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,7 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own group: stopped with whatever it started
                     cwd=paths.REPO_ROOT,
+                    env={**os.environ, SUPERVISOR_HOME.name: str(self.home)},  # it restarts this supervisor
                 )
             except OSError as exc:
                 log.error("cannot start %s: %s", d.name, exc)
@@ -217,26 +232,62 @@ def stack_pids(home: Path) -> dict[str, int]:
     return out
 
 
+def spawn_supervisor(home: Path) -> int:
+    """A supervisor for `home`, in a session of its own (it outlives whoever started it); its pid."""
+    with open(home / "supervisor.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "--home", str(home)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=paths.REPO_ROOT,
+        )
+    return proc.pid
+
+
+def stack_wanted(home: Path) -> bool:
+    """The stack of `home` is meant to run: `up` wrote it and `down` has not been asked since."""
+    return (home / STACK_FILE).exists() and not (home / DOWN_FILE).exists()
+
+
+def keep_supervisor(home: Path, stop: threading.Event, every_s: float = KEEP_EVERY_S) -> None:
+    """A daemon's side of supervision: start the supervisor of `home` again whenever it is gone
+    while the stack is wanted (several daemons may try at once: the supervisor's lock keeps one)."""
+    while not stop.wait(every_s):
+        try:
+            if stack_wanted(home) and supervisor_pid(home) is None:
+                pid = spawn_supervisor(home)
+                log.warning("the supervisor of %s was not running; started it again (pid %d)", home, pid)
+                deadline = time.monotonic() + 10
+                while supervisor_pid(home) is None and procs.alive(pid) and time.monotonic() < deadline:
+                    stop.wait(0.1)  # its pid file, before anyone looks again
+        except Exception:  # a full disk, a vanished folder: try again next round
+            log.exception("keeping the supervisor of %s running failed", home)
+
+
+def keep_supervisor_from_env() -> threading.Event | None:
+    """In a daemon the supervisor started (`FAAS_GPU_SUPERVISOR_HOME`): `keep_supervisor` on a
+    thread of its own; the event stops it. None elsewhere (containers, systemd, tests)."""
+    home = SUPERVISOR_HOME.read()
+    if home is None:
+        return None
+    stop = threading.Event()
+    threading.Thread(target=keep_supervisor, args=(Path(home), stop), name="keep-supervisor", daemon=True).start()
+    return stop
+
+
 def start_stack(home: Path, wanted: list[Daemon], timeout_s: float = 60) -> dict[str, int]:
     """Start the supervisor (which starts the daemons) unless one runs; wait until all serve.
 
     A running stack is recognised by the supervisor's pid file and live process, never by a
     health probe: a busy gateway is waited for, never started a second time."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / DOWN_FILE).unlink(missing_ok=True)  # wanted again: its daemons may restart its supervisor
     sup = supervisor_pid(home)
     if sup is None:
         write_stack(home, wanted)
-        log_path = home / "supervisor.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "faas_gpu.supervise", "--home", str(home)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=paths.REPO_ROOT,
-            )
-        sup = proc.pid
+        sup = spawn_supervisor(home)
     else:
         running = read_stack(home)
         if [d.name for d in running] != [d.name for d in wanted] or running != wanted:
@@ -260,6 +311,8 @@ def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
     """Stop the supervisor first (it stops its daemons in order), then whatever still runs for
     this home: daemons found by command line (a pid file may be stale) and replicas in run/."""
     stopped = []
+    if home.is_dir():  # first: no daemon being stopped starts the supervisor again
+        (home / DOWN_FILE).write_text("faas-gpu down\n")
     sup = supervisor_pid(home)
     if sup is not None:
         procs.stop(sup, timeout_s)
@@ -293,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     home = args.home.resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    lock = open(home / LOCK_FILE, "a+")  # noqa: SIM115 — held (and kept open) for the supervisor's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # several daemons found it gone at once: one of them started the supervisor
+        log.info("a supervisor already runs for %s", home)
+        return 0
     other = supervisor_pid(home)
     if other is not None and other != os.getpid():
         log.info("a supervisor already runs for %s (pid %d)", home, other)
