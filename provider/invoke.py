@@ -114,13 +114,18 @@ class Invoker:
         return True
 
     def inflight_limit(self, key: tuple[str, str]) -> int:
-        """The function's in-flight slots, from its record as last known (validated at deploy)."""
+        """The function's share of the gateway's threads (`provider.inflight`)."""
+        return self.inflight.per_function
+
+    def replicas_limit(self, key: tuple[str, str]) -> int | None:
+        """What the function's ready replicas take at once, from its record as last known
+        (validated at deploy): max_inflight x ready replicas; None: unlimited."""
         record = self.store.cached(*key)
         try:
             per_replica = max_inflight_of(record.deployment.envVars) if record is not None else 0
-        except ValueError:  # a record from before the check: the default share
+        except ValueError:  # a record from before the check: unlimited, as the watchdog takes it
             per_replica = 0
-        return self.inflight.limit(per_replica, len(self.runtime.endpoints(*key)) if per_replica else 1)
+        return self.inflight.limit(per_replica, len(self.runtime.endpoints(*key))) if per_replica else None
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted function answers 404 at once, not after the existence cache expires."""
