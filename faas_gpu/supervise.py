@@ -139,7 +139,7 @@ class Supervisor:
 
     def run(self) -> None:
         for r in self.daemons:  # in order: each once the one before serves (or gave up trying)
-            if self.stopping.is_set():
+            if self.stopping.is_set() or not stack_wanted(self.home):
                 break
             pid = find_running(self.home, r.daemon)
             if pid is not None:
@@ -149,6 +149,9 @@ class Supervisor:
                 self._start(r)
             self._wait_healthy(r, 60.0)
         while not self.stopping.wait(CHECK_EVERY_S):
+            if not stack_wanted(self.home):  # `faas-gpu down` began while this one was starting
+                log.info("the stack of %s is being taken down; stopping", self.home)
+                break
             for r in self.daemons:
                 try:
                     self._check(r, time.monotonic())
@@ -314,9 +317,11 @@ def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
     if home.is_dir():  # first: no daemon being stopped starts the supervisor again
         (home / DOWN_FILE).write_text("faas-gpu down\n")
     sup = supervisor_pid(home)
-    if sup is not None:
-        procs.stop(sup, timeout_s)
-        stopped.append("supervisor")
+    # and one a daemon started just before the stack was marked down (it stops at once)
+    for pid in dict.fromkeys([*([sup] if sup is not None else []), *procs.find(MODULE, home)]):
+        procs.stop(pid, timeout_s)
+        if "supervisor" not in stopped:
+            stopped.append("supervisor")
     (home / "supervisor.pid").unlink(missing_ok=True)
     for name in DAEMON_NAMES:
         pids = set(procs.find(MODULES[name], home))
@@ -355,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     other = supervisor_pid(home)
     if other is not None and other != os.getpid():
         log.info("a supervisor already runs for %s (pid %d)", home, other)
+        return 0
+    if not stack_wanted(home):  # started by a daemon just as `faas-gpu down` began
+        log.info("the stack of %s is down; not starting it", home)
         return 0
     pid_file(home, "supervisor").write_text(str(os.getpid()))
     sup = Supervisor(home, read_stack(home))
