@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from faas_gpu.datastore import DatastoreUnavailable
+from faas_gpu.datastore.background import Background
 
 from .inflight import InflightLimiter, max_inflight_of
 from .runtime import Runtime
@@ -84,6 +85,7 @@ class Invoker:
         self.counts: dict[tuple[str, str], int] = {}
         self.dispatcher = None  # the autoscaler: weighs a managed function's instances
         self.inflight = InflightLimiter(threads, max_inflight_per_function)
+        self._background = Background(name="function-records")
 
     def resolve(self, raw_name: str) -> tuple[str, str]:
         name, ns = split_namespace(raw_name, None)
@@ -92,13 +94,22 @@ class Invoker:
     def exists(self, key: tuple[str, str]) -> bool:
         """Cached for a second: the hot path must not read the datastore on every call.
 
-        While the datastore is unavailable a function whose record this provider already knows
-        still exists (its replicas keep serving); it is read again a second later. An unknown one
-        raises DatastoreUnavailable: the caller cannot tell it apart from a missing function."""
+        A function this provider knows is read again past that second off the call's thread
+        (issue 42: no call waits on the datastore), and it still exists while the datastore is
+        unavailable (its replicas keep serving); one deleted elsewhere is 404 once that read is
+        back. An unknown one is read now, and raises DatastoreUnavailable when it cannot be: the
+        caller cannot tell it apart from a missing function."""
         seen = self._known.get(key)
         now = time.monotonic()
         if seen is not None and now - seen < KNOWN_TTL_S:
             return True
+        if self.store.cached(*key) is not None:  # read or written here before: known
+            self._background.submit(key, lambda: self._read(key))
+            return True
+        return self._read(key)
+
+    def _read(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
         try:
             record = self.store.get(*key)
         except DatastoreUnavailable as exc:
