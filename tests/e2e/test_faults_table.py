@@ -12,8 +12,11 @@ resends, as any client behind a load balancer does: that is not a loss.
 
 The table is printed (`-s` shows it) and held to the issue's bounds: nothing lost, no 504 and
 no 429 that the fault alone caused where the stack could serve (an etcd outage, a replica or
-the gateway's worker killed), a scheduler restart ridden out in seconds (never a 30 s hang), and
-every daemon back by itself after the supervisor and then a daemon are killed.
+the gateway's worker killed), `/async-function` answered a prompt 503 while Redis does not answer
+and every call it accepted called back exactly once, a scheduler restart ridden out in seconds
+(never a 30 s hang), and every daemon back by itself after the supervisor and then a daemon are
+killed. A full state folder (507) has its own tests (tests/provider/test_async_faults.py,
+test_async_queue.py): they need the state folder on a disk of their own.
 """
 
 from __future__ import annotations
