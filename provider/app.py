@@ -7,11 +7,11 @@ import os
 import socket
 
 from flask import Flask, Response
-from werkzeug.http import HTTP_STATUS_CODES
 
 from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
 from faas_gpu.contract import env as contract_env
+from faas_gpu.contract.http_status import status_line
 from faas_gpu.credentials import REDIS_CREDENTIALS_FILE, ensure_token, resolve_login
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
@@ -86,7 +86,15 @@ def build_provider(config: ProviderConfig) -> Provider:
         if pins is not None:
             pin_tree(os.getpid(), pins.take())  # the gateway is the process building the provider
         runtime = LocalRuntime(
-            home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials, pins=pins
+            home,
+            ImageStore(home / "images"),
+            secrets,
+            logs,
+            gpu_env,
+            schedulers,
+            fn_credentials,
+            pins=pins,
+            isolation=config.isolation or "auto",
         )
     invoker = Invoker(
         store,
@@ -144,11 +152,10 @@ def _flask(provider: Provider, *, gateway: bool) -> Flask:
 
 
 def _go_status_line(response):
-    """Reason phrases as Go's net/http writes them ("202 Accepted"): werkzeug upper-cases them
-    ("202 ACCEPTED"), and faas-cli prints the status line it gets verbatim."""
-    reason = HTTP_STATUS_CODES.get(response.status_code)
-    if reason:
-        response.status = f"{response.status_code} {reason}"
+    """Reason phrases as Go's net/http writes them ("202 Accepted", `http_status`): werkzeug
+    upper-cases them ("202 ACCEPTED") and names some codes otherwise, and faas-cli prints the
+    status line it gets verbatim."""
+    response.status = status_line(response.status_code)
     return response
 
 

@@ -94,6 +94,9 @@ class ProviderConfig:
     pin_cpus: tuple[int, ...] = ()
     """CPUs the gateway and the local runtime's replicas are kept on, each process on the fewest-held
     (`runtime.pins` says why); (): not pinned. From `--pin-cpus` or $FAAS_GPU_PIN_CPUS."""
+    isolation: str | None = None
+    """The local runtime's sandbox of replicas: auto, on or off; None: $FAAS_GPU_ISOLATION, else auto
+    (`runtime.isolation`)."""
     swarm_network: str | None = None
     """The swarm runtime's network for functions' services: None, the node's host network (replicas at
     <node address>:<their own port>); else an attachable overlay the gateway is on too (replicas at
@@ -129,6 +132,10 @@ class ProviderConfig:
             cfg.runtime = env_vars.runtime_name(cfg.runtime)
         if cfg.docker_host is None:
             cfg.docker_host = env_vars.DOCKER_HOST.read(env)
+        if cfg.isolation is None:
+            cfg.isolation = env_vars.ISOLATION.read(env)
+        else:
+            cfg.isolation = env_vars.isolation_name(cfg.isolation)
         if not cfg.pin_cpus and env_vars.PIN_CPUS.is_set(env):
             cfg.pin_cpus = parse_cpu_list(env_vars.PIN_CPUS.raw(env) or "", env_vars.PIN_CPUS.name)
         if cfg.pin_cpus and cfg.runtime != "local":

@@ -18,6 +18,7 @@ from faas_gpu import tracing
 from faas_gpu.async_queue import Delivery, QueueStorageFull, QueueUnavailable, call_key
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.annotations import RETRY_ON_RESET, is_true
+from faas_gpu.contract.http_status import status_line
 from faas_gpu.contract.slo import RequestClass, RequestSlo, parse_request
 from faas_gpu.datastore import DatastoreUnavailable
 
@@ -32,21 +33,6 @@ log = logging.getLogger(__name__)
 
 ALLOWED_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"})
 INTERNAL = ("X-OpenFaaS-Internal", "gateway")
-STATUS_TEXT = {
-    200: "OK",
-    202: "Accepted",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Payload Too Large",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-    507: "Insufficient Storage",
-}
 StartResponse = Callable[..., object]
 
 
@@ -79,14 +65,10 @@ def request_headers(environ: dict) -> dict[str, str]:
     return headers
 
 
-def _status_line(code: int) -> str:
-    return f"{code} {STATUS_TEXT.get(code, 'Unknown')}"
-
-
 def plain(start_response: StartResponse, code: int, message: str, extra=()) -> Iterable[bytes]:
     body = (message + "\n").encode()
     start_response(
-        _status_line(code),
+        status_line(code),
         [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), *extra],
     )
     return [body]
@@ -103,6 +85,11 @@ class InvocationApp:
         self.gateway = gateway
         self.max_body = provider.config.max_body_bytes
         self.recording = provider.config.metrics  # off: no per-call metrics or activity (`--no-metrics`)
+        # The gateway_* counters are the gateway's own (CE's gateway/metrics): calls that come in on
+        # the provider's port went through a gateway already (the CE gateway in front, which counts
+        # them itself), and faas-provider's proxy route is not instrumented (serve.go). Counted
+        # here again, a Prometheus scraping both would see every call twice.
+        self.gateway_counts = self.recording and gateway
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -134,7 +121,7 @@ class InvocationApp:
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
         out.append(("Content-Length", str(len(result.body))))
-        start_response(_status_line(result.status), out)
+        start_response(status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
 
     def call(
@@ -163,7 +150,7 @@ class InvocationApp:
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
-        if self.recording:
+        if self.gateway_counts:
             self.metrics.started(label)
         t0 = time.perf_counter()
         try:
@@ -208,7 +195,8 @@ class InvocationApp:
         """One call answered: OpenFaaS's metrics, and the status page's rate and SLO tally."""
         if not self.recording:
             return
-        self.metrics.finished(label, status, seconds)
+        if self.gateway_counts:
+            self.metrics.finished(label, status, seconds)
         if slo.request_class is RequestClass.BEST_EFFORT:
             slo_ms = None  # a best-effort call has no SLO to meet
         elif slo.slo_ms is not None:

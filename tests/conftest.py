@@ -20,7 +20,7 @@ def pytest_configure(config):
     """No test reads or writes the user's own faas-gpu config (the running-stack record `up`
     writes): the session gets a folder of its own before any fixture starts a stack."""
     config._faas_gpu_config = tempfile.mkdtemp(prefix="faas-gpu-config-")
-    os.environ["FAAS_GPU_CONFIG"] = config._faas_gpu_config
+    os.environ["FAAS_GPU_CONFIG"] = os.path.join(config._faas_gpu_config, "config.yml")
     # stacks started by tests run side by side: none takes the fixed metrics port 8082 unless
     # the test gives it a free one (`--metrics-port`, as StackProcess does)
     os.environ.setdefault("FAAS_GPU_METRICS_PORT", "0")
@@ -51,7 +51,7 @@ def _weights_only_flags_restored():
 @pytest.fixture(autouse=True)
 def _own_faas_gpu_config(tmp_path_factory, monkeypatch):
     """Each test its own record, so a stack one test starts is never found by the next."""
-    monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path_factory.mktemp("faas-gpu-config")))
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path_factory.mktemp("faas-gpu-config") / "config.yml"))
 
 
 @pytest.fixture

@@ -160,6 +160,26 @@ DOCKER_HOST: Var[str | None] = Var(
     "default: DOCKER_HOST, else the engine's default socket",
 )
 
+ISOLATIONS = ("auto", "on", "off")
+
+
+def isolation_name(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ISOLATIONS:
+        raise ValueError(f"expected one of {', '.join(ISOLATIONS)}, got {raw!r}")
+    return value
+
+
+ISOLATION: Var[str] = Var(
+    "FAAS_GPU_ISOLATION",
+    "auto",
+    isolation_name,
+    "the local runtime's sandbox of each replica (`faas_gpu.sandbox`: its own uid, mount, PID and IPC "
+    "namespaces, a clean environment): auto, where the kernel allows it (else replicas run unisolated and "
+    "the stack says so); on, or the stack does not start; off, never (replicas then share the stack's "
+    "user and view of the host)",
+)
+
 PIN_CPUS: Var[str | None] = Var(
     "FAAS_GPU_PIN_CPUS",
     None,
@@ -182,10 +202,23 @@ METRICS: Var[bool] = Var(
 SCHEDULER_URL: Var[tuple[str, ...]] = Var(
     "FAAS_GPU_SCHEDULER_URL", (), _urls, "the schedulers, comma-separated; none: models run in the instance"
 )
-TOKEN: Var[str] = Var("FAAS_GPU_TOKEN", "", str, "the function's own token for the scheduler")
+TOKEN_FILE: Var[Path | None] = Var(
+    "FAAS_GPU_TOKEN_FILE",
+    None,
+    Path,
+    "the file holding the function's own token for the scheduler and the GPU Managers: a file in the "
+    "replica's sandbox (/var/openfaas/faas-gpu/token), never an environment variable, which anyone the "
+    "function shows its environment to would read",
+)
+TOKEN: Var[str] = Var(
+    "FAAS_GPU_TOKEN",
+    "",
+    str,
+    "the function's token itself: read only where FAAS_GPU_TOKEN_FILE is not set (an instance started "
+    "by something other than faas-gpu's runtimes, a benchmark); no runtime of ours sets it",
+)
 FUNCTION: Var[str | None] = Var("FAAS_GPU_FUNCTION", None, _text, "the function's name")
 NAMESPACE: Var[str | None] = Var("FAAS_GPU_NAMESPACE", None, _text, "the function's namespace")
-PARENT_PID: Var[int | None] = Var("FAAS_GPU_PARENT_PID", None, int, "the provider: the watchdog dies with it")
 MAX_BATCH: Var[int] = Var(
     "FAAS_GPU_MAX_BATCH",
     8,

@@ -157,8 +157,9 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
         argv = procs.cmdline(stack.pid("faas-gpu"))
         assert argv[argv.index("--scheduler") + 1] == ",".join(sched)
         _deploy_cat(stack, "env-check")
-        (replica,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
-        environ = Path(f"/proc/{replica}/environ").read_bytes().split(b"\0")
+        (launcher,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
+        watchdog = _descendants(launcher)[0]  # the launcher's one child, in the replica's sandbox
+        environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
         assert f"FAAS_GPU_SCHEDULER_URL={','.join(sched)}".encode() in environ
         assert all(_healthy(u) for u in sched)
 
@@ -301,3 +302,27 @@ def test_up_moves_the_datastore_logins_into_secrets_and_no_daemon_command_line_h
         assert not any(p in log for p in passwords)
     finally:
         stack.down()
+
+
+def test_up_says_plainly_whether_functions_are_isolated(tmp_path, monkeypatch):
+    """Where replicas cannot be walled off (here: FAAS_GPU_ISOLATION=off, as where the kernel
+    refuses namespaces), `up` says so; where they are, it says how."""
+    monkeypatch.setenv("FAAS_GPU_ISOLATION", "off")
+    stack = Up(tmp_path / "off", "--no-gpu")
+    try:
+        out = stack.up().stdout
+    finally:
+        stack.down()
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert "WARNING: functions are NOT isolated" in line and "FAAS_GPU_ISOLATION=off" in line, out
+    monkeypatch.delenv("FAAS_GPU_ISOLATION")
+    stack = Up(tmp_path / "auto", "--no-gpu")
+    try:
+        out = stack.up().stdout
+        info = requests.get(f"{stack.url('gateway')}/system/info", auth=stack.auth(), timeout=10).json()
+    finally:
+        stack.down()
+    said = info["provider"]["faasGpuIsolation"]
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert line.split("functions:", 1)[1].strip() == said["message"], out
+    assert said["isolated"] == ("NOT" not in said["message"]) and said["mode"] in ("uid", "userns", "none")

@@ -114,6 +114,25 @@ def test_one_duration_grammar_and_the_watchdogs_copy_agrees():
     assert parse_duration("1h30m") == 5400 and parse_duration(7) == 7.0
 
 
+def test_one_table_of_gos_reason_phrases_and_the_watchdogs_copy_agrees():
+    """Every status line we write by hand (the gateway's proxied answers, Flask's routes, the
+    watchdog) takes its reason from one table of Go's (`http_status`); the watchdog keeps a copy."""
+    from faas_gpu.contract import http_status
+
+    copy = load("fwatchdog_status_copy", TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "status.py")
+    assert copy.REASONS == http_status.REASONS
+    assert http_status.status_line(401) == "401 Unauthorized" and copy.reason(401) == "Unauthorized"
+    assert http_status.status_line(599) == "599 status code 599" == f"599 {copy.reason(599)}"
+    status = re.compile(r"(\d{3}) ([A-Z][A-Za-z' -]+)")
+    for path in [*REPO_ROOT.glob("provider/**/*.py"), *TEMPLATES_DIR.glob("python3-gpu/**/*.py")]:
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                if found := status.fullmatch(node.value):
+                    assert http_status.reason(int(found[1])) == found[2], f"{path}: {node.value!r} is not Go's"
+
+
 # -- metrics -------------------------------------------------------------------------------------
 def test_every_metric_has_a_conventional_name_help_and_bounded_labels():
     from faas_gpu.contract import metrics as m

@@ -49,6 +49,8 @@ class Config:
         default_ct = "text/plain" if self.mode == "classic" else "application/octet-stream"
         self.content_type = env.get("content_type", default_ct)
         self.ready_path = env.get("ready_path", "")
+        callid = env.get("log_callid", "")
+        self.log_callid = callid == "1" or callid.lower() == "true" or callid == "t"
         self.max_body_bytes = int(env.get("max_body_bytes", str(20 * 1024 * 1024)))
         self.combine_output = env.get("combine_output", "true").lower() != "false"
         self.lock_path = os.path.join(tempfile.gettempdir(), ".lock")
