@@ -83,6 +83,14 @@ def pid_file(home: Path, name: str) -> Path:
     return home / f"{name}.pid"
 
 
+def write_pid(home: Path, name: str, pid: int) -> None:
+    """Whole or not at all (a file renamed into place): the daemons, `down` and the tests read
+    these files while a supervisor writes them, and an empty one reads as no supervisor."""
+    tmp = home / f".{name}.pid.{os.getpid()}"
+    tmp.write_text(str(pid))
+    os.replace(tmp, pid_file(home, name))
+
+
 def running_pid(home: Path, d: Daemon) -> int | None:
     """The daemon's pid when its pid file names a live process that runs it for this home."""
     pid = procs.read_pid(pid_file(home, d.name))
@@ -97,7 +105,7 @@ def find_running(home: Path, d: Daemon) -> int | None:
         return pid
     for other in procs.find(d.module, home):
         if procs.cmdline(other)[1:] == d.argv(home)[1:]:
-            pid_file(home, d.name).write_text(str(other))
+            write_pid(home, d.name, other)
             return other
     return None
 
@@ -196,7 +204,7 @@ class Supervisor:
                 r.next_start = time.monotonic() + _backoff(r.failures)
                 return
         r.pid, r.proc, r.started = proc.pid, proc, time.monotonic()
-        pid_file(self.home, d.name).write_text(str(proc.pid))
+        write_pid(self.home, d.name, proc.pid)
         log.info("started %s (pid %d)", d.name, proc.pid)
 
     def _wait_healthy(self, r: _Running, timeout_s: float) -> None:
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if not stack_wanted(home):  # started by a daemon just as `faas-gpu down` began
         log.info("the stack of %s is down; not starting it", home)
         return 0
-    pid_file(home, "supervisor").write_text(str(os.getpid()))
+    write_pid(home, "supervisor", os.getpid())
     sup = Supervisor(home, read_stack(home))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())
