@@ -343,6 +343,8 @@ class RemoteModel(torch.nn.Module):
         if budget is not None and budget.remaining_ms(time.monotonic()) <= 0:
             return None  # spent: the scheduler answers the miss
         send = {"Authorization": f"Bearer {self.config.token}", h.LEASE: lease.text, **headers}
+        if budget is not None:  # the manager does not start it past its deadline, as the scheduler would not
+            send[DEADLINE_HEADER] = budget.header(time.monotonic())
         try:
             if tracing.enabled():
                 with tracing.span("gpu_manager.request", kind="client", attributes={"faas_gpu.unit": lease.unit}):
@@ -360,6 +362,10 @@ class RemoteModel(torch.nn.Module):
             return decode(r.content), h.ours(r.headers)
         if r.status_code == 400 and h.UNIT_STATE not in r.headers:  # the model refused the batch, as it would there
             self._ran(rows, 400, None, False, headers.get(h.APP, ""))
+            self._report_soon(digest, headers)
+            raise RemoteError(r.status_code, r.text.strip())
+        if r.headers.get(DEADLINE_MISSED_HEADER) == "true":  # late at the unit: not run, a miss as the scheduler's
+            self._ran(rows, r.status_code, None, True, headers.get(h.APP, ""))
             self._report_soon(digest, headers)
             raise RemoteError(r.status_code, r.text.strip())
         if code_of(r.headers) != LeaseError.code:

@@ -13,7 +13,9 @@ own random token, issued by the provider at deploy and revoked on remove.
   Models are content-addressed, so uploading the same bytes proves possession: a function may
   run only digests it uploaded itself, and a stolen digest alone runs nothing.
 - The scheduler resolves a bearer token to the cluster (its own token) or a function, with a
-  short cache (`CACHE_S`): a removed function's token stops working within seconds.
+  short cache (`CACHE_S`): a removed function's token stops working within seconds. What it
+  knows it answers from memory, refreshed in the background: a job never waits on the
+  datastore, which may be away for a while (issue 42).
 """
 
 from __future__ import annotations
@@ -24,19 +26,22 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
+from faas_gpu.datastore.background import Background
 from faas_gpu.serving import token_matches
 
 CREDENTIALS_PREFIX = keys.FN_CREDENTIALS
 MODELS_PREFIX = keys.FN_MODELS
 CACHE_S = 2.0
 _CACHE_MAX = 10_000  # random tokens sent by a client must not grow the cache without bound
+T = TypeVar("T")
 
 
 def token_digest(token: str) -> str:
@@ -121,7 +126,19 @@ class FunctionCredentials:
 
 
 class CredentialResolver:
-    """The scheduler's side: a bearer token -> the cluster, a function, or None (401)."""
+    """The scheduler's side: a bearer token -> the cluster, a function, or None (401).
+
+    Every job route asks it twice (who is calling, and do they own the model), so a function it
+    knows never waits on the datastore (issue 42): a known answer is served from memory, read again
+    in the background once it is `REFRESH_AFTER` of `cache_s` old, and waited for (at most
+    `WAIT_S`) only once it is older than `cache_s` while the datastore answers. A revoked token or
+    model so stops working within `cache_s` and a read; while the datastore does not answer, the
+    last answer stands until it is back. An upload is the function's at once (it proved it holds
+    the bytes); its record is written in the background and again until the datastore takes it.
+    A token or a model never seen is read before it is answered (503 when the datastore is away)."""
+
+    REFRESH_AFTER = 0.5
+    WAIT_S = 0.25
 
     def __init__(
         self,
@@ -132,9 +149,24 @@ class CredentialResolver:
     ):
         self.ds, self.cluster_token = datastore, cluster_token
         self.cache_s, self.clock = cache_s, clock
-        self._tokens: dict[str, tuple[Caller | None, float]] = {}
-        self._owned: dict[tuple[Caller, str], float] = {}
+        self._tokens: dict[str, tuple[Caller | None, float]] = {}  # token digest -> (who, read at)
+        self._owned: dict[tuple[Caller, str], float] = {}  # (function, digest) -> read at
+        self._unwritten: set[tuple[Caller, str]] = set()  # uploads whose record the datastore has not taken yet
         self._lock = threading.Lock()
+        self._background = Background(name="credentials")
+
+    def _known(self, value: T, read_at: float, key: Hashable, read: Callable[[], T]) -> T:
+        """A known answer now: refreshed in the background once aging, waited for briefly once expired."""
+        age = self.clock() - read_at
+        if age < self.cache_s * self.REFRESH_AFTER:
+            return value
+        future = self._background.submit(key, read)
+        if age < self.cache_s or self._background.down:
+            return value
+        try:
+            return future.result(timeout=self.WAIT_S)
+        except (DatastoreUnavailable, TimeoutError):
+            return value
 
     def resolve(self, token: str | None) -> Caller | None:
         if token is None:
@@ -142,19 +174,21 @@ class CredentialResolver:
         if token_matches(token, self.cluster_token):
             return CLUSTER
         key = token_digest(token)
-        now = self.clock()
         with self._lock:
             hit = self._tokens.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0]
+        if hit is not None and hit[0] is not None:
+            return self._known(hit[0], hit[1], ("token", key), lambda: self._read_token(key))
+        if hit is not None and self.clock() - hit[1] < self.cache_s:
+            return None  # refused a moment ago
         try:
-            kv = self.ds.get(CREDENTIALS_PREFIX + key)
+            return self._read_token(key)
         except DatastoreUnavailable:
-            # a token this scheduler has resolved before keeps its last answer while the datastore is
-            # away (a revocation then takes effect when it is back); an unknown one is the caller's 503
-            if hit is not None:
-                return hit[0]
+            if hit is not None:  # refused before the datastore went away: still refused
+                return None
             raise
+
+    def _read_token(self, key: str) -> Caller | None:
+        kv = self.ds.get(CREDENTIALS_PREFIX + key)
         caller = None
         if kv is not None:
             try:
@@ -165,35 +199,59 @@ class CredentialResolver:
         with self._lock:
             if len(self._tokens) >= _CACHE_MAX:
                 self._tokens.clear()
-            self._tokens[key] = (caller, now + self.cache_s)
+            self._tokens[key] = (caller, self.clock())
         return caller
 
     def record_upload(self, caller: Caller, digest: str) -> None:
-        """A function uploaded these bytes: it may run them from now on."""
+        """A function uploaded these bytes: it may run them from now on (the record is written
+        in the background; a datastore that refuses it outright raises here)."""
         if caller.cluster:
             return
+        owned = (caller, digest)
+        with self._lock:
+            self._owned[owned] = self.clock()
+            self._unwritten.add(owned)
+        try:
+            self._background.submit(("upload", owned), lambda: self._write_upload(owned)).result(timeout=self.WAIT_S)
+        except (DatastoreUnavailable, TimeoutError):
+            pass  # written later: with the next job that asks about it
+        except Exception:
+            with self._lock:
+                self._unwritten.discard(owned)
+                self._owned.pop(owned, None)
+            raise
+
+    def _write_upload(self, owned: tuple[Caller, str]) -> None:
+        caller, digest = owned
         self.ds.put(_models_key(caller.namespace, caller.name, digest), "")
         with self._lock:
-            self._owned[(caller, digest)] = self.clock() + self.cache_s
+            self._unwritten.discard(owned)
 
     def owns(self, caller: Caller, digest: str) -> bool:
         """The cluster may run any model; a function only what it uploaded itself."""
         if caller.cluster:
             return True
-        now = self.clock()
+        owned = (caller, digest)
         with self._lock:
-            until = self._owned.get((caller, digest))
-        if until is not None and until > now:
+            read_at = self._owned.get(owned)
+            unwritten = owned in self._unwritten
+        if unwritten:  # uploaded here; its record waits for the datastore
+            self._background.submit(("upload", owned), lambda: self._write_upload(owned))
             return True
-        try:
-            if self.ds.get(_models_key(caller.namespace, caller.name, digest)) is None:
-                return False
-        except DatastoreUnavailable:
-            if until is not None:  # known before the datastore went away: still its model
-                return True
-            raise
+        if read_at is not None:
+            return self._known(True, read_at, ("owns", owned), lambda: self._read_owned(owned))
+        return self._read_owned(owned)
+
+    def _read_owned(self, owned: tuple[Caller, str]) -> bool:
+        caller, digest = owned
+        there = self.ds.get(_models_key(caller.namespace, caller.name, digest)) is not None
         with self._lock:
+            if owned in self._unwritten:
+                return True
+            if not there:
+                self._owned.pop(owned, None)
+                return False
             if len(self._owned) >= _CACHE_MAX:
                 self._owned.clear()
-            self._owned[(caller, digest)] = now + self.cache_s
+            self._owned[owned] = self.clock()
         return True

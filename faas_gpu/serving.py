@@ -189,6 +189,9 @@ class OneWorkerServer(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
+        from faas_gpu.supervise import keep_supervisor_from_env
+
+        keep_supervisor_from_env()  # in the worker: under `faas-gpu up`, a dead supervisor is started again
         return self._load()
 
 

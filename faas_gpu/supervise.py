@@ -5,7 +5,16 @@ them in order (each once the previous one serves), restarts any that dies with b
 keeps H/<name>.pid holding the pid that really runs. SIGTERM (`faas-gpu down`) stops them in the
 reverse order and then the supervisor itself. A daemon already running for this state folder
 (its pid file names a live process with its command line) is adopted, never started twice; so
-is a supervisor: a second one exits at once.
+is a supervisor: it holds H/supervisor.lock while it runs, and a second one exits at once.
+
+The supervisor is supervised in turn (issue 42: after kill -9 of it nothing restarted it, and a
+daemon killed later stayed down): each daemon it starts is told its state folder
+(`FAAS_GPU_SUPERVISOR_HOME`) and runs `keep_supervisor`, which starts the supervisor again when
+it is gone and the stack is still wanted (stack.json there, no H/stack.down, which `faas-gpu
+down` writes first). The new supervisor adopts the daemons that run and restarts the others, so
+every daemon comes back by itself after any sequence of kills that leaves one of them, or the
+supervisor, running. Hosts that run the daemons outside containers without `faas-gpu up` give
+that job to systemd (deploy/systemd/).
 
 The callers' side lives here too (`start_stack`, `stop_stack`, `stack_pids`): how the
 supervisor is found, started and stopped is one account, whichever command (`up`, `down`) asks.
@@ -14,6 +23,7 @@ supervisor is found, started and stopped is one account, whichever command (`up`
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -28,6 +38,7 @@ from pathlib import Path
 import requests
 
 from faas_gpu import paths, procs
+from faas_gpu.contract.env import SUPERVISOR_HOME
 from faas_gpu.sandbox.launcher import LAUNCHER
 
 log = logging.getLogger("faas-gpu.supervise")
@@ -37,6 +48,9 @@ MAX_BACKOFF_S = 30.0
 HEALTHY_RESET_S = 30.0  # a daemon that ran this long since its start has its back-off forgotten
 STOP_TIMEOUT_S = 45.0
 CHECK_EVERY_S = 0.25
+KEEP_EVERY_S = 1.0  # how often a daemon looks whether its supervisor still runs
+DOWN_FILE = "stack.down"  # written by `faas-gpu down` before it stops anything: nobody restarts the stack
+LOCK_FILE = "supervisor.lock"  # held by the one supervisor of a state folder
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,14 @@ def pid_file(home: Path, name: str) -> Path:
     return home / f"{name}.pid"
 
 
+def write_pid(home: Path, name: str, pid: int) -> None:
+    """Whole or not at all (a file renamed into place): the daemons, `down` and the tests read
+    these files while a supervisor writes them, and an empty one reads as no supervisor."""
+    tmp = home / f".{name}.pid.{os.getpid()}"
+    tmp.write_text(str(pid))
+    os.replace(tmp, pid_file(home, name))
+
+
 def running_pid(home: Path, d: Daemon) -> int | None:
     """The daemon's pid when its pid file names a live process that runs it for this home."""
     pid = procs.read_pid(pid_file(home, d.name))
@@ -83,7 +105,7 @@ def find_running(home: Path, d: Daemon) -> int | None:
         return pid
     for other in procs.find(d.module, home):
         if procs.cmdline(other)[1:] == d.argv(home)[1:]:
-            pid_file(home, d.name).write_text(str(other))
+            write_pid(home, d.name, other)
             return other
     return None
 
@@ -126,7 +148,7 @@ class Supervisor:
 
     def run(self) -> None:
         for r in self.daemons:  # in order: each once the one before serves (or gave up trying)
-            if self.stopping.is_set():
+            if self.stopping.is_set() or not stack_wanted(self.home):
                 break
             pid = find_running(self.home, r.daemon)
             if pid is not None:
@@ -136,6 +158,9 @@ class Supervisor:
                 self._start(r)
             self._wait_healthy(r, 60.0)
         while not self.stopping.wait(CHECK_EVERY_S):
+            if not stack_wanted(self.home):  # `faas-gpu down` began while this one was starting
+                log.info("the stack of %s is being taken down; stopping", self.home)
+                break
             for r in self.daemons:
                 try:
                     self._check(r, time.monotonic())
@@ -171,6 +196,7 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own group: stopped with whatever it started
                     cwd=paths.REPO_ROOT,
+                    env={**os.environ, SUPERVISOR_HOME.name: str(self.home)},  # it restarts this supervisor
                 )
             except OSError as exc:
                 log.error("cannot start %s: %s", d.name, exc)
@@ -178,7 +204,7 @@ class Supervisor:
                 r.next_start = time.monotonic() + _backoff(r.failures)
                 return
         r.pid, r.proc, r.started = proc.pid, proc, time.monotonic()
-        pid_file(self.home, d.name).write_text(str(proc.pid))
+        write_pid(self.home, d.name, proc.pid)
         log.info("started %s (pid %d)", d.name, proc.pid)
 
     def _wait_healthy(self, r: _Running, timeout_s: float) -> None:
@@ -218,26 +244,62 @@ def stack_pids(home: Path) -> dict[str, int]:
     return out
 
 
+def spawn_supervisor(home: Path) -> int:
+    """A supervisor for `home`, in a session of its own (it outlives whoever started it); its pid."""
+    with open(home / "supervisor.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "--home", str(home)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=paths.REPO_ROOT,
+        )
+    return proc.pid
+
+
+def stack_wanted(home: Path) -> bool:
+    """The stack of `home` is meant to run: `up` wrote it and `down` has not been asked since."""
+    return (home / STACK_FILE).exists() and not (home / DOWN_FILE).exists()
+
+
+def keep_supervisor(home: Path, stop: threading.Event, every_s: float = KEEP_EVERY_S) -> None:
+    """A daemon's side of supervision: start the supervisor of `home` again whenever it is gone
+    while the stack is wanted (several daemons may try at once: the supervisor's lock keeps one)."""
+    while not stop.wait(every_s):
+        try:
+            if stack_wanted(home) and supervisor_pid(home) is None:
+                pid = spawn_supervisor(home)
+                log.warning("the supervisor of %s was not running; started it again (pid %d)", home, pid)
+                deadline = time.monotonic() + 10
+                while supervisor_pid(home) is None and procs.alive(pid) and time.monotonic() < deadline:
+                    stop.wait(0.1)  # its pid file, before anyone looks again
+        except Exception:  # a full disk, a vanished folder: try again next round
+            log.exception("keeping the supervisor of %s running failed", home)
+
+
+def keep_supervisor_from_env() -> threading.Event | None:
+    """In a daemon the supervisor started (`FAAS_GPU_SUPERVISOR_HOME`): `keep_supervisor` on a
+    thread of its own; the event stops it. None elsewhere (containers, systemd, tests)."""
+    home = SUPERVISOR_HOME.read()
+    if home is None:
+        return None
+    stop = threading.Event()
+    threading.Thread(target=keep_supervisor, args=(Path(home), stop), name="keep-supervisor", daemon=True).start()
+    return stop
+
+
 def start_stack(home: Path, wanted: list[Daemon], timeout_s: float = 60) -> dict[str, int]:
     """Start the supervisor (which starts the daemons) unless one runs; wait until all serve.
 
     A running stack is recognised by the supervisor's pid file and live process, never by a
     health probe: a busy gateway is waited for, never started a second time."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / DOWN_FILE).unlink(missing_ok=True)  # wanted again: its daemons may restart its supervisor
     sup = supervisor_pid(home)
     if sup is None:
         write_stack(home, wanted)
-        log_path = home / "supervisor.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "faas_gpu.supervise", "--home", str(home)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=paths.REPO_ROOT,
-            )
-        sup = proc.pid
+        sup = spawn_supervisor(home)
     else:
         running = read_stack(home)
         if [d.name for d in running] != [d.name for d in wanted] or running != wanted:
@@ -261,10 +323,14 @@ def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
     """Stop the supervisor first (it stops its daemons in order), then whatever still runs for
     this home: daemons found by command line (a pid file may be stale) and replicas in run/."""
     stopped = []
+    if home.is_dir():  # first: no daemon being stopped starts the supervisor again
+        (home / DOWN_FILE).write_text("faas-gpu down\n")
     sup = supervisor_pid(home)
-    if sup is not None:
-        procs.stop(sup, timeout_s)
-        stopped.append("supervisor")
+    # and one a daemon started just before the stack was marked down (it stops at once)
+    for pid in dict.fromkeys([*([sup] if sup is not None else []), *procs.find(MODULE, home)]):
+        procs.stop(pid, timeout_s)
+        if "supervisor" not in stopped:
+            stopped.append("supervisor")
     (home / "supervisor.pid").unlink(missing_ok=True)
     for name in DAEMON_NAMES:
         pids = set(procs.find(MODULES[name], home))
@@ -294,11 +360,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     home = args.home.resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    lock = open(home / LOCK_FILE, "a+")  # noqa: SIM115 — held (and kept open) for the supervisor's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # several daemons found it gone at once: one of them started the supervisor
+        log.info("a supervisor already runs for %s", home)
+        return 0
     other = supervisor_pid(home)
     if other is not None and other != os.getpid():
         log.info("a supervisor already runs for %s (pid %d)", home, other)
         return 0
-    pid_file(home, "supervisor").write_text(str(os.getpid()))
+    if not stack_wanted(home):  # started by a daemon just as `faas-gpu down` began
+        log.info("the stack of %s is down; not starting it", home)
+        return 0
+    write_pid(home, "supervisor", os.getpid())
     sup = Supervisor(home, read_stack(home))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())

@@ -41,6 +41,11 @@ with `X-Faas-Gpu-Lease`, a placement lease the scheduler signed for that token, 
 (`faas_gpu.contract.lease`), runs the job (a lease refused is 401 with the code `lease-refused`:
 the instance sends the batch through the scheduler instead). A leased job never loads its model:
 one not loaded on the unit is answered 409, and goes through the scheduler.
+
+A job may carry the budget left of its SLO (`X-Faas-Gpu-Deadline-Ms`, which the instance sends
+with a leased batch): it becomes a deadline when the job arrives, and a job still waiting for its
+unit then is answered as the scheduler answers a late job (504, `X-Faas-Gpu-Deadline-Missed:
+true`, code `deadline-missed`), never run late.
 """
 
 from __future__ import annotations
@@ -53,8 +58,16 @@ from flask import Flask, Response, jsonify, request
 
 from faas_gpu import tracing
 from faas_gpu.contract import headers as h
-from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError, error_headers
+from faas_gpu.contract.errors import (
+    ArtifactError,
+    ArtifactTooLarge,
+    DeadlineMissed,
+    WireError,
+    deadline_missed_headers,
+    error_headers,
+)
 from faas_gpu.contract.lease import LeaseError, verify
+from faas_gpu.contract.slo import parse_budget_ms
 from faas_gpu.contract.wire import TENSOR_TYPE, check
 from faas_gpu.mps import MPSError
 from faas_gpu.serving import bearer_token, request_json, require_bearer_token
@@ -148,10 +161,19 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             function = lease.function
         if request.content_length and request.content_length > max_job_bytes:
             return _text(f"body: larger than {max_job_bytes} bytes", 413)
+        try:  # the budget left of a strict batch sent here directly: a deadline on this machine's clock
+            budget_ms = parse_budget_ms(request.headers.get(h.BUDGET_MS))
+        except ValueError as exc:
+            return _text(str(exc), 400)
+        deadline = None if budget_ms is None else time.monotonic() + budget_ms / 1000
         payload = request.get_data(cache=False)
         try:
             check(payload)  # a malformed batch is the caller's error, not the model's (read, not copied)
-            result = manager.run(digest, unit, payload, resident_only=leased is not None)
+            result = manager.run(digest, unit, payload, resident_only=leased is not None, deadline=deadline)
+        except DeadlineMissed as exc:  # as the scheduler answers a late job: a miss, not run
+            resp = _text(str(exc), exc.status)
+            resp.headers.update(deadline_missed_headers(exc))
+            return resp
         except (WireError, ArtifactError) as exc:
             return _text(str(exc), 400)
         except ModelInputError as exc:

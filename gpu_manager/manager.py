@@ -26,7 +26,7 @@ from typing import Any
 
 from faas_gpu import tracing
 from faas_gpu.contract import metrics as m
-from faas_gpu.contract.errors import ModelNotUploaded
+from faas_gpu.contract.errors import DeadlineMissed, ModelNotUploaded
 from faas_gpu.models import Artifact, ModelStore
 from faas_gpu.mps import thread_percentage
 from faas_gpu.observability import DaemonMetrics
@@ -278,9 +278,17 @@ class GPUManager:
         return min(caps) if caps else None
 
     def run(
-        self, digest: str, unit_id: str, payload: bytes, timeout_s: float = 60, resident_only: bool = False
+        self,
+        digest: str,
+        unit_id: str,
+        payload: bytes,
+        timeout_s: float = 60,
+        resident_only: bool = False,
+        deadline: float | None = None,
     ) -> JobResult:
-        """`resident_only` (a leased job): NotResident rather than load the model."""
+        """`resident_only` (a leased job): NotResident rather than load the model. `deadline`
+        (`time.monotonic()`, None: none): a job still waiting for its unit then is not run
+        (DeadlineMissed), as the scheduler drops a late job rather than start it."""
         state = self.units.get(unit_id)
         if state is None:
             raise UnknownUnit(f"unit: {unit_id!r} is not a unit of this node")
@@ -293,6 +301,8 @@ class GPUManager:
             if waited is not None:
                 tracing.record("gpu_manager.unit_wait", waited, waited.at_ns, attributes={"faas_gpu.unit": unit_id})
             self._check_open(state)  # drained or retired while this job waited for the unit
+            if deadline is not None and (now := time.monotonic()) >= deadline:
+                raise DeadlineMissed(f"on unit {unit_id}", (now - deadline) * 1000)
             if resident_only and not self._resident(artifact.digest, state):
                 raise NotResident(f"model: {digest[:12]}… is not loaded on unit {unit_id}")
             state.busy_since, state.running = time.monotonic(), digest

@@ -62,10 +62,12 @@ class ProviderConfig:
     stack's own (`provider.callbacks`); None: $FAAS_GPU_CALLBACK_ALLOW, else none."""
     callback_timeout_s: float | None = None
     """One callback delivery's whole time (connect at most 3 s of it); None: $FAAS_GPU_CALLBACK_TIMEOUT, else 10 s."""
-    threads: int = 64
+    threads: int = 256
     """Gateway request threads (one gthread worker). Invocations hold at most all but an eighth of
-    them, one function at most `max_inflight_per_function`, unless its `max_inflight` allows fewer
-    (`provider.inflight`)."""
+    them, one function at most `max_inflight_per_function`, and its ready replicas at most its
+    `max_inflight` each (`provider.inflight`). A call waiting for a replica that restarts holds
+    one: 256 (64 before issue 42) lets a function's calls wait out a restart of tens of seconds
+    rather than be refused; gunicorn starts threads as they are needed, an idle one costs nothing."""
     max_inflight_per_function: int | None = None
     """One function's in-flight invocations at the gateway; None: half the threads, so one slow
     function never holds every thread (a single-function load test raises it)."""

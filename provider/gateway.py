@@ -161,23 +161,33 @@ class InvocationApp:
             return result
         try:
             if tracing.enabled():
-                result = self._traced_forward(key, raw_name, method, path, query, headers, body)
+                result = self._traced_forward(key, raw_name, method, path, query, headers, body, wait_for_slot)
             else:
-                result = self._forward(key, raw_name, method, path, query, headers, body)
+                result = self._forward(key, raw_name, method, path, query, headers, body, wait_for_slot)
         finally:
             self.invoker.inflight.leave(key)
         self._finished(key, label, result.status, time.perf_counter() - t0, slo)
         return result
 
     def _traced_forward(
-        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        raw_name: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        wait_for_slot: bool = False,
     ) -> Result:
         """`_forward` inside the gateway's spans, the replica given our `traceparent` (the caller's
         is this trace's parent). Only while tracing is on: off, the hot path makes no span."""
         function = f"{key[1]}.{key[0]}"
         with tracing.server_span("gateway.invoke", headers, {"faas.name": function, "http.method": method}) as sp:
             with tracing.span("gateway.forward", kind="client", attributes={"faas.name": function}):
-                result = self._forward(key, raw_name, method, path, query, tracing.inject(dict(headers)), body)
+                result = self._forward(
+                    key, raw_name, method, path, query, tracing.inject(dict(headers)), body, wait_for_slot
+                )
             tracing.set_attributes(sp, **{"http.status_code": result.status})
         return result
 
@@ -197,20 +207,35 @@ class InvocationApp:
         self.provider.activity.record(key, status, seconds, slo_ms)
 
     def _forward(
-        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        raw_name: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        wait_for_slot: bool = False,
     ) -> Result:
         try:
+            t0 = time.monotonic()
+            waited = not self.invoker.runtime.endpoints(*key)  # for a replica to start or restart
             url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
             status = None
             try:
                 if url is None:
                     result = _error(503, f"No endpoints available for: {raw_name}.")
                 else:
-                    result = self._send(key, url, method, path, query, headers, body)
+                    wait_s = float("inf") if wait_for_slot else 0.0
+                    if waited:  # capacity that was on its way: a short wait for it, not a 429
+                        wait_s = max(wait_s, self.invoker.ready_timeout_s - (time.monotonic() - t0))
+                    result = self._at_replicas(key, url, method, path, query, headers, body, wait_s)
                     status = result.status
                     self.invoker.count(key)
             finally:
                 self.invoker.done(key, status)
+        except TooManyInFlight as exc:  # its ready replicas are full (max_inflight): refused, as they would
+            result = _error(429, str(exc))
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
         except Unavailable as exc:  # crash-looping or failing to start: say so at once
@@ -224,6 +249,28 @@ class InvocationApp:
         except ReplicaError:  # refused past the ready timeout, dropped and not resent
             result = _error(502, f"Can't reach service for: {raw_name}.")
         return result
+
+    def _at_replicas(
+        self,
+        key: tuple[str, str],
+        url: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        wait_s: float,
+    ) -> Result:
+        """`_send`, within max_inflight's share of the ready replicas (taken now that one is ready:
+        TooManyInFlight when they are full past `wait_s`)."""
+        limit = self.invoker.replicas_limit(key)
+        if limit is None:
+            return self._send(key, url, method, path, query, headers, body)
+        self.invoker.inflight.enter_replicas(key, limit, wait_s=wait_s)
+        try:
+            return self._send(key, url, method, path, query, headers, body)
+        finally:
+            self.invoker.inflight.leave_replicas(key)
 
     def _send(
         self, key: tuple[str, str], url: str, method: str, path: str, query: str, headers: dict, body: bytes

@@ -11,8 +11,13 @@ invocation takes a slot before it is forwarded, and gets 429 at once when none i
   functions still get threads while one is slow; `--max-inflight-per-function` raises it for a
   node that serves one function);
 - a function whose deployment sets OpenFaaS's `max_inflight` env var (the watchdog's limit per
-  replica; 0 or absent: unlimited) holds at most `max_inflight` x its ready replicas, so requests
-  the replicas would refuse with 429 are refused at the gateway without holding a thread.
+  replica; 0 or absent: unlimited) has at most `max_inflight` x its ready replicas *at its
+  replicas*, so requests the replicas would refuse with 429 are refused at the gateway without
+  holding a thread. That share is taken once the call has a ready replica to go to, not while it
+  waits for one (issue 42): a call waiting for a replica that restarts, or for the first one of a
+  function scaled to zero, is not refused for capacity that is on its way, and once one is ready
+  it waits for a slot there for what is left of the ready timeout. A call that finds ready
+  replicas full is refused at once, as their watchdogs would refuse it.
 
 Queued (async) invocations do not hold gateway threads: they wait for a slot instead of 429.
 """
@@ -20,6 +25,7 @@ Queued (async) invocations do not hold gateway threads: they wait for a slot ins
 from __future__ import annotations
 
 import threading
+import time
 
 MAX_INFLIGHT_ENV = "max_inflight"
 
@@ -54,12 +60,38 @@ class InflightLimiter:
         self._cond = threading.Condition()
         self._all = 0
         self._by_fn: dict[tuple[str, str], int] = {}
+        self._at_replicas: dict[tuple[str, str], int] = {}  # forwarded to a ready replica (max_inflight's share)
 
     def limit(self, max_inflight: int, replicas: int) -> int:
         """The function's slots: the default share, or fewer when its replicas take fewer."""
         if max_inflight > 0:
             return max(1, min(self.per_function, max_inflight * max(1, replicas)))
         return self.per_function
+
+    def enter_replicas(self, key: tuple[str, str], limit: int, *, wait_s: float = 0.0) -> None:
+        """A call forwarded to one of the function's ready replicas, which take `limit` at once
+        (`limit`: max_inflight x ready replicas); TooManyInFlight past it, after waiting up to
+        `wait_s` for a slot (0: at once, as a watchdog refuses)."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self._at_replicas.get(key, 0) >= limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TooManyInFlight(
+                        f"Concurrent request limit exceeded for {key[1]}.{key[0]}: {limit} in flight at its ready "
+                        "replicas (max_inflight)."
+                    )
+                self._cond.wait(min(1.0, left))
+            self._at_replicas[key] = self._at_replicas.get(key, 0) + 1
+
+    def leave_replicas(self, key: tuple[str, str]) -> None:
+        with self._cond:
+            n = self._at_replicas.get(key, 1) - 1
+            if n > 0:
+                self._at_replicas[key] = n
+            else:
+                self._at_replicas.pop(key, None)
+            self._cond.notify_all()
 
     def _refusal(self, key: tuple[str, str], limit: int) -> str | None:
         if self._by_fn.get(key, 0) >= limit:

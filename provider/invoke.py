@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from faas_gpu.datastore import DatastoreUnavailable
+from faas_gpu.datastore.background import Background
 
 from .inflight import InflightLimiter, max_inflight_of
 from .runtime import Runtime
@@ -84,6 +85,7 @@ class Invoker:
         self.counts: dict[tuple[str, str], int] = {}
         self.dispatcher = None  # the autoscaler: weighs a managed function's instances
         self.inflight = InflightLimiter(threads, max_inflight_per_function)
+        self._background = Background(name="function-records")
 
     def resolve(self, raw_name: str) -> tuple[str, str]:
         name, ns = split_namespace(raw_name, None)
@@ -92,13 +94,22 @@ class Invoker:
     def exists(self, key: tuple[str, str]) -> bool:
         """Cached for a second: the hot path must not read the datastore on every call.
 
-        While the datastore is unavailable a function whose record this provider already knows
-        still exists (its replicas keep serving); it is read again a second later. An unknown one
-        raises DatastoreUnavailable: the caller cannot tell it apart from a missing function."""
+        A function this provider knows is read again past that second off the call's thread
+        (issue 42: no call waits on the datastore), and it still exists while the datastore is
+        unavailable (its replicas keep serving); one deleted elsewhere is 404 once that read is
+        back. An unknown one is read now, and raises DatastoreUnavailable when it cannot be: the
+        caller cannot tell it apart from a missing function."""
         seen = self._known.get(key)
         now = time.monotonic()
         if seen is not None and now - seen < KNOWN_TTL_S:
             return True
+        if self.store.cached(*key) is not None:  # read or written here before: known
+            self._background.submit(key, lambda: self._read(key))
+            return True
+        return self._read(key)
+
+    def _read(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
         try:
             record = self.store.get(*key)
         except DatastoreUnavailable as exc:
@@ -114,13 +125,18 @@ class Invoker:
         return True
 
     def inflight_limit(self, key: tuple[str, str]) -> int:
-        """The function's in-flight slots, from its record as last known (validated at deploy)."""
+        """The function's share of the gateway's threads (`provider.inflight`)."""
+        return self.inflight.per_function
+
+    def replicas_limit(self, key: tuple[str, str]) -> int | None:
+        """What the function's ready replicas take at once, from its record as last known
+        (validated at deploy): max_inflight x ready replicas; None: unlimited."""
         record = self.store.cached(*key)
         try:
             per_replica = max_inflight_of(record.deployment.envVars) if record is not None else 0
-        except ValueError:  # a record from before the check: the default share
+        except ValueError:  # a record from before the check: unlimited, as the watchdog takes it
             per_replica = 0
-        return self.inflight.limit(per_replica, len(self.runtime.endpoints(*key)) if per_replica else 1)
+        return self.inflight.limit(per_replica, len(self.runtime.endpoints(*key))) if per_replica else None
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted function answers 404 at once, not after the existence cache expires."""

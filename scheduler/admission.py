@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from faas_gpu.contract.errors import DeadlineMissed, deadline_missed_headers
 from faas_gpu.contract.headers import DEADLINE_MISSED
 from faas_gpu.policies import Request
 from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueue, admission_queue, admit
@@ -188,15 +189,8 @@ class Admission:
         self.deadline_misses += 1
         self.late_dropped += 1
         late_ms = (now - job.deadline) * 1000 if job.deadline is not None else 0.0
-        self.answer(
-            job,
-            JobOutcome(
-                504,
-                f"job {job.id}: missed its deadline ({late_ms:.0f} ms past it) before a GPU unit could "
-                f"start it; not run\n".encode(),
-                {DEADLINE_MISSED: "true"},
-            ),
-        )
+        exc = DeadlineMissed(str(job.id), late_ms)
+        self.answer(job, JobOutcome(exc.status, f"{exc}\n".encode(), deadline_missed_headers(exc)))
 
     def drop_late(self, now: float) -> None:
         """Strict jobs whose deadline has passed while they wait leave the queues (under the lock)."""

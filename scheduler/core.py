@@ -41,7 +41,7 @@ from .jobs import Job
 from .leases import lease_unit
 from .loop import PlacementLoop
 from .managers import ManagerClient
-from .metrics import SchedulerMetrics
+from .metrics import SchedulerMetrics, leased_late
 from .model_states import ModelStates
 from .residency import Gpu
 from .units import NO_UNITS_TIMEOUT_S, Refresh, UnitRef, UnitView
@@ -154,9 +154,15 @@ class Scheduler:
             return lease_unit(self.view, self.admission, digest, best_effort, self.distributor is not None)
 
     def leased_ran(self, digest: str, model: str | None, function: str | None, ran: list) -> None:
-        """A function's batches run on a leased unit: counted in the metrics, and their execution
-        times learnt as a placed job's are."""
+        """A function's batches run on a leased unit: counted in the metrics (and those its unit
+        dropped past their deadline in the misses), and their execution times learnt as a placed
+        job's are."""
         times = self.metrics.leased(digest, model, function, ran)
+        late = leased_late(ran)
+        if late:  # dropped late by their unit: misses in /v1/status as the scheduler's own late drops
+            with self._wake:
+                self.admission.deadline_misses += late
+                self.admission.late_dropped += late
         if times:
             with self._wake:
                 if digest in self.catalog.models:

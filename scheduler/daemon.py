@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
     paths.private_umask()  # state, logs and replicas' files: 0700 / 0600, like the secrets
+    # imported once here, in gunicorn's master, so a worker that dies is replaced in well under a
+    # second (it forks them ready) rather than after torch's import again: the GPU path is without
+    # a scheduler for as long as that takes. Imports only: no thread, no connection before the fork.
+    from . import api, core, leader  # noqa: F401
+
     daemon = _Daemon(args)
     OneWorkerServer(
         [f"{args.bind}:{args.port}"], daemon.load, daemon.close, threads=args.threads, timeout_s=600, name="scheduler"

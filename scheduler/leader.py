@@ -17,6 +17,12 @@ log = logging.getLogger(__name__)
 LEADER_KEY = keys.SCHEDULER_LEADER
 
 
+def same_replica(a: str, b: str) -> bool:
+    """Two scheduler identities (`address:port/host/nonce`, `scheduler.daemon`) of one replica:
+    the same address, port and host, whatever the process."""
+    return a.rsplit("/", 1)[0] == b.rsplit("/", 1)[0] and a.count("/") == b.count("/") == 2
+
+
 class LeaderElection:
     def __init__(
         self,
@@ -71,12 +77,27 @@ class LeaderElection:
             self.is_leader.clear()
             self._lease = None
         lease = self.ds.lease(self.ttl_s)
-        if self.ds.create(self.key, self.identity, lease=lease):
+        if self.ds.create(self.key, self.identity, lease=lease) or self._take_over(lease):
             self._lease = lease
             self.is_leader.set()
             log.info("%s is the scheduler leader", self.identity)
         else:
             lease.revoke()
+
+    def _take_over(self, lease) -> bool:
+        """The leader key names this very replica's previous process (the same address, port and
+        host; kill -9 of its gunicorn worker, or of the daemon that the supervisor restarted): it
+        is dead, for only one process at a time serves this port, so its lease is ended now rather
+        than waited out (a scheduler restart cost the GPU path its leader for the lease's TTL)."""
+        held = self.ds.get(self.key)
+        if held is None or held.lease is None:
+            return False
+        holder = held.value.decode(errors="replace")
+        if holder == self.identity or not same_replica(holder, self.identity):
+            return False
+        log.info("the leader key names %s, this replica's previous process: taking over at once", holder)
+        self.ds.revoke_lease(held.lease)  # its expiry, brought forward: a lease renewed since is not this one
+        return self.ds.create(self.key, self.identity, lease=lease)
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):

@@ -10,7 +10,10 @@ manager reports again.
 
 Every time is read from the injected clock: the unit reports are reread once per `REFRESH_S`
 of it, so a test's clock drives the loop as the machine's drives the daemon. Only the wait for
-new work is real time (a condition wait, woken by new jobs and completions).
+new work is real time (a condition wait, woken by new jobs and completions). The reads, and the
+removal of a unit whose manager does not answer, run on a thread of their own: no placement
+round and no job waits on the datastore, which may be away (issue 42); meanwhile placement goes
+on over the units it knows.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import requests
 
@@ -69,6 +72,9 @@ class PlacementLoop:
         self._wake, self.clock, self.refresh, self.preference = wake, clock, refresh, preference
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="dispatch")
+        self._refresher = ThreadPoolExecutor(1, thread_name_prefix="unit-reports")
+        self._refresh_lock = threading.Lock()
+        self._refreshing: Future | None = None
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def start(self) -> None:
@@ -79,15 +85,31 @@ class PlacementLoop:
         with self._wake:
             self._wake.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._refresher.shutdown(wait=False, cancel_futures=True)
+
+    def _refresh(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # the datastore away: placement goes on over the units it knows
+            log.warning("cannot read unit reports: %s", exc)
+
+    def _refresh_soon(self) -> None:
+        """Reread the unit reports on the refresh thread, unless a read is under way: the loop
+        never waits on the datastore (issue 42: with etcd stopped, each read held placement for
+        its retries, and every job waited behind it)."""
+        with self._refresh_lock:
+            if self._refreshing is not None and not self._refreshing.done():
+                return
+            try:
+                self._refreshing = self._refresher.submit(self._refresh)
+            except RuntimeError:  # closed
+                pass
 
     def _run(self) -> None:
         last_refresh: float | None = None
         while not self._stop.is_set():
             if last_refresh is None or self.clock() - last_refresh > REFRESH_S:
-                try:
-                    self.refresh()
-                except Exception as exc:
-                    log.warning("cannot read unit reports: %s", exc)
+                self._refresh_soon()
                 last_refresh = self.clock()
             with self._wake:
                 decisions, units = self.round()
@@ -154,7 +176,12 @@ class PlacementLoop:
                 with self._wake:
                     self.view.rest(unit.key)
             if isinstance(exc, requests.ConnectionError | UnitUnavailable):
-                self._forget_unit(unit)
+                with self._wake:  # no job for it meanwhile: its report is dropped on the refresh thread
+                    self.view.rest(unit.key)
+                try:
+                    self._refresher.submit(self._forget_unit, unit)
+                except RuntimeError:  # closed
+                    pass
         not_kept = not_kept or (outcome is not None and outcome.status == 507)
         with self._wake:
             if self.view.is_current(d.unit, unit):

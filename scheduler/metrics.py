@@ -19,6 +19,7 @@ from collections.abc import Callable
 from faas_gpu.contract import headers as h
 from faas_gpu.contract import metrics as m
 from faas_gpu.contract.annotations import APP_NAME_RE
+from faas_gpu.contract.errors import DeadlineMissed
 from faas_gpu.observability import DaemonMetrics
 
 from .jobs import Job, JobOutcome
@@ -40,10 +41,23 @@ def _seconds(headers: dict[str, str], name: str) -> float:
         return 0.0
 
 
-
 MAX_REPORTED_EXEC_S = 3600.0
 """A leased batch's execution time as its function reports it is learnt as a placed job's: a
 report beyond an hour (the policies' bound on any SLO), or not a number, is none a worker measured."""
+
+
+def leased_late(ran: object, most: int = 4096) -> int:
+    """How many of a lease's reported batches (`SchedulerMetrics.leased`) their unit did not start
+    past their deadline: 504 with an SLO, what the GPU Manager answers then."""
+    late = 0
+    for entry in ran[:most] if isinstance(ran, list) else []:
+        try:
+            _rows, status, _exec_s, slo, _app = entry
+            late += int(status) == DeadlineMissed.status and slo is True
+        except (TypeError, ValueError):
+            continue
+    return late
+
 
 class SchedulerMetrics:
     def __init__(self, policy: str):
@@ -109,7 +123,9 @@ class SchedulerMetrics:
     ) -> list[float]:
         """Batches a function ran on a leased unit (`POST /v1/leases` reports them: [[rows, status,
         execute s, had an SLO, app], ...]), counted as the jobs that come through here are; no
-        queueing (a leased batch waits for nothing here). The execution times of those answered."""
+        queueing (a leased batch waits for nothing here); a 504 with an SLO is a batch its unit
+        did not start past its deadline, counted over the SLO as the scheduler's own late drops
+        are. The execution times of those answered."""
         job = Job(0, digest, b"", 0.0, None, model=model, function=function)
         model_labels = self._model(job)
         fn = function or m.CLUSTER_FUNCTION
@@ -125,6 +141,8 @@ class SchedulerMetrics:
             self._batch.labels(fn).observe(rows)
             if status != 200:
                 self._failure.labels(*model_labels).inc()
+                if status == DeadlineMissed.status and slo is True:  # late at its unit, not run: over its SLO
+                    self._slo.labels(fn, self._app(fn, app_label(app if isinstance(app, str) else "")), "over").inc()
                 continue
             times.append(exec_s)
             self._success.labels(*model_labels).inc()

@@ -100,6 +100,14 @@ TRACES_FILE: Var[Path | None] = Var(
     "beside or instead of OpenTelemetry's OTLP exporter), for tests and a stack without a collector",
 )
 
+SUPERVISOR_HOME: Var[Path | None] = Var(
+    "FAAS_GPU_SUPERVISOR_HOME",
+    None,
+    Path,
+    "set by `faas-gpu up`'s supervisor on the daemons it starts: each starts the supervisor of that state folder "
+    "again when it dies (`faas_gpu.supervise`)",
+)
+
 # -- the provider -------------------------------------------------------------------------------
 CPUS: Var[float | None] = Var("FAAS_GPU_CPUS", None, float, "cores the autoscaler may give instances (default all)")
 MAX_BODY_BYTES: Var[int | None] = Var("FAAS_GPU_MAX_BODY_BYTES", None, int, "largest /function/ body")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .headers import ERROR
+from .headers import DEADLINE_MISSED, ERROR
 
 
 class ContractError(Exception):
@@ -49,6 +49,28 @@ class ModelNotUploaded(ContractError, LookupError):
     """The job names a model digest this store does not hold (answered 404): upload it, then retry."""
 
     status, code = 404, "model-not-uploaded"
+
+
+class DeadlineMissed(ContractError, TimeoutError):
+    """A strict job whose deadline passed before a GPU unit could start it: answered 504, not run,
+    by whichever daemon held it last (the scheduler's queues, or a GPU Manager's unit for a batch
+    sent to it directly under a lease). One wording and one code for both, so the instance and
+    the metrics treat the two the same."""
+
+    status, code = 504, "deadline-missed"
+
+    def __init__(self, job: str, late_ms: float):
+        super().__init__(
+            f"job {job}: missed its deadline ({max(0.0, late_ms):.0f} ms past it) before a GPU unit could start it; "
+            "not run"
+        )
+        self.late_ms = late_ms
+
+
+def deadline_missed_headers(exc: DeadlineMissed) -> dict[str, str]:
+    """What an answer of `exc` carries: its code and `X-Faas-Gpu-Deadline-Missed: true` (the
+    instance answers it and does not retry it)."""
+    return {ERROR: exc.code, DEADLINE_MISSED: "true"}
 
 
 def error_headers(exc: ContractError) -> dict[str, str]:

@@ -151,6 +151,11 @@ class Datastore(ABC):
     @abstractmethod
     def lease(self, ttl_s: int) -> Lease: ...
 
+    def revoke_lease(self, lease_id: int) -> None:
+        """End the lease `lease_id` now, deleting its keys, as its expiry would: for a lease whose
+        holder is known dead (a scheduler's previous process, `scheduler.leader`)."""
+        raise NotImplementedError(f"{type(self).__name__}: revoke_lease")
+
     @abstractmethod
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch: ...
 

@@ -191,6 +191,9 @@ class EmbeddedDatastore(Datastore):
             return True
 
     # -- leases --------------------------------------------------------------------------
+    def revoke_lease(self, lease_id: int) -> None:
+        self._revoke_lease(lease_id)
+
     @_unavailable_on_sqlite_error
     def lease(self, ttl_s: int) -> Lease:
         with self._lock, self._tx():

@@ -352,6 +352,16 @@ class EtcdDatastore(Datastore):
     def lease(self, ttl_s: int) -> Lease:
         return EtcdLease(self, self._retry(lambda: self.client.lease(ttl_s)))
 
+    def revoke_lease(self, lease_id: int) -> None:
+        def revoke() -> None:
+            try:
+                self.client.revoke_lease(lease_id)
+            except grpc.RpcError as exc:
+                if _code(exc) is not grpc.StatusCode.NOT_FOUND:  # expired already: done
+                    raise
+
+        self._retry(revoke)
+
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
         """Events under `prefix` from `start_revision`, or else from the store's revision when the
         call is made: the watch's stream is opened by a thread a moment later, and a watch that

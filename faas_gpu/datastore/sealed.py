@@ -152,6 +152,9 @@ class SealedDatastore(Datastore):
     def lease(self, ttl_s: int) -> Lease:
         return self.inner.lease(ttl_s)
 
+    def revoke_lease(self, lease_id: int) -> None:
+        self.inner.revoke_lease(lease_id)
+
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
         return _SealedWatch(self, self.inner.watch_prefix(prefix, start_revision))
 

@@ -241,6 +241,40 @@ def test_a_killed_gateway_is_restarted_by_the_supervisor(tmp_path):
     assert stack.leftovers() == []
 
 
+def test_a_killed_supervisor_is_started_again_and_a_daemon_killed_after_it_comes_back(tmp_path):
+    """Issue 42: after kill -9 of the supervisor nothing restarted it, and a scheduler killed after
+    that stayed down until `faas-gpu up` ran again. The daemons start their supervisor again; it
+    adopts them and restarts the one killed; `down` still stops everything, and nothing comes back."""
+    stack = Up(tmp_path / "home")
+    try:
+        stack.up()
+        first = stack.pid("supervisor")
+        os.kill(first, signal.SIGKILL)
+        _wait(
+            lambda: (
+                (stack.home / "supervisor.pid").exists()
+                and stack.pid("supervisor") != first
+                and procs.runs(stack.pid("supervisor"), "faas_gpu.supervise", stack.home)
+            ),
+            30,
+            "no daemon started the supervisor again" + stack.logs(),
+        )
+        kept = {name: stack.pid(name) for name in ("gpu-manager", "faas-gpu")}
+        old = stack.pid("scheduler")
+        os.kill(old, signal.SIGKILL)
+        _wait(
+            lambda: stack.pid("scheduler") != old and _healthy(stack.url("scheduler")),
+            60,
+            "the scheduler killed after the supervisor did not come back" + stack.logs(),
+        )
+        assert {name: stack.pid(name) for name in kept} == kept  # adopted, not started twice
+        assert len(procs.find("faas_gpu.supervise", stack.home)) == 1
+    finally:
+        stack.down()
+    time.sleep(2.5)  # longer than the daemons' look at their supervisor: down is not undone
+    assert stack.leftovers() == []
+
+
 def test_up_moves_the_datastore_logins_into_secrets_and_no_daemon_command_line_holds_them(
     tmp_path, etcd_server, redis_server
 ):

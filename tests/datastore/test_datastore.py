@@ -103,6 +103,16 @@ def test_lease_expiry_removes_keys_and_refresh_keeps_them(ds, p):
     assert ds.get(p + "kept") is None
 
 
+def test_a_lease_is_revoked_by_its_id_alone_and_an_ended_one_is_no_error(ds, p):
+    """What a restarted scheduler does to its dead predecessor's lease (`scheduler.leader`): it
+    holds no lease object, only the id a key shows."""
+    theirs = ds.lease(60)
+    ds.put(p + "leader", "old", lease=theirs)
+    ds.revoke_lease(ds.get(p + "leader").lease)
+    assert ds.get(p + "leader") is None
+    ds.revoke_lease(theirs.id)  # ended already (or expired meanwhile): nothing to do, and said so by no error
+
+
 @pytest.mark.timeout(30)
 def test_watch_sees_puts_and_deletes_in_order(ds, p):
     watch = ds.watch_prefix(p)

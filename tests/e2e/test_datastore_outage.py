@@ -117,3 +117,38 @@ def test_scheduler_and_manager_loops_resume_by_themselves_after_an_etcd_outage(t
         manager.kill()
         sched.kill()
         etcd.stop()
+
+
+@pytest.mark.timeout(180)
+def test_a_hung_etcd_holds_no_invocation_of_a_function_the_gateway_knows(tmp_path):
+    """Issue 42: nothing in a call's path waits on etcd. A gateway that knows a function rereads
+    its record once a second; with etcd hung (SIGSTOP: connections taken, nothing answered, as a
+    partition looks) that read held the call that made it for etcd's deadline, once a second for
+    as long as the outage lasted. It is made off the call's thread now."""
+    import os
+    import signal
+
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    s = StackProcess(tmp_path / "home", "--etcd", etcd.url).start()
+    try:
+        assert _deploy(s, "known").status_code == 202
+        s.wait_ready("known")
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        try:
+            slowest, n = 0.0, 0
+            until = time.monotonic() + 6
+            while time.monotonic() < until:
+                t0 = time.monotonic()
+                r = requests.post(f"{s.url}/function/known", data=f"up {n}".encode(), timeout=30)
+                slowest = max(slowest, time.monotonic() - t0)
+                assert r.status_code == 200 and r.content == f"up {n}".encode(), r.text
+                n += 1
+                time.sleep(0.05)
+            assert slowest < 0.8, f"a call waited {slowest:.2f} s on the hung datastore"
+        finally:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+    finally:
+        s.stop()
+        etcd.stop()

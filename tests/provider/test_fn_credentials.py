@@ -91,3 +91,66 @@ def test_a_known_function_keeps_its_access_while_the_datastore_is_away_and_an_un
         resolver.resolve(unknown)
     with pytest.raises(DatastoreUnavailable):
         resolver.owns(caller, "e" * 64)
+
+
+class _Stalled:
+    """A datastore that does not answer (etcd stopped, or a partition): every call blocks until
+    `answer` is set, then goes through."""
+
+    def __init__(self, ds) -> None:
+        import threading
+
+        self.ds, self.answer = ds, threading.Event()
+        self.answer.set()
+
+    def __getattr__(self, name):
+        inner = getattr(self.ds, name)
+
+        def call(*a, **k):
+            self.answer.wait()
+            return inner(*a, **k)
+
+        return call
+
+
+def _in_thread(fn, *args):
+    """`fn(*args)` on a thread; (done, result) after up to 10 s."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    t.join(10)
+    return bool(out), (out[0] if out else None)
+
+
+def test_a_known_function_is_answered_without_waiting_on_a_datastore_that_does_not_answer(tmp_path):
+    """Issue 42: the job routes ask who calls and whether they own the model; for a function the
+    scheduler knows, neither waits on the datastore (they did: every job past the cache time waited
+    on etcd's retries), and an upload made while the datastore does not answer is the function's
+    at once and written once the datastore answers again."""
+    ds = open_datastore(None, tmp_path / "state.db")
+    creds = FunctionCredentials(ds, tmp_path / "tokens")
+    known = creds.issue("openfaas-fn", "classify")
+    stalled, clock = _Stalled(ds), Clock()
+    resolver = CredentialResolver(stalled, "cluster-secret", cache_s=2.0, clock=clock)
+    caller = resolver.resolve(known)
+    resolver.record_upload(caller, "d" * 64)
+    stalled.answer.clear()  # from here the datastore takes every call and answers none
+    try:
+        for now in (1.5, 2.5, 60.0):  # aging, expired, long expired
+            clock.now = now
+            assert _in_thread(resolver.resolve, known) == (True, caller), now
+            assert _in_thread(resolver.owns, caller, "d" * 64) == (True, True), now
+        done, _ = _in_thread(resolver.record_upload, caller, "e" * 64)  # a replica restarted meanwhile
+        assert done
+        assert _in_thread(resolver.owns, caller, "e" * 64) == (True, True)
+    finally:
+        stalled.answer.set()
+    import time
+
+    deadline = time.monotonic() + 10
+    while ds.get("/faas-gpu/fn-models/openfaas-fn/classify/" + "e" * 64) is None:  # written once it answers
+        resolver.owns(caller, "e" * 64)
+        assert time.monotonic() < deadline, "the upload made during the outage was never recorded"
+        time.sleep(0.05)

@@ -60,3 +60,20 @@ def test_bad_max_inflight_names_the_field(raw):
 def test_absent_or_zero_max_inflight_is_unlimited():
     assert max_inflight_of(None) == 0 and max_inflight_of({"max_inflight": "0"}) == 0
     assert max_inflight_of({"max_inflight": " 4 "}) == 4
+
+
+def test_the_ready_replicas_share_refuses_at_once_or_waits_when_told_to():
+    """max_inflight x ready replicas (`enter_replicas`): at once past it, as a watchdog refuses;
+    a call that waited for a replica to start waits for a slot there instead (issue 42)."""
+    lim = InflightLimiter(16)
+    lim.enter_replicas(A, 1)
+    with pytest.raises(TooManyInFlight, match="at its ready replicas"):
+        lim.enter_replicas(A, 1)
+    lim.enter_replicas(B, 1)  # another function's replicas are their own
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (lim.enter_replicas(A, 1, wait_s=30), got.set()))
+    t.start()
+    assert not got.wait(0.2)
+    lim.leave_replicas(A)
+    assert got.wait(5)
+    t.join()

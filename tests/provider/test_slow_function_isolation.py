@@ -82,6 +82,23 @@ def test_max_inflight_env_limits_a_function_at_the_gateway(stack):
     assert r.status_code == 200 and r.content == b"again"
 
 
+@pytest.mark.timeout(120)
+def test_calls_waiting_for_a_starting_replica_are_not_refused_for_its_max_inflight(stack):
+    """Issue 42: capacity on its way is not turned into 429s. Calls that arrive while the
+    function's replica starts (a deploy, a restart after a crash, a scale from zero) wait for it:
+    they were refused at once for max_inflight x no ready replica. Once it is ready they take its
+    slot in turn, within the ready timeout."""
+    s = stack
+    r = _deploy(s, "starting", "sh -c 'sleep 0.3; cat'", envVars={"max_inflight": "1"})
+    assert r.status_code == 202, r.text
+    with ThreadPoolExecutor(4) as pool:  # sent before its replica can be ready
+        got = [f.result() for f in [pool.submit(_post, f"{s.url}/function/starting", b"s") for _ in range(4)]]
+    assert sorted(code for code, _ in got) == [200, 200, 200, 200], got
+    with ThreadPoolExecutor(4) as pool:  # ready and full: refused at once, as its watchdog would
+        ready = [f.result() for f in [pool.submit(_post, f"{s.url}/function/starting", b"s") for _ in range(4)]]
+    assert sorted(code for code, _ in ready).count(429) >= 1, ready
+
+
 def test_bad_max_inflight_is_refused_at_deploy_naming_the_field(stack):
     r = _deploy(stack, "bad-inflight", "cat", envVars={"max_inflight": "lots"})
     assert r.status_code == 400

@@ -285,10 +285,10 @@ def gateway(inv: Invoker, ready: list[str]) -> InvocationApp:
     inv.exists = lambda key: True
     inv.pick = lambda key, headers=None: ready[next(turn) % len(ready)] if ready else None
     app.invoker = inv
-    record = SimpleNamespace(deployment=SimpleNamespace(annotations={}))
-    app.provider = SimpleNamespace(
-        store=SimpleNamespace(cached=lambda name, namespace: record), scale_from_zero=lambda key: None
-    )
+    record = SimpleNamespace(deployment=SimpleNamespace(annotations={}, envVars={}))  # no max_inflight
+    store = SimpleNamespace(cached=lambda name, namespace: record)
+    inv.store = store  # the ready replicas' max_inflight share is read from the record
+    app.provider = SimpleNamespace(store=store, scale_from_zero=lambda key: None)
     return app
 
 

@@ -124,3 +124,29 @@ def test_leased_batch_reports_that_are_not_a_measured_time_are_not_learnt():
     metrics = SchedulerMetrics("lalb")
     ran = [[1, 200, "nan", True, ""], [1, 200, "inf", True, ""], [1, 200, 1e9, True, ""], [2, 200, 0.004, True, ""]]
     assert metrics.leased("d" * 64, "m", "f.openfaas-fn", ran) == [0.004]
+
+
+def test_a_leased_batch_its_unit_dropped_past_its_deadline_counts_as_the_schedulers_own_late_drop(tmp_path):
+    """Issue 42: a GPU Manager answers a leased batch that waited past its deadline 504, not run;
+    the instance reports it with its next ask, and the scheduler counts it as it counts its own
+    late drops: a failed job, over its SLO, in `deadline_misses` and `late_dropped`."""
+    from faas_gpu.datastore import open_datastore
+    from faas_gpu.models import ModelStore
+    from scheduler.core import Scheduler
+
+    ds = open_datastore("embedded", tmp_path / "state.db")
+    s = Scheduler(ds, ModelStore(tmp_path / "models"), "token")
+    try:
+        ran = [[1, 504, 0.0, True, "app-a"], [2, 200, 0.004, True, ""], [1, 504, 0.0, False, ""], "junk"]
+        s.leased_ran("d" * 64, "m", "classify.openfaas-fn", ran)
+        assert s.deadline_misses == 1 and s.late_dropped == 1  # the one with an SLO
+        text = s.metrics.metrics.exposition().decode()
+        over = [
+            line for line in text.splitlines() if line.startswith("faas_gpu_slo_jobs_total{") and 'slo="over"' in line
+        ]
+        assert over and 'app="app-a"' in over[0] and float(over[0].split()[-1]) == 1.0, over
+        failures = [line for line in text.splitlines() if line.startswith("nv_inference_request_failure{")]
+        assert failures and float(failures[0].split()[-1]) == 2.0, failures
+    finally:
+        s.close()
+        ds.close()
