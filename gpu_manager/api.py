@@ -113,7 +113,12 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
         except Exception as exc:  # the upload stands: its first miss then loads from the store
             app.logger.warning("preparing %s failed: %s", artifact.digest[:12], exc)
         return jsonify(
-            {"digest": artifact.digest, "size": artifact.size, "format": artifact.format, "batch": artifact.batch.to_json()}
+            {
+                "digest": artifact.digest,
+                "size": artifact.size,
+                "format": artifact.format,
+                "batch": artifact.batch.to_json(),
+            }
         ), 201
 
     @app.post("/v1/jobs/<digest>")

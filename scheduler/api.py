@@ -142,9 +142,7 @@ def create_app(
         if refused is not None:
             return refused
         scheduler.model_states.uploaded(body, a.digest, a.size)
-        return jsonify(
-            {"digest": a.digest, "size": a.size, "format": a.format, "batch": a.batch.to_json()}
-        ), 201
+        return jsonify({"digest": a.digest, "size": a.size, "format": a.format, "batch": a.batch.to_json()}), 201
 
     def leader_and_owner(digest: str) -> Response | None:
         """Why this scheduler will not place the caller's batches of `digest`: not the leader
