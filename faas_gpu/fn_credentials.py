@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
+from faas_gpu.models.batch_limits import BatchLimits
 from faas_gpu.serving import token_matches
 
 CREDENTIALS_PREFIX = keys.FN_CREDENTIALS
@@ -64,6 +65,21 @@ CLUSTER = Caller()
 
 def _models_key(namespace: str, name: str, digest: str = "") -> str:
     return f"{MODELS_PREFIX}{quote(namespace, safe='')}/{quote(name, safe='')}/{digest}"
+
+
+def uploaded_batches(ds: Datastore, namespace: str, name: str) -> dict[str, BatchLimits]:
+    """What batch each model a function uploaded accepts, by digest (`record_upload`); a record
+    without one (an older scheduler's) or unreadable is unknown."""
+    out: dict[str, BatchLimits] = {}
+    prefix = _models_key(namespace, name)
+    for kv in ds.get_prefix(prefix):
+        digest = kv.key[len(prefix) :]
+        try:
+            value = json.loads(kv.value) if kv.value else {}
+        except ValueError:
+            value = {}
+        out[digest] = BatchLimits.from_json(value.get("batch") if isinstance(value, dict) else None)
+    return out
 
 
 class FunctionCredentials:
@@ -168,11 +184,14 @@ class CredentialResolver:
             self._tokens[key] = (caller, now + self.cache_s)
         return caller
 
-    def record_upload(self, caller: Caller, digest: str) -> None:
-        """A function uploaded these bytes: it may run them from now on."""
+    def record_upload(self, caller: Caller, digest: str, batch: BatchLimits | None = None) -> None:
+        """A function uploaded these bytes: it may run them from now on. `batch`, what the model
+        accepts (issue 43), is kept as the record's value for `faas-gpu describe` and INFless's
+        planner (`uploaded_batches`); sealed like every record, so read back authenticated."""
         if caller.cluster:
             return
-        self.ds.put(_models_key(caller.namespace, caller.name, digest), "")
+        value = json.dumps({"batch": batch.to_json()}) if batch is not None else ""
+        self.ds.put(_models_key(caller.namespace, caller.name, digest), value)
         with self._lock:
             self._owned[(caller, digest)] = self.clock() + self.cache_s
 

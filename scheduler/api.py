@@ -138,7 +138,7 @@ def create_app(
             return _text(str(exc), 400)
         finally:
             body.close()  # no longer in flight, whatever the outcome
-        refused = credentials.record_upload(resolver, a.digest)
+        refused = credentials.record_upload(resolver, a.digest, a.batch)
         if refused is not None:
             return refused
         scheduler.model_states.uploaded(body, a.digest, a.size)

@@ -91,3 +91,27 @@ def test_a_known_function_keeps_its_access_while_the_datastore_is_away_and_an_un
         resolver.resolve(unknown)
     with pytest.raises(DatastoreUnavailable):
         resolver.owns(caller, "e" * 64)
+
+
+def test_an_upload_keeps_the_batch_its_model_accepts_for_describe_and_the_planner(tmp_path):
+    """Issue 43: the scheduler records what batch the uploaded model accepts with the upload
+    (a sealed record); a record without one, or garbled, reads as unknown (calls one at a time)."""
+    from faas_gpu.fn_credentials import uploaded_batches
+    from faas_gpu.models.batch_limits import BatchLimits
+
+    ds = open_datastore(None, tmp_path / "state.db")
+    resolver = CredentialResolver(ds, "cluster-secret")
+    me = Caller("openfaas-fn", "classify")
+    resolver.record_upload(me, "a" * 64, BatchLimits("static", 1, 1))
+    resolver.record_upload(me, "b" * 64, BatchLimits("dynamic", 1, 64))
+    resolver.record_upload(me, "c" * 64)  # an older scheduler's record
+    resolver.record_upload(Caller("openfaas-fn", "other"), "d" * 64, BatchLimits("dynamic", 1, None))
+    ds.put("/faas-gpu/fn-models/openfaas-fn/classify/" + "e" * 64, "{not json")
+    got = {d[0]: b.text() for d, b in uploaded_batches(ds, "openfaas-fn", "classify").items()}
+    assert got == {
+        "a": "static 1",
+        "b": "dynamic 1..64",
+        "c": "unknown (not read): calls run one at a time",
+        "e": "unknown (not read): calls run one at a time",
+    }
+    assert resolver.owns(me, "a" * 64) and resolver.owns(me, "c" * 64)  # the value changes nothing of that
