@@ -113,6 +113,13 @@ class BatchQueue:
         self._pool_lock = threading.Lock()
         threading.Thread(target=self._flush_loop, name=name, daemon=True).start()
 
+    def limit(self, max_rows: int) -> None:
+        """No batch of more than `max_rows` rows from now on (the model's own limit, read once its
+        artifact is: `faas_gpu.models.batch_limits`); 1 runs each call alone. Never raised."""
+        with self._cv:
+            self.max_batch = max(1, min(self.max_batch, int(max_rows)))
+            self._cv.notify()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         app = current_app.get()
         timeout = self.timeouts.get(app or "", self.timeout_s)

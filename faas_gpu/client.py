@@ -74,6 +74,7 @@ from faas_gpu.contract.errors import code_of
 from faas_gpu.contract.lease import RENEW_BEFORE_S, LeaseError
 from faas_gpu.contract.slo import Budget
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.models.batch_limits import BatchLimits
 from faas_gpu.saving import (  # noqa: F401 — save_model and explain_pickle: names handlers use here
     HOW_TO_SAVE,
     NotConvertible,
@@ -195,6 +196,21 @@ class RemoteModel(torch.nn.Module):
             timeouts=config.app_timeouts,
             max_inflight=config.max_inflight,
         )
+        self.batch: BatchLimits | None = None  # what the model accepts, once its artifact is read
+        if artifact is not None:
+            try:  # before the first call: the first batch already within it
+                self._keep_batch(check_sendable(artifact, type(local).__name__))
+            except NotConvertible:
+                pass  # said at the first call, where the upload refuses it
+
+    def _keep_batch(self, limits: BatchLimits) -> None:
+        """Batches within what the model accepts (issue 43): a static batch (`torch.export.export(m,
+        (x,))` gives batch 1) runs each call alone, a dynamic range stacks calls up to its maximum."""
+        if limits != self.batch:
+            log.info("faas-gpu: the model's batch: %s", limits.text())
+        self.batch = limits
+        if limits.max_rows is not None:
+            self._queue.limit(limits.max_rows)
 
     # -- artifact ------------------------------------------------------------------------
     def _ensure_uploaded(self, example: torch.Tensor) -> str:
@@ -210,9 +226,12 @@ class RemoteModel(torch.nn.Module):
             raise self._refused
         if self._artifact is None:
             self._artifact = self._export(example)
-        check_sendable(self._artifact, type(self.local).__name__)
+        self._keep_batch(check_sendable(self._artifact, type(self.local).__name__))
         r = self._request("PUT", "/v1/models", data=self._artifact)
-        self._digest = r.json()["digest"]
+        answer = r.json()
+        if "batch" in answer:  # the scheduler's own reading; an older one says nothing
+            self._keep_batch(BatchLimits.from_json(answer["batch"]))
+        self._digest = answer["digest"]
         return self._digest
 
     def _export(self, example: torch.Tensor) -> bytes:

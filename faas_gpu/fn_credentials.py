@@ -35,6 +35,7 @@ from urllib.parse import quote
 from faas_gpu.contract import keys
 from faas_gpu.datastore import Datastore, DatastoreUnavailable
 from faas_gpu.datastore.background import Background
+from faas_gpu.models.batch_limits import BatchLimits
 from faas_gpu.serving import token_matches
 
 CREDENTIALS_PREFIX = keys.FN_CREDENTIALS
@@ -69,6 +70,21 @@ CLUSTER = Caller()
 
 def _models_key(namespace: str, name: str, digest: str = "") -> str:
     return f"{MODELS_PREFIX}{quote(namespace, safe='')}/{quote(name, safe='')}/{digest}"
+
+
+def uploaded_batches(ds: Datastore, namespace: str, name: str) -> dict[str, BatchLimits]:
+    """What batch each model a function uploaded accepts, by digest (`record_upload`); a record
+    without one (an older scheduler's) or unreadable is unknown."""
+    out: dict[str, BatchLimits] = {}
+    prefix = _models_key(namespace, name)
+    for kv in ds.get_prefix(prefix):
+        digest = kv.key[len(prefix) :]
+        try:
+            value = json.loads(kv.value) if kv.value else {}
+        except ValueError:
+            value = {}
+        out[digest] = BatchLimits.from_json(value.get("batch") if isinstance(value, dict) else None)
+    return out
 
 
 class FunctionCredentials:
@@ -151,7 +167,8 @@ class CredentialResolver:
         self.cache_s, self.clock = cache_s, clock
         self._tokens: dict[str, tuple[Caller | None, float]] = {}  # token digest -> (who, read at)
         self._owned: dict[tuple[Caller, str], float] = {}  # (function, digest) -> read at
-        self._unwritten: set[tuple[Caller, str]] = set()  # uploads whose record the datastore has not taken yet
+        # uploads whose record the datastore has not taken yet -> the value to write
+        self._unwritten: dict[tuple[Caller, str], str] = {}
         self._lock = threading.Lock()
         self._background = Background(name="credentials")
 
@@ -202,30 +219,37 @@ class CredentialResolver:
             self._tokens[key] = (caller, self.clock())
         return caller
 
-    def record_upload(self, caller: Caller, digest: str) -> None:
+    def record_upload(self, caller: Caller, digest: str, batch: BatchLimits | None = None) -> None:
         """A function uploaded these bytes: it may run them from now on (the record is written
-        in the background; a datastore that refuses it outright raises here)."""
+        in the background; a datastore that refuses it outright raises here). `batch`, what the
+        model accepts (issue 43), is kept as the record's value for `faas-gpu describe` and
+        INFless's planner (`uploaded_batches`); sealed like every record, so read back authenticated."""
         if caller.cluster:
             return
         owned = (caller, digest)
+        value = json.dumps({"batch": batch.to_json()}) if batch is not None else ""
         with self._lock:
             self._owned[owned] = self.clock()
-            self._unwritten.add(owned)
+            self._unwritten[owned] = value
         try:
             self._background.submit(("upload", owned), lambda: self._write_upload(owned)).result(timeout=self.WAIT_S)
         except (DatastoreUnavailable, TimeoutError):
             pass  # written later: with the next job that asks about it
         except Exception:
             with self._lock:
-                self._unwritten.discard(owned)
+                self._unwritten.pop(owned, None)
                 self._owned.pop(owned, None)
             raise
 
     def _write_upload(self, owned: tuple[Caller, str]) -> None:
         caller, digest = owned
-        self.ds.put(_models_key(caller.namespace, caller.name, digest), "")
         with self._lock:
-            self._unwritten.discard(owned)
+            value = self._unwritten.get(owned)
+        if value is None:
+            return  # written already
+        self.ds.put(_models_key(caller.namespace, caller.name, digest), value)
+        with self._lock:
+            self._unwritten.pop(owned, None)
 
     def owns(self, caller: Caller, digest: str) -> bool:
         """The cluster may run any model; a function only what it uploaded itself."""

@@ -17,7 +17,8 @@ import torch
 
 from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge
 from faas_gpu.models.archive import Archive
-from faas_gpu.models.safe_formats import detect_format, pickled_class
+from faas_gpu.models.batch_limits import BatchLimits
+from faas_gpu.models.safe_formats import detect, pickled_class
 
 HOW_TO_SAVE = (
     "save the model with faas_gpu.save_model(model, example_input, 'model.pt2') (a torch.export program: "
@@ -114,10 +115,11 @@ def explain_pickle(data: bytes, name: str = "the file") -> str | None:
     )
 
 
-def check_sendable(artifact: bytes, what: str) -> None:
-    """The managers' own checks, here: a refused artifact is the handler's error, with what to do."""
+def check_sendable(artifact: bytes, what: str) -> BatchLimits:
+    """The managers' own checks, here: a refused artifact is the handler's error, with what to do;
+    else the batch it accepts (`faas_gpu.models.batch_limits`), as the managers will read it."""
     try:
-        detect_format(Archive(io.BytesIO(artifact)))
+        return detect(Archive(io.BytesIO(artifact)))[1]
     except (ArtifactError, ArtifactTooLarge) as exc:
         raise NotConvertible(
             f"faas-gpu: the model ({what}) cannot be sent to the GPU path: {exc}; {HOW_TO_SAVE}"

@@ -125,7 +125,14 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             manager.uploaded(artifact)
         except Exception as exc:  # the upload stands: its first miss then loads from the store
             app.logger.warning("preparing %s failed: %s", artifact.digest[:12], exc)
-        return jsonify({"digest": artifact.digest, "size": artifact.size, "format": artifact.format}), 201
+        return jsonify(
+            {
+                "digest": artifact.digest,
+                "size": artifact.size,
+                "format": artifact.format,
+                "batch": artifact.batch.to_json(),
+            }
+        ), 201
 
     @app.post("/v1/jobs/<digest>")
     def job(digest: str):

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from faas_gpu import __version__
 from faas_gpu.async_queue import AsyncQueue
-from faas_gpu.datastore import Datastore
-from faas_gpu.fn_credentials import FunctionCredentials
+from faas_gpu.datastore import Datastore, DatastoreError
+from faas_gpu.fn_credentials import FunctionCredentials, uploaded_batches
+from faas_gpu.models.batch_limits import BatchLimits
 
 from .activity import Activity
 from .auth import Credentials
@@ -250,7 +251,21 @@ class Provider:
             out["faasGpuRollout"] = rollout
         if detail and record.previous is not None:
             out["faasGpuPrevious"] = record.previous.to_json()
+        if detail:
+            models = self.model_batches(record)
+            if models:
+                out["faasGpuModels"] = [{"digest": d, "batch": b.to_json()} for d, b in sorted(models.items())]
         return out
+
+    def model_batches(self, record: FunctionRecord) -> dict[str, BatchLimits]:
+        """The batch each model the function's replicas uploaded accepts (issue 43), as the
+        scheduler read it from the archive (`uploaded_batches`); empty when the datastore does
+        not answer (a description without it, not an error)."""
+        try:
+            return uploaded_batches(self.datastore, record.namespace, record.name)
+        except DatastoreError as exc:
+            log.warning("the models of %s.%s: the datastore did not answer: %s", record.name, record.namespace, exc)
+            return {}
 
     def instances(self, record: FunctionRecord) -> dict:
         """The autoscaler's view of a managed function, or the plain replicas of another."""

@@ -138,11 +138,11 @@ def create_app(
             return _text(str(exc), 400)
         finally:
             body.close()  # no longer in flight, whatever the outcome
-        refused = credentials.record_upload(resolver, a.digest)
+        refused = credentials.record_upload(resolver, a.digest, a.batch)
         if refused is not None:
             return refused
         scheduler.model_states.uploaded(body, a.digest, a.size)
-        return jsonify({"digest": a.digest, "size": a.size, "format": a.format}), 201
+        return jsonify({"digest": a.digest, "size": a.size, "format": a.format, "batch": a.batch.to_json()}), 201
 
     def leader_and_owner(digest: str) -> Response | None:
         """Why this scheduler will not place the caller's batches of `digest`: not the leader

@@ -17,6 +17,7 @@ from flask import Flask, Response, g, request
 
 from faas_gpu.datastore import DatastoreError
 from faas_gpu.fn_credentials import CLUSTER, Caller, CredentialResolver
+from faas_gpu.models.batch_limits import BatchLimits
 from faas_gpu.serving import bearer_token, unauthorized
 
 FUNCTION_ROUTES = ("upload", "job", "lease", "healthz")  # endpoints a function's token may use
@@ -62,9 +63,9 @@ def check_owner(resolver: CredentialResolver, digest: str) -> Response | None:
     )
 
 
-def record_upload(resolver: CredentialResolver, digest: str) -> Response | None:
+def record_upload(resolver: CredentialResolver, digest: str, batch: BatchLimits | None = None) -> Response | None:
     try:
-        resolver.record_upload(caller(), digest)
+        resolver.record_upload(caller(), digest, batch)
     except DatastoreError as exc:
         return _text(f"credentials: the datastore is unavailable ({exc}); retry", 503)
     return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from faas_gpu.models.batch_limits import BatchLimits
+
 from .common import CliError, add_common_flags, check, client_for, json_of, stack_of
 from .listing import list_functions
 
@@ -55,6 +57,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         rows.append(("CPU", f"{usage['cpu']:.0f} Mi"))
     for gap in usage.get("faasGpuUnmeasured") or []:  # the Swarm runtime: a replica whose node's engine it cannot read
         rows.append(("Not measured", f"{gap.get('instance')} on {gap.get('node')}: {gap.get('reason')}"))
+    for m in f.get("faasGpuModels") or []:  # what batch each model the function uploaded accepts (issue 43)
+        if isinstance(m, dict):
+            batch = BatchLimits.from_json(m.get("batch")).text()
+            digest = "".join(c for c in str(m.get("digest", ""))[:64] if c in "0123456789abcdef")[:12]
+            rows.append(("Model batch", f"{digest}: batch: {batch}"))
     rollout = f.get("faasGpuRollout")
     if isinstance(rollout, dict) and rollout.get("state"):
         rows.insert(2, ("Rollout", f"{rollout['state']} ({rollout.get('message', '')})"))

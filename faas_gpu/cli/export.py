@@ -5,7 +5,8 @@
 MODULE:FACTORY as `faas-gpu profile` takes it (a path/to/file.py or a dotted module, and a
 function returning the torch.nn.Module, weights loaded). The model is written as a torch.export
 program with a dynamic batch dimension (`faas_gpu.saving.save_model`), checked with the GPU
-Managers' rules; the handler loads it with `torch.export.load(path).module()` and needs none of
+Managers' rules, and the batch it accepts is said as the scheduler reads it ("batch: dynamic
+1..4096"); the handler loads it with `torch.export.load(path).module()` and needs none of
 the script's classes. A script can call `faas_gpu.save_model(model, example, path)` itself:
 this command is the same for a model whose code should stay out of the handler.
 """
@@ -21,7 +22,7 @@ from .common import CliError
 def cmd_export(args: argparse.Namespace) -> int:
     from faas_gpu.profiling.cli import UsageError, load_model, parse_shape
     from faas_gpu.profiling.operators import input_maker
-    from faas_gpu.saving import NotConvertible, save_model
+    from faas_gpu.saving import NotConvertible, check_sendable, save_model
 
     try:
         shape = parse_shape(args.input_shape, "--input-shape")
@@ -34,7 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(f"export: {str(exc).removeprefix('faas-gpu: ')}") from None
     except OSError as exc:
         raise CliError(f"export: cannot write {args.output}: {exc.strerror or exc}") from None
-    print(f"wrote {out} (torch.export, dynamic batch); in the handler: torch.export.load(path).module()")
+    batch = check_sendable(out.read_bytes(), str(out)).text()  # as the scheduler will read it
+    print(f"wrote {out} (torch.export, batch: {batch}); in the handler: torch.export.load(path).module()")
     return 0
 
 

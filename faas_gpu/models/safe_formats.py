@@ -56,6 +56,7 @@ from typing import Any
 from faas_gpu.contract.errors import ArtifactError
 
 from .archive import Archive
+from .batch_limits import TORCHSCRIPT, BatchLimits, of_program
 
 PICKLE_REFUSED = (
     "artifact: a torch.save pickle is refused (loading one runs any code it names). Send a "
@@ -124,6 +125,17 @@ TORCHSCRIPT_DENIED = {
 def detect_format(z: Archive) -> str:
     """torchscript or export, from the archive's layout; ArtifactError (naming what to send
     instead) for a pickle or anything else, and for an archive that fails its format's checks."""
+    return _detect(z)[0]
+
+
+def detect(z: Archive) -> tuple[str, BatchLimits]:
+    """`detect_format`, and the batch the model accepts (`batch_limits`), read from the same
+    checked JSON; a malformed batch field is an ArtifactError naming it."""
+    fmt, program = _detect(z)
+    return fmt, TORCHSCRIPT if program is None else of_program(program)
+
+
+def _detect(z: Archive) -> tuple[str, Any]:
     names = z.names()
     roots = {n.split("/", 1)[0] for n in names}
     if len(roots) != 1 or any("/" not in n for n in names):
@@ -132,10 +144,9 @@ def detect_format(z: Archive) -> str:
     parts = {n[len(root) :]: n for n in names}
     if any(p.startswith("code/") for p in parts) and "constants.pkl" in parts:
         check_torchscript_archive(z, parts)
-        return "torchscript"
+        return "torchscript", None
     if "models/model.json" in parts or "archive_format" in parts:
-        check_export(z, parts)
-        return "export"
+        return "export", check_export(z, parts)
     if "data.pkl" in parts:
         raise ArtifactError(PICKLE_REFUSED)
     if "serialized_exported_program.json" in parts:
@@ -214,7 +225,8 @@ def _ts_nodes(graph) -> Iterator[Any]:
 
 
 # -- torch.export --------------------------------------------------------------------------------
-def check_export(z: Archive, parts: dict[str, str]) -> None:
+def check_export(z: Archive, parts: dict[str, str]) -> Any:
+    """The program's JSON (`models/model.json`), checked."""
     for part in parts:
         if part in EXPORT_FILES or part.startswith(EXPORT_DIRS):
             continue
@@ -235,7 +247,9 @@ def check_export(z: Archive, parts: dict[str, str]) -> None:
     ):
         if config in parts:
             _check_payloads(_json(z, parts[config], config, TEXT_BYTES), dir_)
-    _check_program(_json(z, parts["models/model.json"], "models/model.json", PROGRAM_JSON_BYTES))
+    program = _json(z, parts["models/model.json"], "models/model.json", PROGRAM_JSON_BYTES)
+    _check_program(program)
+    return program
 
 
 def _json(z: Archive, name: str, part: str, limit: int) -> Any:

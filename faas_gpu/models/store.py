@@ -34,6 +34,7 @@ from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge
 
 from . import safe_formats
 from .archive import Archive, Limits, write_canonical
+from .batch_limits import UNKNOWN, BatchLimits
 
 __all__ = ["FORMATS", "Artifact", "ArtifactError", "ArtifactTooLarge", "ModelStore", "detect_format"]
 
@@ -48,10 +49,16 @@ class Artifact:
     size: int
     format: str
     path: Path
+    batch: BatchLimits = UNKNOWN  # the batch sizes it accepts, read from the checked archive (`batch_limits`)
 
 
 def detect_format(path: Path, limits: Limits | None = None) -> str:
-    """torchscript or export, of a stored (canonical) archive, every entry's CRC checked;
+    """torchscript or export, of a stored (canonical) archive (`detect`)."""
+    return detect(path, limits)[0]
+
+
+def detect(path: Path, limits: Limits | None = None) -> tuple[str, BatchLimits]:
+    """torchscript or export, and the batch it accepts, of a stored (canonical) archive, every entry's CRC checked;
     ArtifactError (naming what to send instead) for a pickle, a corrupt or ambiguous archive, one
     not in canonical form, or anything else."""
     with open(path, "rb") as fh:
@@ -62,7 +69,7 @@ def detect_format(path: Path, limits: Limits | None = None) -> str:
                 "other means); upload the model again"
             )
         archive.verify()
-        return safe_formats.detect_format(archive)
+        return safe_formats.detect(archive)
 
 
 class ModelStore:
@@ -97,7 +104,8 @@ class ModelStore:
         path = self._path(digest)
         if not path.exists():
             return None
-        artifact = Artifact(digest, path.stat().st_size, detect_format(path, self.limits), path)
+        fmt, batch = detect(path, self.limits)
+        artifact = Artifact(digest, path.stat().st_size, fmt, path, batch)
         self._verified[digest] = artifact
         return artifact
 
@@ -125,7 +133,7 @@ class ModelStore:
                 raise ArtifactError(f"digest: upload hashes to {digest}, not {expected_digest}")
             with open(tmp, "rb") as fh:
                 archive = Archive(fh, self.limits)  # refused here, from its directory, before anything is inflated
-                fmt = safe_formats.detect_format(archive)
+                fmt, batch = safe_formats.detect(archive)
                 if archive.canonical:
                     archive.verify()
                 else:  # rewritten: the kept file holds exactly the entries just checked
@@ -142,7 +150,7 @@ class ModelStore:
             else:
                 self._share(tmp, 0o640)
                 tmp.replace(final)
-            artifact = Artifact(digest, size, fmt, final)
+            artifact = Artifact(digest, size, fmt, final, batch)
             self._verified[digest] = artifact
             return artifact
         finally:

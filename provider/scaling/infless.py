@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 
 from faas_gpu.contract.keys import INSTANCES
-from faas_gpu.datastore import Datastore
+from faas_gpu.datastore import Datastore, DatastoreError
+from faas_gpu.fn_credentials import uploaded_batches
 from faas_gpu.history import InvocationHistory
 from faas_gpu.policies.infless import (
     Candidate,
@@ -256,6 +257,7 @@ class InflessScaling:
         also takes CPU from the instances serving meanwhile, is not held against it."""
         state.done_rps = state.done_window.observe(now, ctx.load.ok)
         state.concurrency = max(1, ctx.load.peak_in_flight)
+        state.model_max_batch = self._model_max_batch(state)
         state.replan = state.saturated = False
         if any(i.id not in state.ready_ids for i in state.instances):
             state.planned_at = now  # a planned instance is still starting: its plan is not judged yet
@@ -452,11 +454,30 @@ class InflessScaling:
             if fills(c, slo, state.rps)
         ]
         servers = self._servers(state, without_own)
-        result = schedule(rps, cands, servers, state.policy.slo_s, max_instances=limit, path=self.path_cpu(state))
+        result = schedule(
+            rps,
+            cands,
+            servers,
+            state.policy.slo_s,
+            max_instances=limit,
+            path=self.path_cpu(state),
+            max_batch=state.model_max_batch,
+        )
         return [
             self._instance(state, p.candidate, p.server, p.gpu_index, now, (p.r_low, p.r_up, p.timeout_s))
             for p in result.placements
         ]
+
+    def _model_max_batch(self, state: InflessState) -> int | None:
+        """The largest batch every model the function uploaded accepts (`uploaded_batches`: the
+        scheduler's reading of their archives, sealed in the datastore); the last known when the
+        datastore does not answer."""
+        try:
+            batches = uploaded_batches(self.ds, state.record.namespace, state.record.name)
+        except DatastoreError:
+            return state.model_max_batch
+        limits = [b.max_rows for b in batches.values() if b.max_rows is not None]
+        return min(limits) if limits else None
 
     def _fresh(self, state: InflessState, n: int, now: float) -> list[Instance]:
         """n instances for a function with no measured load: the most efficient batch-1 config,

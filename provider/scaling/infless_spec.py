@@ -192,6 +192,9 @@ class InflessState:
     done_rps: float = 0.0
     concurrency: int = 1
     """The most requests in flight at once in the last period: no batch larger is planned."""
+    model_max_batch: int | None = None
+    """The largest batch the function's models accept (issue 43), as the scheduler read it from
+    their archives when the replicas uploaded them; None: no limit known."""
     observed: float | None = None
     """The throughput last seen at saturation (requests queueing in front of the instances)."""
     correction: float = 1.0

@@ -213,6 +213,22 @@ def test_describe_names_the_replicas_whose_memory_is_not_counted(project, stub, 
     assert "Not measured:        r1 on worker2: node worker2 is down" in out
 
 
+def test_describe_says_what_batch_each_model_of_the_function_accepts(project, stub, capsys):
+    """Issue 43: `faasGpuModels`, the scheduler's reading of each uploaded archive."""
+    assert run("deploy") == 0
+    stub.functions["echo"]["faasGpuModels"] = [
+        {"digest": "a" * 64, "batch": {"kind": "static", "min": 1, "max": 1}},
+        {"digest": "b" * 64, "batch": {"kind": "dynamic", "min": 1, "max": 64}},
+        {"digest": "c" * 64, "batch": {"kind": "static", "min": "\x1b[2J"}},  # garbled: said as unknown
+    ]
+    capsys.readouterr()
+    assert run("describe", "echo") == 0
+    out = capsys.readouterr().out
+    assert "Model batch:         aaaaaaaaaaaa: batch: static 1" in out
+    assert "Model batch:         bbbbbbbbbbbb: batch: dynamic 1..64" in out
+    assert "cccccccccccc: batch: unknown" in out and "\x1b" not in out
+
+
 # -- invoke ------------------------------------------------------------------------------
 def test_invoke_posts_stdin_to_function_dot_namespace_without_credentials(project, stub, capsys, monkeypatch):
     creds(project)

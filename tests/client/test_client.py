@@ -458,3 +458,68 @@ def test_the_functions_timeout_comes_from_the_watchdogs_variable():
     assert client.ClientConfig.from_env({**base, "exec_timeout": "1m30s"}).call_timeout_s == 90.0
     no_limit = client.ClientConfig([], "t", call_timeout_s=0)
     assert client.RemoteModel(torch.nn.Identity(), no_limit)._give_up_at(client.Budget(1.0, 0.0)) is None
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _concurrently(model, xs) -> tuple[list, list[int]]:
+    """Every call at once (a barrier), as concurrent requests reach one instance."""
+    outs, batches, errors = [None] * len(xs), [0] * len(xs), []
+    ready = threading.Barrier(len(xs))
+
+    def call(i):
+        ready.wait(30)
+        try:
+            outs[i] = model(xs[i])
+            batches[i] = int(client.last_job.get()["X-Faas-Gpu-Batch"])
+        except Exception as exc:  # noqa: BLE001 - counted and shown below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, f"{len(errors)} of {len(xs)} calls failed: {errors[:3]}"
+    return outs, batches
+
+
+def test_a_program_exported_with_a_static_batch_of_one_answers_32_concurrent_calls(remote_env, tmp_path):
+    """Issue 43: `torch.export.export(m, (x,))` with one example input accepts batch 1 only; the
+    instance's queue stacked concurrent calls and half of them got 400 `Expected input at
+    *args[0].shape[0] to be equal to 1`. Its calls now run one at a time, all concurrently admitted."""
+    torch.manual_seed(3)
+    local = _Linear().eval()
+    torch.export.save(torch.export.export(local, (torch.randn(1, 16),)), tmp_path / "model.pt2")
+    assert client.install()
+    model = torch.export.load(str(tmp_path / "model.pt2")).module()
+    xs = [torch.randn(1, 16) for _ in range(32)]
+    outs, batches = _concurrently(model, xs)  # before: 32 of 32 calls failed (400: ... equal to 1, but got 8)
+    for x, y in zip(xs, outs, strict=True):
+        assert torch.allclose(y, local(x), atol=1e-5)
+    assert set(batches) == {1}
+    assert model.batch.text() == "static 1"
+
+
+def test_a_program_with_a_dynamic_range_never_gets_a_batch_over_its_max(remote_env, tmp_path):
+    """Dim("batch", max=3) under an instance batch size of 8: batches stack calls, up to 3 rows."""
+    torch.manual_seed(4)
+    local = _Linear().eval()
+    dim = torch.export.Dim("batch", min=1, max=3)
+    program = torch.export.export(local, (torch.randn(2, 16),), dynamic_shapes=({0: dim},))
+    torch.export.save(program, tmp_path / "model.pt2")
+    assert client.install()
+    model = torch.export.load(str(tmp_path / "model.pt2")).module()
+    xs = [torch.randn(1, 16) for _ in range(24)]
+    outs, batches = _concurrently(model, xs)
+    for x, y in zip(xs, outs, strict=True):
+        assert torch.allclose(y, local(x), atol=1e-5)
+    assert max(batches) <= 3
+    assert model.batch.text() == "dynamic 1..3"

@@ -361,7 +361,9 @@ def test_faas_gpu_export_saves_a_script_model_the_handler_loads(tmp_path, capsys
     out = tmp_path / "function" / "model.pt2"
     out.parent.mkdir()
     assert main(["export", "--model", f"{tmp_path / 'net.py'}:Net", "--input-shape", "4", "-o", str(out)]) == 0
-    assert "torch.export.load(path).module()" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "torch.export.load(path).module()" in said
+    assert "batch: dynamic 1..4096" in said  # issue 43: which batch it accepts, as the scheduler reads it
     model = torch.export.load(out).module()  # no import of net.py needed
     assert model(torch.ones(5, 4)).shape == (5, 3)
     assert main(["export", "--model", f"{tmp_path / 'net.py'}:Branchy", "--input-shape", "4", "-o", str(out)]) == 1

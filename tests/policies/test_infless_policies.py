@@ -117,6 +117,17 @@ def test_greedy_scaling_tries_large_batches_first_and_ends_non_uniform():
     assert servers[0].cpu_free == 16  # the input is not modified
 
 
+@pytest.mark.parametrize("max_batch", [1, 2, 4])
+def test_no_plan_has_a_batch_above_what_the_model_accepts(max_batch):
+    """Issue 43: a program exported with a static batch of 1 (or a Dim range up to N) runs no
+    larger batch; the plan stays within it and still serves the load with smaller batches."""
+    servers = [Server("s1", 16, [100, 100, 100]), Server("s2", 16, [100, 100, 100])]
+    r = schedule(300, CANDIDATES, servers, 0.200, max_batch=max_batch)
+    batches = [p.candidate.batch for p in r.placements]
+    assert batches and max(batches) <= max_batch
+    assert max(batches) == max_batch  # the largest it accepts is still preferred
+
+
 def test_greedy_scaling_packs_the_server_that_fragments_least():
     servers = [Server("roomy", 32, [100, 100]), Server("tight", 2, [20])]
     r = schedule(80, [Candidate(8, 2, 20, 0.090)], servers, 0.200)

@@ -72,6 +72,23 @@ def test_an_slo_below_the_best_predicted_latency_is_refused_with_the_figure(scal
     assert len(scaler.describe(best_effort.key)["instances"]) == 1
 
 
+@pytest.mark.parametrize(("accepts", "largest"), [(("static", 1, 1), 1), (("dynamic", 1, 2), 2)])
+def test_the_plan_keeps_within_the_batch_the_functions_model_accepts(scaler, accepts, largest):
+    """Issue 43: the replica uploaded a program with a static batch of 1 (or a range up to 2),
+    as the scheduler records it; under a load that plans batches of 4 and 8 otherwise (the test
+    above), no planned instance is given a larger batch."""
+    from faas_gpu.fn_credentials import Caller, CredentialResolver
+    from faas_gpu.models.batch_limits import BatchLimits
+
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "100"}, {"com.openfaas.scale.max": "10"})
+    CredentialResolver(scaler.ds, "cluster").record_upload(Caller(*r.key), "a" * 64, BatchLimits(*accepts))
+    scaler.prepare(r)
+    load(scaler, r.key, 400, 8)
+    d = scaler.describe(r.key)
+    assert max(i["batch"] for i in d["instances"]) == largest, d
+    assert {s.env["FAAS_GPU_MAX_BATCH"] for s in scaler.runtime.plans[r.key]} <= {str(b) for b in range(1, largest + 1)}
+
+
 @pytest.mark.parametrize(
     ("annotations", "field"),
     [

@@ -154,3 +154,62 @@ def test_a_known_function_is_answered_without_waiting_on_a_datastore_that_does_n
         resolver.owns(caller, "e" * 64)
         assert time.monotonic() < deadline, "the upload made during the outage was never recorded"
         time.sleep(0.05)
+
+
+def test_an_upload_keeps_the_batch_its_model_accepts_for_describe_and_the_planner(tmp_path):
+    """Issue 43: the scheduler records what batch the uploaded model accepts with the upload
+    (a sealed record); a record without one, or garbled, reads as unknown (calls one at a time)."""
+    from faas_gpu.fn_credentials import uploaded_batches
+    from faas_gpu.models.batch_limits import BatchLimits
+
+    ds = open_datastore(None, tmp_path / "state.db")
+    resolver = CredentialResolver(ds, "cluster-secret")
+    me = Caller("openfaas-fn", "classify")
+    resolver.record_upload(me, "a" * 64, BatchLimits("static", 1, 1))
+    resolver.record_upload(me, "b" * 64, BatchLimits("dynamic", 1, 64))
+    resolver.record_upload(me, "c" * 64)  # an older scheduler's record
+    resolver.record_upload(Caller("openfaas-fn", "other"), "d" * 64, BatchLimits("dynamic", 1, None))
+    ds.put("/faas-gpu/fn-models/openfaas-fn/classify/" + "e" * 64, "{not json")
+    got = {d[0]: b.text() for d, b in uploaded_batches(ds, "openfaas-fn", "classify").items()}
+    assert got == {
+        "a": "static 1",
+        "b": "dynamic 1..64",
+        "c": "unknown (not read): calls run one at a time",
+        "e": "unknown (not read): calls run one at a time",
+    }
+    assert resolver.owns(me, "a" * 64) and resolver.owns(me, "c" * 64)  # the value changes nothing of that
+
+
+def test_a_functions_status_names_the_batch_of_each_model_it_uploaded(tmp_path):
+    """`faasGpuModels` in one function's status (what `faas-gpu describe` prints, issue 43); a
+    datastore that does not answer leaves it out rather than failing the description."""
+    from faas_gpu.models.batch_limits import BatchLimits
+    from provider.config import ProviderConfig
+    from provider.core import Provider
+    from provider.types import FunctionDeployment, FunctionRecord
+
+    class Runtime:
+        def endpoints(self, ns, name):
+            return []
+
+        def problem(self, ns, name):
+            return None
+
+        def rollout(self, ns, name):
+            return None
+
+    class Invoker:
+        counts: dict = {}
+
+    ds = _Away(open_datastore(None, tmp_path / "state.db"))
+    CredentialResolver(ds, "cluster-secret").record_upload(
+        Caller("openfaas-fn", "tiny"), "a" * 64, BatchLimits("static", 1, 1)
+    )
+    provider = Provider(ProviderConfig(home=tmp_path), None, ds, None, None, None, Runtime(), Invoker(), None)
+    record = FunctionRecord(FunctionDeployment.from_json({"service": "tiny", "image": "img"}), "openfaas-fn", 1)
+    assert provider.status(record, detail=True)["faasGpuModels"] == [
+        {"digest": "a" * 64, "batch": {"kind": "static", "min": 1, "max": 1, "text": "static 1"}}
+    ]
+    assert "faasGpuModels" not in provider.status(record)  # the list of functions reads no upload record
+    ds.down = True
+    assert "faasGpuModels" not in provider.status(record, detail=True)

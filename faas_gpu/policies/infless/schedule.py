@@ -132,8 +132,12 @@ def schedule(
     max_instances: int | None = None,
     select: str = "efficiency",
     path: PathCost | None = None,
+    max_batch: int | None = None,
 ) -> ScheduleResult:
     """Instances (configuration + server) for `residual_rps`; servers are not modified.
+
+    `max_batch`: the largest batch the model itself accepts (issue 43: a program exported with a
+    static batch of 1 takes no other; `faas_gpu.models.batch_limits`); no plan's batch exceeds it.
 
     `path`: the serving path's CPU, reserved on the servers' cores (see the module's doc); a
     placement's r_up is then the rate the server's CPU lets it serve.
@@ -147,7 +151,7 @@ def schedule(
     by_batch: dict[int, list[tuple[Candidate, float, float]]] = {}
     best_density = 0.0
     for c in candidates:
-        if c.t_exec_s <= 0 or _cost(c, beta) <= 0:
+        if c.t_exec_s <= 0 or _cost(c, beta) <= 0 or (max_batch is not None and c.batch > max_batch):
             continue
         b = bounds(c.t_exec_s, t_slo_s, c.batch, c.path_s)
         if b.r_up <= 0:
