@@ -113,7 +113,7 @@ def _simulate(
     popularity: dict[str, int] = {}
     for a in arrivals:
         popularity[a.model] = popularity.get(a.model, 0) + 1
-    top_model = max(popularity, key=lambda m: (popularity[m], m))
+    top_model = max(popularity, key=lambda m: (popularity[m], m)) if popularity else ""
 
     lat: list[float] = []
     completed: list[int] = []
