@@ -78,7 +78,10 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         for i in range(args.schedulers):  # replicas: one leads, the others take over when it dies
             port = args.scheduler_port + i
             name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
-            out.append(Daemon(name, "scheduler", ("--port", str(port), *store), f"http://{host}:{port}/healthz"))
+            placement = ("--policy", args.policy, "--o3-limit", str(args.o3_limit))
+            out.append(
+                Daemon(name, "scheduler", ("--port", str(port), *placement, *store), f"http://{host}:{port}/healthz")
+            )
             urls.append(f"http://{host}:{port}")
         stack_args += ["--scheduler", ",".join(urls)]  # every replica: the GPU client fails over
     out.append(Daemon("faas-gpu", "provider.server", tuple(stack_args), f"http://{host}:{args.gateway_port}/healthz"))
@@ -123,6 +126,19 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="GPU Manager back end (auto: the GPUs NVML finds, else emulated units on the CPU)",
     )
+    p.add_argument(
+        "--policy",
+        type=_contract(env_vars.placement_name),
+        default=None,
+        help=f"the scheduler's placement: {', '.join(env_vars.PLACEMENT_POLICIES)} (GPU-FaaS §IV; default "
+        f"${env_vars.PLACEMENT.name}, else {env_vars.PLACEMENT.default})",
+    )
+    p.add_argument(
+        "--o3-limit",
+        type=_contract(env_vars.skip_limit),
+        default=None,
+        help=f"lalb_o3's skip limit, >= 0 (default ${env_vars.O3_LIMIT.name}, else {env_vars.O3_LIMIT.default})",
+    )
     p.add_argument("--gpu-units", type=int, default=2, help="emulated units of the cpu back end")
     p.add_argument("--unit-memory-mb", type=float, default=1024)
     p.add_argument("--no-gpu", action="store_true", help="no GPU Manager or scheduler: models run in the instances")
@@ -159,11 +175,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _contract(parse):
+    """An argparse type from a contract parser: its ValueError is the flag's error."""
+
+    def typed(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    typed.__name__ = parse.__name__
+    return typed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.schedulers < 1:
         parser.error("--schedulers: must be at least 1")
+    try:  # written out for the schedulers, so a restart by the supervisor keeps them
+        args.policy = args.policy or env_vars.PLACEMENT.read()
+        args.o3_limit = env_vars.O3_LIMIT.read() if args.o3_limit is None else args.o3_limit
+    except ValueError as exc:
+        parser.error(f"${env_vars.PLACEMENT.name} / ${env_vars.O3_LIMIT.name}: {exc}")
     home = paths.home()
     started = start_stack(home, daemons(args))
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
@@ -186,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_gpu:
         scheduler_urls = ", ".join(f"http://{host}:{args.scheduler_port + i}" for i in range(args.schedulers))
         print(
-            f"  GPU path:     scheduler {scheduler_urls}, "
+            f"  GPU path:     scheduler {scheduler_urls} (placement {args.policy}"
+            f"{f', skip limit {args.o3_limit}' if args.policy == 'lalb_o3' else ''}), "
             f"GPU Manager ({args.backend}) http://{host}:{args.gpu_manager_port}"
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")

@@ -141,6 +141,39 @@ METRICS: Var[bool] = Var(
     "still answers (gateway_service_count), without the per-call series",
 )
 
+# -- the scheduler ------------------------------------------------------------------------------
+PLACEMENT_POLICIES = ("lb", "lalb", "lalb_o3")
+"""The GPU-FaaS paper's placement policies (§IV), as `faas_gpu.policies.make_scheduler` names them:
+the baseline, locality-aware load balancing, and LALB with out-of-order dispatch."""
+
+
+def placement_name(raw: str) -> str:
+    value = raw.strip().lower().replace("-", "_")
+    if value not in PLACEMENT_POLICIES:
+        raise ValueError(f"expected one of {', '.join(PLACEMENT_POLICIES)}, got {raw!r}")
+    return value
+
+
+def skip_limit(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+PLACEMENT: Var[str] = Var(
+    "FAAS_GPU_PLACEMENT",
+    "lalb_o3",
+    placement_name,
+    "the scheduler's placement policy: lb, lalb or lalb_o3 (`python -m scheduler --policy`, `faas-gpu up --policy`)",
+)
+O3_LIMIT: Var[int] = Var(
+    "FAAS_GPU_O3_LIMIT",
+    25,
+    skip_limit,
+    "lalb_o3's skip limit: how often a queued job may be overtaken (`--o3-limit`; 0 is plain LALB)",
+)
+
 # -- an instance: set by the provider's runtime, read by the template and the GPU client --------
 SCHEDULER_URL: Var[tuple[str, ...]] = Var(
     "FAAS_GPU_SCHEDULER_URL", (), _urls, "the schedulers, comma-separated; none: models run in the instance"
