@@ -266,6 +266,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         reuse_functions=args.reuse_functions,
         scale=args.scale or 1.0,
         arrivals="recorded" if fmt == "azure2021" else "poisson",
+        infer_time="catalog",  # the replay's own models run; a recorded duration says nothing of them
         max_span_minutes=args.max_span_minutes or MAX_SPAN_MINUTES,
     )
     notes: list[str] = []
@@ -399,7 +400,7 @@ class LiveStack:
         for name in yaml_functions(self.stack_file):
             while True:
                 r = requests.get(f"{self.gateway}/system/function/{name}", auth=self.auth, timeout=10)
-                if r.status_code == 200 and int(r.json().get("availableReplicas") or 0) > 0:
+                if r.status_code == 200 and _available(r) > 0:
                     break
                 if time.monotonic() > deadline:
                     raise CliError(f"{name} did not become ready on {self.gateway} within {timeout_s:.0f}s")
@@ -409,13 +410,27 @@ class LiveStack:
         r = requests.get(f"{self.gateway}/ui/api/status", auth=self.auth, timeout=10)
         if r.status_code != 200:
             raise CliError(f"{self.gateway}/ui/api/status answered {r.status_code}: {r.text.strip()[:200]}")
-        return r.json()
+        try:
+            status = r.json()
+        except ValueError:
+            status = None
+        if not isinstance(status, dict):
+            raise CliError(f"{self.gateway}/ui/api/status: not the status page's JSON object")
+        return status
 
     def stop(self) -> None:
         if self.home is None:
             self._cli("remove", "-f", str(self.stack_file), "--gateway", self.gateway, timeout_s=120)
         elif self.started:
             self._cli("down", timeout_s=180)
+
+
+def _available(r: requests.Response) -> int:
+    try:
+        body = r.json()
+        return int(body.get("availableReplicas") or 0) if isinstance(body, dict) else 0
+    except (ValueError, TypeError):
+        return 0
 
 
 def yaml_functions(stack_file: Path) -> list[str]:
@@ -446,6 +461,8 @@ class Sender:
         try:
             body = r.json()
         except ValueError:
+            body = {}
+        if not isinstance(body, dict):  # a function of the same name that is not the replay's
             body = {}
         return Outcome(
             function,
@@ -513,7 +530,15 @@ def replay(sender: Sender, arrivals: list[tuple[float, str]], threads: int) -> l
 
 def cluster_and_caches(status: dict, functions: list[str]) -> tuple[Cluster, dict[int, list[str]], str | None, int]:
     """The units as the scheduler orders them (by key), their memory, the replay's models each
-    caches (least recently used first), and the scheduler's policy and skip limit."""
+    caches (least recently used first), and the scheduler's policy and skip limit. CliError, saying
+    what, for a status page whose JSON is not what faas-gpu serves."""
+    try:
+        return _cluster_and_caches(status, functions)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CliError(f"the status page's JSON is not what faas-gpu serves ({type(exc).__name__}: {exc})") from None
+
+
+def _cluster_and_caches(status: dict, functions: list[str]) -> tuple[Cluster, dict[int, list[str]], str | None, int]:
     units = sorted((u for u in status.get("units") or [] if isinstance(u, dict)), key=lambda u: str(u.get("key")))
     if not units:
         raise CliError("the stack reports no GPU unit: the replay needs its GPU path (faas-gpu up without --no-gpu)")
@@ -522,18 +547,21 @@ def cluster_and_caches(status: dict, functions: list[str]) -> tuple[Cluster, dic
         raise CliError(
             f"the stack's units differ in memory ({sorted(memory)} MB): the simulator's cluster has one size"
         )
+    size = memory.pop()
+    if not (size > 0 and math.isfinite(size)):
+        raise CliError(f"the stack's units report {size} MB of memory")
     known = set(functions)
     warm: dict[int, list[str]] = {}
     for i, u in enumerate(units):
         for m in u.get("models") or []:
-            for owner in m.get("functions") or []:
+            for owner in (m.get("functions") if isinstance(m, dict) else None) or []:
                 name = str(owner).rsplit(".", 1)[0]
                 if name in known:
                     warm.setdefault(i, []).append(name)
                     break
     sched = status.get("scheduler") or {}
-    limit = sched.get("o3Limit")
-    return Cluster(1, len(units), memory.pop()), warm, sched.get("policy") or None, int(limit or 0)
+    policy, limit = sched.get("policy"), sched.get("o3Limit")
+    return Cluster(1, len(units), size), warm, str(policy) if policy else None, int(limit or 0)
 
 
 @dataclass
