@@ -7,13 +7,20 @@ for `--minutes` (10), compressed `--compress` times (5: two minutes a policy), a
 cpu back end (2 units of 80 MB; models of 8, 16 and 24 MB, real torch.export MLPs) and through the
 simulator with the same arrivals, units, caches at the start, and the service times the live units
 measured in that run (`faas_gpu/cli/replay.py` says what is measured and what is not simulated).
+Then INFless's keep-alive, LSTH against HHP: the trace's own functions (the four, as Fig. 16) over
+60 minutes as recorded (392 invocations), compressed 20 times, on one more stack whose provider's
+keep-alive clock runs 20 times the wall's, each function deployed once per policy (taken to zero
+when idle) and every request sent to both; the simulator's side is the Fig. 16 replay of the same
+minutes.
 
 Printed: `faas-gpu replay`'s notes, measured profiles and side-by-side table; the machine's load
 (`os.getloadavg`, 1-minute) before and after, since the cpu back end's units share the host's CPUs
 with every other process; and, as the last line, one JSON object: the replay's figures,
-`sim_over_live_<policy>_<figure>` for each ratio (mean and P99 latency, SLO misses, cold starts,
-hit and miss ratio), `same_policy_order`, `within_20pct` (mean latency and miss ratio within ±20%
-for every policy), `load_avg_start` / `load_avg_end` and `wall_s`.
+`sim_over_live_<policy>_<figure>` for each ratio (placement: mean and P99 latency, SLO misses, cold
+starts, hit and miss ratio; keep-alive: cold starts, cold-start rate, idle minutes),
+`same_policy_order` (both sides rank LB / LALB / LALB-O3 alike, and LSTH / HHP), `within_20pct`
+(placement: mean latency and miss ratio within ±20% for every policy), `load_avg_start` /
+`load_avg_end` and `wall_s`.
 
     .venv/bin/python benchmarks/sim_vs_live.py [--trace FILE ...] [--quick] [replay flags ...]
 
@@ -42,6 +49,7 @@ DEFAULTS = [
     "--minutes", "10", "--compress", "5", "--mean-rate", "1.0",
     "--working-set", "6", "--reuse-functions",
     "--units", "2", "--unit-memory-mb", "80", "--model-mb", "8,16,24",
+    "--policies", "lb,lalb,lalb_o3,lsth,hhp", "--keepalive-minutes", "60", "--keepalive-compress", "20",
 ]  # fmt: skip
 QUICK = [
     "--minutes", "2", "--compress", "12", "--policies", "lalb", "--working-set", "2",

@@ -54,15 +54,23 @@ from faas_gpu.policies import Model
 from faas_gpu.ports import free_port
 from faas_gpu.sim.replay import (
     GOAL,
+    KEEPALIVE_POLICIES,
     Figures,
+    KeepAliveFigures,
     Outcome,
     Profile,
+    ReplicaSample,
     figures,
+    keepalive_table,
+    keepalive_verdict,
+    live_keepalive,
     measured_load_s,
     measured_profiles,
     measured_service_s,
+    minute_counts,
     ratio,
     serving_path_s,
+    simulate_keepalive,
     simulate_side,
     table,
     unit_hop_s,
@@ -88,6 +96,8 @@ HANDLER = '''"""A replayed function (`faas-gpu replay`): an MLP saved with faas_
 rows a request; the answer carries the job's timings, as its GPU client received them."""
 
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -101,6 +111,7 @@ try:  # on the GPU path: the headers of the job this request's call ran in
     from faas_gpu.batching import last_job
 except ImportError:  # the model ran right here
     last_job = None
+PROCESS = {{"pid": os.getpid(), "started": time.time()}}  # a request sent before this waited for a cold start
 
 
 def handle(event, context):
@@ -108,7 +119,11 @@ def handle(event, context):
         model(INPUT)
     job = (last_job.get() if last_job is not None else None) or {{}}
     body = {{key: job.get(header) for key, header in TIMINGS.items()}}
-    return {{"statusCode": 200, "body": json.dumps(body), "headers": {{"Content-Type": "application/json"}}}}
+    return {{
+        "statusCode": 200,
+        "body": json.dumps({{**body, **PROCESS}}),
+        "headers": {{"Content-Type": "application/json"}},
+    }}
 '''
 
 
@@ -121,6 +136,8 @@ class Plan:
     arrivals: list[tuple[float, str]]  # (s from the replay's start, compressed; function), by time
     duration_s: float  # the replayed minutes, compressed
     notes: list[str] = field(default_factory=list)
+    minutes: int = 0  # trace minutes replayed
+    compress: float = 1.0
 
 
 def positive_float(text: str) -> float:
@@ -165,9 +182,10 @@ def sizes_arg(text: str) -> list[float]:
 
 def policies_arg(text: str) -> list[str]:
     names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in env_vars.PLACEMENT_POLICIES]
+    known = (*env_vars.PLACEMENT_POLICIES, *KEEPALIVE_POLICIES)
+    bad = [n for n in names if n not in known]
     if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(env_vars.PLACEMENT_POLICIES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)}, got {text!r}")
     return list(dict.fromkeys(names))
 
 
@@ -184,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compress",
         type=positive_float,
-        required=True,
-        help="time compression: a trace minute is replayed in 60/F seconds (the service times are not compressed)",
+        help="time compression: a trace minute is replayed in 60/F seconds (the service times are not compressed); "
+        "required for the placement policies",
     )
     p.add_argument("--minutes", type=positive_int, default=10, help="trace minutes replayed (default 10)")
     p.add_argument("--start-minute", type=non_negative_int, default=0, help="first minute replayed (default 0)")
@@ -213,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="placement policies, comma-separated (default lb,lalb,lalb_o3; with --gateway, the stack's)",
     )
     p.add_argument("--o3-limit", type=non_negative_int, default=25, help="lalb_o3's skip limit (default 25)")
+    ka = p.add_argument_group(
+        "INFless keep-alive (--policies with lsth and/or hhp): one more stack, its keep-alive clock compressed "
+        "with the trace ($FAAS_GPU_KEEPALIVE_TIME_SCALE), each function deployed once per keep-alive policy"
+    )
+    ka.add_argument("--keepalive-minutes", type=positive_int, default=60, help="trace minutes replayed (default 60)")
+    ka.add_argument(
+        "--keepalive-working-set",
+        type=positive_int,
+        help="the busiest functions replayed, the trace's own (never reused), as recorded (default: every one called)",
+    )
+    ka.add_argument(
+        "--keepalive-compress",
+        type=positive_float,
+        default=30.0,
+        help="time compression of the keep-alive replay (default 30: a minute in 2 s), at most 3600",
+    )
     p.add_argument("--units", type=positive_int, default=2, help="emulated units of the cpu back end (default 2)")
     p.add_argument("--unit-memory-mb", type=positive_float, default=96.0, help="memory of each unit (default 96)")
     p.add_argument(
@@ -245,8 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan_of(args: argparse.Namespace) -> Plan:
-    """The working set and its arrivals, compressed; ScenarioError naming the flag at fault."""
+def plan_of(args: argparse.Namespace, keepalive: bool = False) -> Plan:
+    """The working set and its arrivals, compressed; ScenarioError naming the flag at fault.
+    `keepalive`: the keep-alive run's (`--keepalive-minutes`, `--keepalive-compress`,
+    `--keepalive-working-set`: the trace's own functions as recorded, as Fig. 16 replays them)."""
+    minutes = args.keepalive_minutes if keepalive else args.minutes
+    compress = args.keepalive_compress if keepalive else args.compress
+    scale = 1.0 if keepalive else args.scale or 1.0
+    mean_rate = None if keepalive else args.mean_rate
+    flag = "--keepalive-minutes" if keepalive else "--minutes"
+    reuse = False if keepalive else args.reuse_functions  # keep-alive: the trace's own functions, as Fig. 16
+    working_set = args.keepalive_working_set if keepalive else args.working_set
     for path in args.trace:
         if not path.is_file():
             raise ScenarioError(f"trace: {path} not found")
@@ -260,47 +303,48 @@ def plan_of(args: argparse.Namespace) -> Plan:
     spec = TraceSpec(
         files=list(args.trace),
         format=fmt,
-        minutes=args.minutes,
+        minutes=minutes,
         start_minute=args.start_minute,
         working_set=1,
-        reuse_functions=args.reuse_functions,
-        scale=args.scale or 1.0,
+        reuse_functions=reuse,
+        scale=scale,
         arrivals="recorded" if fmt == "azure2021" else "poisson",
         infer_time="catalog",  # the replay's own models run; a recorded duration says nothing of them
         max_span_minutes=args.max_span_minutes or MAX_SPAN_MINUTES,
     )
     notes: list[str] = []
-    until = None if args.reuse_functions else args.start_minute + args.minutes
+    until = None if reuse else args.start_minute + minutes
     functions = read_trace(spec, notes, until)
-    lo, hi = args.start_minute, args.start_minute + args.minutes
+    lo, hi = args.start_minute, args.start_minute + minutes
     length = max(f.minutes for f in functions)
     if hi > length:
-        raise ScenarioError(f"--minutes: the trace has {length} minutes, asked for {lo}..{hi}")
+        raise ScenarioError(f"{flag}: the trace has {length} minutes, asked for {lo}..{hi}")
     invoked = sum(1 for f in functions if f.counts[lo:hi].sum() > 0)
     if not invoked:
         raise ScenarioError(f"trace: no invocations in minutes {lo}..{hi}")
-    spec.working_set = args.working_set or invoked
-    if args.mean_rate:
-        spec.mean_requests_per_minute = args.mean_rate * 60.0 / args.compress
+    spec.working_set = working_set or invoked
+    if mean_rate:
+        spec.mean_requests_per_minute = mean_rate * 60.0 / compress
     catalog = [Model(f"m{i}", 1.0, 1.0, 1.0) for i in range(spec.working_set)]  # named per function below
     workload = build_workload(spec, catalog, args.seed, functions)
     k = len(workload.models)
     names = [f"{PREFIX}{i}" for i in range(k)]
     of_model = {m.name: names[i] for i, m in enumerate(workload.models)}
-    arrivals = [(a.time / args.compress, of_model[a.model]) for a in workload.arrivals]
+    arrivals = [(a.time / compress, of_model[a.model]) for a in workload.arrivals]
     sizes = [args.model_mb[i % len(args.model_mb)] for i in range(k)]
     too_big = [s for s in sizes if s > args.unit_memory_mb]
     if too_big:
         raise ScenarioError(
             f"--model-mb: {max(too_big):g} MB does not fit a unit of --unit-memory-mb {args.unit_memory_mb:g}"
         )
-    duration = args.minutes * 60.0 / args.compress
+    duration = minutes * 60.0 / compress
     notes = notes + workload.notes
     notes.append(
-        f"replay: minutes {lo}..{hi} of {', '.join(p.name for p in args.trace)} ({fmt}), {len(arrivals)} requests of "
-        f"{k} functions compressed x{args.compress:g} into {duration:.0f} s ({len(arrivals) / duration:.2f} requests/s)"
+        f"{'keep-alive replay' if keepalive else 'replay'}: minutes {lo}..{hi} of "
+        f"{', '.join(p.name for p in args.trace)} ({fmt}), {len(arrivals)} requests of {k} functions compressed "
+        f"x{compress:g} into {duration:.0f} s ({len(arrivals) / duration:.2f} requests/s)"
     )
-    return Plan(names, list(workload.functions), sizes, arrivals, duration, notes)
+    return Plan(names, list(workload.functions), sizes, arrivals, duration, notes, minutes, compress)
 
 
 def write_functions(plan: Plan, folder: Path, rows: int) -> Path:
@@ -341,20 +385,163 @@ def write_functions(plan: Plan, folder: Path, rows: int) -> Path:
     return stack
 
 
+KEEPALIVE_MODEL = "replay-keepalive-mlp"
+KEEPALIVE_WIDTH = 64
+KEEPALIVE_SOURCE = """import torch
+from torch import nn
+
+WIDTH = {width}
+
+
+def make() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH)).eval()
+"""
+
+
+def keepalive_name(policy: str, function: str) -> str:
+    return f"ka-{policy}-{function.removeprefix(PREFIX)}"
+
+
+def write_keepalive_functions(plan: Plan, folder: Path, policies: list[str]) -> Path:
+    """Each function once per keep-alive policy (`ka-lsth-0`, `ka-hhp-0`, ...): INFless-scaled
+    (one small MLP profiled once, by `faas-gpu up`), taken to zero when idle (`scale-zero`), its
+    keep-alive the policy's; the handler says which process answered and when it started."""
+    import torch
+    import yaml
+
+    from faas_gpu import save_model
+
+    d = folder / "keepalive-model"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "model.py").write_text(KEEPALIVE_SOURCE.format(width=KEEPALIVE_WIDTH))
+    namespace: dict = {}
+    exec(compile((d / "model.py").read_text(), str(d / "model.py"), "exec"), namespace)  # noqa: S102 (our own text)
+    artifact = d / "model.pt2"
+    save_model(namespace["make"](), torch.ones(1, KEEPALIVE_WIDTH), artifact)
+    functions = {}
+    for policy in policies:
+        for name in plan.functions:
+            fn = keepalive_name(policy, name)
+            f = folder / fn
+            f.mkdir(parents=True, exist_ok=True)
+            shutil.copy(artifact, f / "model.pt2")
+            shutil.copy(d / "model.py", f / "model.py")
+            (f / "handler.py").write_text(HANDLER.format(rows=1, width=KEEPALIVE_WIDTH, timings=TIMINGS))
+            (f / "requirements.txt").write_text("")
+            functions[fn] = {
+                "lang": "python3-gpu",
+                "handler": f"./{fn}",
+                "image": f"faas-gpu-replay/{fn}:latest",
+                "labels": {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"},
+                "annotations": {
+                    "com.faas-gpu.model": KEEPALIVE_MODEL,
+                    "com.faas-gpu.model-source": "model.py:make",
+                    "com.faas-gpu.input-shape": str(KEEPALIVE_WIDTH),
+                    "com.faas-gpu.slo-ms": "10000",
+                    "com.faas-gpu.scale-zero": "true",
+                    "com.faas-gpu.keep-alive": policy,
+                },
+                "environment": {env_vars.LEASES.name: "off", "exec_timeout": "120s", "write_timeout": "120s"},
+            }
+    stack = folder / "keepalive-stack.yml"
+    stack.write_text(yaml.safe_dump({"version": 1.0, "provider": {"name": "openfaas"}, "functions": functions}))
+    return stack
+
+
+@dataclass
+class KeepAliveRun:
+    live: dict[str, list[Outcome]]  # per keep-alive policy, its functions' outcomes (named replay-i)
+    samples: dict[str, list[ReplicaSample]]
+    wall_s: float
+
+
+def run_keepalive(plan: Plan, folder: Path, args: argparse.Namespace, policies: list[str]) -> KeepAliveRun:
+    """One stack, its provider's keep-alive clock compressed with the trace, every function deployed
+    once per keep-alive policy: each request of the trace is sent to each policy's copy at once."""
+    stack_file = write_keepalive_functions(plan, folder, policies)
+    env = {
+        env_vars.KEEPALIVE_TIME_SCALE.name: f"{plan.compress:g}",
+        env_vars.CPUS.name: "64",  # INFless places instances on the node's CPUs: room for every function's
+    }
+    stack = LiveStack(folder, stack_file, args, env_vars.PLACEMENT.default, name="keepalive", env=env)
+    t0 = time.perf_counter()
+    names = {keepalive_name(p, f): (p, f) for p in policies for f in plan.functions}
+    samples: dict[str, list[ReplicaSample]] = {p: [] for p in policies}
+    try:
+        stack.start()
+        sender = Sender(stack.gateway, args.request_timeout)
+        print(
+            f"  keep-alive: replaying {len(plan.arrivals)} requests x {len(policies)} for {plan.duration_s:.0f} s",
+            file=sys.stderr,
+        )
+        stop = threading.Event()
+        start = time.perf_counter() + 0.5
+
+        def sample() -> None:
+            session = requests.Session()
+            while not stop.is_set():
+                now = time.perf_counter() - start
+                try:
+                    listed = session.get(f"{stack.gateway}/system/functions", auth=stack.auth, timeout=5).json()
+                except (requests.RequestException, ValueError):
+                    listed = []
+                for fn in listed if isinstance(listed, list) else []:
+                    if isinstance(fn, dict) and fn.get("name") in names:
+                        policy, function = names[fn["name"]]
+                        # running replicas, a starting one too: it holds its process as a warm one does
+                        running = int(_float(fn.get("replicas")) or 0)
+                        samples[policy].append(ReplicaSample(now, function, running))
+                stop.wait(SAMPLE_S)
+
+        sampler = threading.Thread(target=sample, name="replicas", daemon=True)
+        sampler.start()
+        arrivals = [(t, keepalive_name(p, f)) for t, f in plan.arrivals for p in policies]
+        try:
+            outcomes = replay(sender, arrivals, args.threads, start=start)
+        finally:
+            stop.set()
+            sampler.join(10)
+    finally:
+        stack.stop()
+    live: dict[str, list[Outcome]] = {p: [] for p in policies}
+    for o in outcomes:
+        policy, function = names[o.function]
+        o.function = function
+        live[policy].append(o)
+    return KeepAliveRun(live, samples, time.perf_counter() - t0)
+
+
+SAMPLE_S = 0.5
+"""How often the keep-alive run reads the functions' ready replicas from the gateway (s)."""
+
+
 # -- the live side ----------------------------------------------------------------------------
 class LiveStack:
     """A stack of one policy: started with `faas-gpu up` in a state folder of its own, or the one at
     `--gateway`; driven only through the CLI and the gateway's HTTP routes."""
 
-    def __init__(self, folder: Path, stack_file: Path, args: argparse.Namespace, policy: str | None):
+    def __init__(
+        self,
+        folder: Path,
+        stack_file: Path,
+        args: argparse.Namespace,
+        policy: str | None,
+        *,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        """`policy`: the placement the stack is started with (None: the running stack at --gateway);
+        `name`: its state folder's (default the policy's); `env`: what its daemons are started with."""
         self.folder, self.stack_file, self.args, self.policy = folder, stack_file, args, policy
-        self.home = folder / f"home-{policy}" if policy else None
-        self.gateway = args.gateway.rstrip("/") if args.gateway else ""
+        self.home = folder / f"home-{name or policy}" if policy else None
+        self.gateway = args.gateway.rstrip("/") if args.gateway and policy is None else ""
+        self.env = env or {}
         self.auth: tuple[str, str] | None = None
         self.started = False
 
     def _cli(self, *argv: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         if self.home is not None:
             env[env_vars.HOME.name] = str(self.home)
         return subprocess.run(
@@ -448,6 +635,7 @@ class Sender:
 
     def call(self, function: str, due: float, sent_s: float) -> Outcome:
         """`due`: the perf_counter time the request was due at (its latency counts from then)."""
+        due_wall = time.time() - (time.perf_counter() - due)
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
@@ -475,6 +663,8 @@ class Sender:
             load_s=_float(body.get("load_s")),
             exec_s=_float(body.get("exec_s")),
             model_mb=_float(body.get("model_mb")),
+            process=str(body["pid"]) if "pid" in body else None,
+            cold=None if _float(body.get("started")) is None else _float(body.get("started")) > due_wall,
         )
 
 
@@ -507,11 +697,13 @@ def calibrate(sender: Sender, functions: list[str], calls: int) -> tuple[list[Ou
     return first, after
 
 
-def replay(sender: Sender, arrivals: list[tuple[float, str]], threads: int) -> list[Outcome]:
+def replay(
+    sender: Sender, arrivals: list[tuple[float, str]], threads: int, start: float | None = None
+) -> list[Outcome]:
     """Open loop: each request sent when due (a pool thread per request in flight), its latency
-    from when it was due."""
+    from when it was due; `start`: the perf_counter time of the trace's second 0 (default: soon)."""
     outcomes: list[Outcome | None] = [None] * len(arrivals)
-    start = time.perf_counter() + 0.5
+    start = time.perf_counter() + 0.5 if start is None else start
 
     def one(i: int) -> None:
         t, name = arrivals[i]
@@ -656,41 +848,20 @@ def idle_profiles(plan: Plan, first: list[Outcome], calls: list[Outcome], hop_s:
 
 
 # -- the report -------------------------------------------------------------------------------
-def write_outcomes(path: Path, runs: list[Run]) -> None:
+def write_outcomes(path: Path, runs: list[Run], keepalive: KeepAliveRun | None = None) -> None:
+    columns = ["side", "policy", "function", "sent_s", "latency_s", "status", "cache", "unit"]
+    timings = ["scheduler_s", "load_s", "exec_s", "model_mb"]
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(
-            [
-                "side",
-                "policy",
-                "function",
-                "sent_s",
-                "latency_s",
-                "status",
-                "cache",
-                "unit",
-                "scheduler_s",
-                "load_s",
-                "exec_s",
-                "model_mb",
-            ]
-        )
-        for run in runs:
-            for side, outcomes in (("live", run.live), ("sim", run.sim)):
-                for o in outcomes:
-                    w.writerow(
-                        [
-                            side,
-                            run.policy,
-                            o.function,
-                            f"{o.sent_s:.4f}",
-                            "" if o.latency_s is None else f"{o.latency_s:.5f}",
-                            o.status,
-                            o.cache or "",
-                            o.unit or "",
-                            *("" if v is None else f"{v:.5f}" for v in (o.scheduler_s, o.load_s, o.exec_s, o.model_mb)),
-                        ]
-                    )
+        w.writerow([*columns, *timings, "process", "cold"])
+        sides = [(side, r.policy, outs) for r in runs for side, outs in (("live", r.live), ("sim", r.sim))]
+        sides += [("live", p, outs) for p, outs in (keepalive.live.items() if keepalive else [])]
+        for side, policy, outcomes in sides:
+            for o in outcomes:
+                latency = "" if o.latency_s is None else f"{o.latency_s:.5f}"
+                row = [side, policy, o.function, f"{o.sent_s:.4f}", latency, o.status, o.cache or "", o.unit or ""]
+                row += ["" if v is None else f"{v:.5f}" for v in (o.scheduler_s, o.load_s, o.exec_s, o.model_mb)]
+                w.writerow([*row, o.process or "", "" if o.cold is None else int(o.cold)])
 
 
 def run_record(run: Run) -> dict:
@@ -742,19 +913,39 @@ def _stop_on_sigterm() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _stop_on_sigterm()
+    placement = [p for p in args.policies if p in env_vars.PLACEMENT_POLICIES]
+    keepalive = [p for p in args.policies if p in KEEPALIVE_POLICIES]
+    if args.gateway and keepalive:
+        print(
+            "faas-gpu replay: --policies: lsth and hhp run on a stack of their own (its keep-alive clock compressed "
+            "with the trace), not with --gateway",
+            file=sys.stderr,
+        )
+        return 2
+    if (placement or args.gateway) and args.compress is None:
+        print("faas-gpu replay: --compress: required for the placement policies (lb, lalb, lalb_o3)", file=sys.stderr)
+        return 2
+    if keepalive and args.keepalive_compress > 3600:
+        print(f"faas-gpu replay: --keepalive-compress: at most 3600, got {args.keepalive_compress:g}", file=sys.stderr)
+        return 2
     try:
-        plan = plan_of(args)
+        plan = plan_of(args) if placement or args.gateway else None
+        ka_plan = plan_of(args, keepalive=True) if keepalive else None
     except ScenarioError as exc:
         print(f"faas-gpu replay: {exc}", file=sys.stderr)
         return 2
-    for note in plan.notes:
+    for note in (plan.notes if plan else []) + (ka_plan.notes if ka_plan else []):
         print(note, file=sys.stderr)
     folder = Path(tempfile.mkdtemp(prefix="faas-gpu-replay-"))
     runs: list[Run] = []
+    ka_run: KeepAliveRun | None = None
     try:
-        stack_file = write_functions(plan, folder, args.rows)
-        for policy in [None] if args.gateway else args.policies:
-            runs.append(run_policy(plan, folder, stack_file, args, policy))
+        if plan is not None:
+            stack_file = write_functions(plan, folder, args.rows)
+            for policy in [None] if args.gateway else placement:
+                runs.append(run_policy(plan, folder, stack_file, args, policy))
+        if ka_plan is not None:
+            ka_run = run_keepalive(ka_plan, folder, args, keepalive)
     except CliError as exc:
         print(f"faas-gpu replay: {exc}", file=sys.stderr)
         return 1
@@ -763,6 +954,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {folder}", file=sys.stderr)
         else:
             shutil.rmtree(folder, ignore_errors=True)
+    result: dict[str, object] = {}
+    if plan is not None:
+        result.update(report_placement(plan, runs, args))
+    if ka_plan is not None and ka_run is not None:
+        result.update(report_keepalive(ka_plan, ka_run))
+    if plan is not None and ka_plan is not None:  # both sides rank the placements and the keep-alives alike
+        result["same_policy_order"] = bool(result["same_policy_order"]) and bool(result["same_keepalive_order"])
+    elif ka_plan is not None:
+        result["same_policy_order"] = result["same_keepalive_order"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_outcomes(args.out / "outcomes.csv", runs, ka_run)
+    (args.out / "replay.json").write_text(json.dumps(result, indent=1))
+    (args.out / "runs.json").write_text(json.dumps([run_record(r) for r in runs], indent=1))
+    print(f"wrote {args.out / 'outcomes.csv'}, replay.json and runs.json beside it", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+def report_placement(plan: Plan, runs: list[Run], args: argparse.Namespace) -> dict[str, object]:
+    """The placement policies side by side (printed), and their figures for the JSON line."""
     slo = {name: args.slo_ms / 1000.0 for name in plan.functions}
     live: dict[str, Figures] = {r.policy: figures(r.live, slo) for r in runs}
     sim: dict[str, Figures] = {r.policy: figures(r.sim, slo, r.live) for r in runs}
@@ -786,10 +997,10 @@ def main(argv: list[str] | None = None) -> int:
             for p in live
         )
     )
-    result = {
+    return {
         "requests": len(plan.arrivals),
         "functions": len(plan.functions),
-        "compress": args.compress,
+        "compress": plan.compress,
         "replay_s": round(plan.duration_s, 1),
         "units": runs[0].cluster.units_per_node if runs else args.units,
         "unit_memory_mb": runs[0].cluster.unit_memory_mb if runs else args.unit_memory_mb,
@@ -806,13 +1017,35 @@ def main(argv: list[str] | None = None) -> int:
         },
         **verdict(sim, live),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_outcomes(args.out / "outcomes.csv", runs)
-    (args.out / "replay.json").write_text(json.dumps(result, indent=1))
-    (args.out / "runs.json").write_text(json.dumps([run_record(r) for r in runs], indent=1))
-    print(f"wrote {args.out / 'outcomes.csv'}, replay.json and runs.json beside it", file=sys.stderr)
-    print(json.dumps(result))
-    return 0
+
+
+def report_keepalive(plan: Plan, run: KeepAliveRun) -> dict[str, object]:
+    """LSTH against HHP side by side (printed): cold starts and idle minutes as the Fig. 16 replay
+    counts them on the simulator's side, and as the live replicas showed them."""
+    counts = minute_counts(plan.arrivals, plan.functions, plan.compress, plan.minutes)
+    sim: dict[str, KeepAliveFigures] = {p: simulate_keepalive(counts, p) for p in run.live}
+    live: dict[str, KeepAliveFigures] = {
+        p: live_keepalive(run.live[p], run.samples[p], counts, plan.compress, plan.minutes) for p in run.live
+    }
+    print(keepalive_table(sim, live))
+    latency = {p: figures(run.live[p], {}) for p in run.live}
+    print(
+        "keep-alive, live latency (s): "
+        + "; ".join(
+            f"{p} mean {f.mean_latency:.3f}, P99 {f.p99_latency:.3f}, errors {f.errors}" for p, f in latency.items()
+        )
+        + " (the minute-granularity replay has no latency to compare)"
+    )
+    return {
+        "keepalive_requests": len(plan.arrivals),
+        "keepalive_minutes": plan.minutes,
+        "keepalive_compress": plan.compress,
+        **{f"live_{p}_{k}": round(v, 4) for p, f in live.items() for k, v in f.as_dict().items()},
+        **{f"sim_{p}_{k}": round(v, 4) for p, f in sim.items() for k, v in f.as_dict().items()},
+        **{f"live_{p}_mean_latency": round(f.mean_latency, 4) for p, f in latency.items()},
+        "wall_s_keepalive": round(run.wall_s, 1),
+        **keepalive_verdict(sim, live),
+    }
 
 
 if __name__ == "__main__":

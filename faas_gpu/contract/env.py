@@ -97,6 +97,23 @@ METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
 )
 
+
+def time_scale(raw: str) -> float:
+    value = float(raw)
+    if not 1.0 <= value <= 3600.0:
+        raise ValueError(f"must be between 1 and 3600, got {raw!r}")
+    return value
+
+
+KEEPALIVE_TIME_SCALE: Var[float] = Var(
+    "FAAS_GPU_KEEPALIVE_TIME_SCALE",
+    1.0,
+    time_scale,
+    "the keep-alive policies' clock (INFless scaling's invocation minutes, LSTH / HHP windows) runs this many "
+    "times faster than the wall's: a trace replayed F times compressed (`faas-gpu replay --keepalive`) keeps its "
+    "minutes; 1 (the default): real time. For replays and tests, never a production setting",
+)
+
 RUNTIMES = ("local", "docker", "swarm")
 
 

@@ -42,8 +42,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from faas_gpu.policies import Model
+from faas_gpu.policies.infless import keepalive_policy
 
 from .engine import simulate
+from .infless.keepalive_replay import replay_keepalive
 from .scenario import Cluster, Scenario, TraceSpec
 from .trace import Arrival, Workload
 
@@ -71,6 +73,8 @@ class Outcome:
     load_s: float | None = None  # the GPU Manager's load of the model (a miss)
     exec_s: float | None = None  # the GPU Manager's execution of the job
     model_mb: float | None = None  # what the model is charged on its unit
+    process: str | None = None  # the replica process that answered (keep-alive runs)
+    cold: bool | None = None  # that process started after the request was sent: it waited for a cold start
 
     @property
     def answered(self) -> bool:
@@ -355,4 +359,124 @@ def table(sim: Mapping[str, Figures], live: Mapping[str, Figures]) -> str:
                 f"{fmt.format(sf.value(f))} {'-' if r is None else f'{r:.2f}':>9}"
             )
         rows.append(f"{name:<10} {'errors':<13} {lf.errors:>10} {sf.errors:>10}")
+    return "\n".join(rows)
+
+
+# -- INFless keep-alive: LSTH against HHP on the same trace -------------------------------------
+KEEPALIVE_POLICIES = ("lsth", "hhp")
+KEEPALIVE_FIGURES = ("cold_starts", "cold_rate", "idle_minutes")
+"""What a keep-alive run is compared on, as the Fig. 16 replay counts it: cold starts (a minute that
+found its function's instance gone; live, a replica process started for a request already
+waiting), per invocation, and the minutes an instance was loaded with nothing to do."""
+
+
+@dataclass(frozen=True)
+class KeepAliveFigures:
+    invocations: int
+    answered: int
+    cold_starts: int
+    idle_minutes: float  # trace minutes
+
+    @property
+    def cold_rate(self) -> float:
+        return self.cold_starts / self.invocations if self.invocations else 0.0
+
+    def value(self, figure: str) -> float:
+        return float(getattr(self, figure))
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**asdict(self), "cold_rate": self.cold_rate}
+
+
+def minute_counts(
+    arrivals: Sequence[tuple[float, str]], functions: Sequence[str], compress: float, minutes: int
+) -> dict[str, list[int]]:
+    """Per function, its requests in each trace minute of the replay (times are compressed seconds)."""
+    out = {f: [0] * minutes for f in functions}
+    for t, f in arrivals:
+        m = int(t * compress // 60)
+        if f in out and 0 <= m < minutes:
+            out[f][m] += 1
+    return out
+
+
+def simulate_keepalive(counts: Mapping[str, Sequence[int]], policy: str) -> KeepAliveFigures:
+    """The Fig. 16 replay (`replay_keepalive`) of each function's minutes under `policy` (built by
+    `keepalive_policy`, as the provider builds it from the annotation), summed over the functions."""
+    stats = [replay_keepalive(c, keepalive_policy(policy)) for c in counts.values()]
+    return KeepAliveFigures(
+        invocations=sum(s.invocations for s in stats),
+        answered=sum(s.invocations for s in stats),
+        cold_starts=sum(s.cold_starts for s in stats),
+        idle_minutes=sum(s.wasted_minutes for s in stats),
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaSample:
+    """How many replicas of a function ran (starting ones included) at a moment of the replay
+    (compressed seconds), as the gateway's `/system/functions` said."""
+
+    t_s: float
+    function: str
+    ready: int
+
+
+def live_keepalive(
+    outcomes: Sequence[Outcome],
+    samples: Sequence[ReplicaSample],
+    counts: Mapping[str, Sequence[int]],
+    compress: float,
+    minutes: int,
+) -> KeepAliveFigures:
+    """The live side counted as the replay counts: a cold start per replica process that a request
+    waited for (it started after the request was sent), and the trace minutes a function had a
+    replica running in a minute without invocations (`samples`, read from the gateway while the
+    trace played; each sample stands for the time to the next one of its function)."""
+    cold = {(o.function, o.process) for o in outcomes if o.cold and o.process is not None}
+    idle = 0.0
+    by_function: dict[str, list[ReplicaSample]] = {}
+    for sample in sorted(samples, key=lambda x: x.t_s):
+        by_function.setdefault(sample.function, []).append(sample)
+    for f, seen in by_function.items():
+        active = counts.get(f)
+        if active is None:
+            continue
+        for a, b in zip(seen, seen[1:], strict=False):
+            m = int(a.t_s * compress // 60)
+            if a.ready > 0 and 0 <= m < minutes and not active[m]:
+                idle += (min(b.t_s, minutes * 60.0 / compress) - a.t_s) * compress / 60.0
+    return KeepAliveFigures(
+        invocations=len(outcomes),
+        answered=sum(1 for o in outcomes if o.answered),
+        cold_starts=len(cold),
+        idle_minutes=max(0.0, idle),
+    )
+
+
+def keepalive_verdict(sim: Mapping[str, KeepAliveFigures], live: Mapping[str, KeepAliveFigures]) -> dict[str, object]:
+    """`sim_over_live_<lsth|hhp>_<figure>`, and whether both sides rank the keep-alive policies alike
+    by cold starts (a tie within 5% agrees with either order)."""
+    out: dict[str, object] = {}
+    for name in live:
+        if name in sim:
+            for f in KEEPALIVE_FIGURES:
+                r = ratio(sim[name].value(f), live[name].value(f))
+                out[f"sim_over_live_{name}_{f}"] = None if r is None else round(r, 4)
+    out["same_keepalive_order"] = same_order(sim, live, "cold_starts")
+    return out
+
+
+def keepalive_table(sim: Mapping[str, KeepAliveFigures], live: Mapping[str, KeepAliveFigures]) -> str:
+    rows = [f"{'keep-alive':<10} {'figure':<13} {'live':>10} {'sim':>10} {'sim/live':>9}"]
+    for name in live:
+        if name not in sim:
+            continue
+        for f in KEEPALIVE_FIGURES:
+            r = ratio(sim[name].value(f), live[name].value(f))
+            fmt = "{:>10.0f}" if f == "cold_starts" else "{:>10.3f}" if f == "cold_rate" else "{:>10.1f}"
+            rows.append(
+                f"{name:<10} {f:<13} {fmt.format(live[name].value(f))} {fmt.format(sim[name].value(f))} "
+                f"{'-' if r is None else f'{r:.2f}':>9}"
+            )
     return "\n".join(rows)

@@ -127,3 +127,16 @@ def test_an_answer_without_the_replays_timings_is_still_counted():
     down = Sender(f"http://127.0.0.1:{free_port()}", timeout_s=2).call("x", 0.0, 0.0)
     assert not down.answered and down.status == "ConnectionError"
     assert json.dumps(down.status)  # an error's status is written to outcomes.csv as it is
+
+
+def test_what_the_keep_alive_policies_need_is_said_before_any_stack_starts(tmp_path, capsys):
+    trace = tmp_path / "1.txt"
+    trace.write_text("1\n2\n")
+    assert main([str(trace), "--minutes", "2"]) == 2  # placement policies by default: they need --compress
+    assert "--compress: required for the placement policies" in capsys.readouterr().err
+    assert main([str(trace), "--policies", "lsth", "--gateway", "http://127.0.0.1:9"]) == 2
+    assert "lsth and hhp run on a stack of their own" in capsys.readouterr().err
+    assert main([str(trace), "--policies", "hhp", "--keepalive-compress", "5000"]) == 2
+    assert "--keepalive-compress: at most 3600, got 5000" in capsys.readouterr().err
+    assert main([str(trace), "--policies", "hhp", "--keepalive-minutes", "9"]) == 2
+    assert "--keepalive-minutes: the trace has 2 minutes, asked for 0..9" in capsys.readouterr().err

@@ -8,16 +8,23 @@ import pytest
 from faas_gpu.sim.replay import (
     FIGURES,
     Figures,
+    KeepAliveFigures,
     Outcome,
     Profile,
+    ReplicaSample,
     compare,
     figures,
+    keepalive_table,
+    keepalive_verdict,
+    live_keepalive,
     measured_profiles,
     measured_service_s,
+    minute_counts,
     policy_order,
     ratio,
     same_order,
     serving_path_s,
+    simulate_keepalive,
     simulate_side,
     table,
     unit_hop_s,
@@ -131,3 +138,50 @@ def test_the_simulator_side_holds_requests_in_the_class_queue_as_the_scheduler_d
     burst = [(0.0, "a")] * 4
     side = simulate_side(burst, profiles, Cluster(1, 2, 100.0), "lb", 0, 0.0, warm={0: ["a"], 1: ["a"]})
     assert sorted(round(o.latency_s, 6) for o in side.outcomes) == [1.0, 1.0, 2.0, 2.0]
+
+
+# -- INFless keep-alive: LSTH against HHP ----------------------------------------------------------
+
+
+def test_minute_counts_put_each_request_in_its_trace_minute():
+    arrivals = [(0.5, "a"), (1.9, "a"), (2.1, "b"), (7.9, "a"), (9.0, "a")]  # compressed 30 times: 2 s a minute
+    assert minute_counts(arrivals, ["a", "b", "c"], 30.0, 4) == {"a": [2, 0, 0, 1], "b": [0, 1, 0, 0], "c": [0] * 4}
+
+
+def test_the_simulators_keep_alive_is_the_fig_16_replay_of_the_annotations_policy(monkeypatch):
+    import faas_gpu.sim.replay as replay_module
+    from faas_gpu.policies.infless import HybridHistogram, LongShortTermHistogram, keepalive_policy
+    from faas_gpu.sim.infless import replay_keepalive
+
+    assert replay_module.keepalive_policy is keepalive_policy and replay_module.replay_keepalive is replay_keepalive
+    assert isinstance(keepalive_policy("LSTH"), LongShortTermHistogram) and isinstance(
+        keepalive_policy("hhp"), HybridHistogram
+    )
+    counts = {"a": [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], "b": [0, 2, 0, 0]}
+    lsth = simulate_keepalive(counts, "lsth")
+    expect = [replay_keepalive(c, LongShortTermHistogram()) for c in counts.values()]
+    assert lsth.cold_starts == sum(s.cold_starts for s in expect) and lsth.invocations == 4
+    assert lsth.idle_minutes == pytest.approx(sum(s.wasted_minutes for s in expect))
+    assert simulate_keepalive(counts, "hhp").cold_starts == 2  # HHP's default keeps both warm for 4 h
+
+
+def test_the_live_keep_alive_counts_processes_started_for_a_waiting_request_and_idle_ready_time():
+    outcomes = [
+        Outcome("a", 0.1, 3.0, process="11", cold=True),
+        Outcome("a", 0.3, 2.8, process="11", cold=True),  # the same cold start, two requests waiting for it
+        Outcome("a", 5.0, 0.05, process="11", cold=False),
+        Outcome("a", 9.0, 0.05, process="12", cold=False),  # pre-warmed: started before the request
+        Outcome("b", 1.0, None, status=503),
+    ]
+    counts = {"a": [1, 0, 1, 0, 1], "b": [1, 0, 0, 0, 0]}  # minutes of 2 s (compressed 30 times)
+    samples = [ReplicaSample(t, "a", 1) for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)] + [
+        ReplicaSample(t, "b", 0) for t in (0.0, 5.0)
+    ]
+    live = live_keepalive(outcomes, samples, counts, 30.0, 5)
+    assert (live.cold_starts, live.invocations, live.answered) == (1, 5, 4)
+    assert live.idle_minutes == pytest.approx(1.0)  # ready through minute 1 (2-4 s), which had no call
+    sim = {"lsth": KeepAliveFigures(5, 5, 2, 3.0), "hhp": KeepAliveFigures(5, 5, 1, 9.0)}
+    both = {"lsth": KeepAliveFigures(5, 5, 3, 2.0), "hhp": KeepAliveFigures(5, 5, 1, 8.0)}
+    v = keepalive_verdict(sim, both)
+    assert v["sim_over_live_lsth_cold_starts"] == round(2 / 3, 4) and v["same_keepalive_order"] is True
+    assert "lsth       cold_starts" in keepalive_table(sim, both)

@@ -193,6 +193,18 @@ def test_the_keep_alive_warm_rule_is_written_once():
         assert "prewarm_s + " not in inspect.getsource(module)  # not re-coded next to the call
 
 
+def test_the_keep_alive_policy_of_an_annotation_is_built_in_one_place():
+    """The provider (from `com.faas-gpu.keep-alive`) and `faas-gpu replay`'s simulator side build
+    LSTH, HHP or a fixed window through `keepalive_policy`: the same objects with the same settings."""
+    import faas_gpu.sim.replay as sim_replay
+
+    assert live_infless_spec.keepalive_policy is keepalive.keepalive_policy
+    assert sim_replay.keepalive_policy is keepalive.keepalive_policy
+    for raw in ("lsth", "hhp", "fixed:5m"):
+        assert live_infless_spec._keepalive(raw) == keepalive.keepalive_policy(raw)
+    assert "LongShortTermHistogram(" not in inspect.getsource(live_infless_spec)
+
+
 @pytest.mark.parametrize(
     ("prewarm", "keep", "since", "expected"),
     [(0, 300, 10, True), (0, 300, 301, False), (600, 120, 30, True), (600, 120, 300, False), (600, 120, 700, True)],
