@@ -939,37 +939,47 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="faas-gpu-replay-"))
     runs: list[Run] = []
     ka_run: KeepAliveRun | None = None
+    failed: list[str] = []  # a part that failed: the others are still reported
     try:
         if plan is not None:
-            stack_file = write_functions(plan, folder, args.rows)
-            for policy in [None] if args.gateway else placement:
-                runs.append(run_policy(plan, folder, stack_file, args, policy))
+            try:
+                stack_file = write_functions(plan, folder, args.rows)
+                for policy in [None] if args.gateway else placement:
+                    runs.append(run_policy(plan, folder, stack_file, args, policy))
+            except CliError as exc:
+                failed.append(f"placement: {exc}")
         if ka_plan is not None:
-            ka_run = run_keepalive(ka_plan, folder, args, keepalive)
-    except CliError as exc:
-        print(f"faas-gpu replay: {exc}", file=sys.stderr)
-        return 1
+            try:
+                ka_run = run_keepalive(ka_plan, folder, args, keepalive)
+            except CliError as exc:
+                failed.append(f"keep-alive: {exc}")
     finally:
         if args.keep:
             print(f"kept {folder}", file=sys.stderr)
         else:
             shutil.rmtree(folder, ignore_errors=True)
+    for message in failed:
+        print(f"faas-gpu replay: {message}", file=sys.stderr)
+    if not runs and ka_run is None:
+        return 1
     result: dict[str, object] = {}
-    if plan is not None:
+    if runs and plan is not None:
         result.update(report_placement(plan, runs, args))
     if ka_plan is not None and ka_run is not None:
         result.update(report_keepalive(ka_plan, ka_run))
-    if plan is not None and ka_plan is not None:  # both sides rank the placements and the keep-alives alike
+    if runs and ka_run is not None:  # both sides rank the placements and the keep-alives alike
         result["same_policy_order"] = bool(result["same_policy_order"]) and bool(result["same_keepalive_order"])
-    elif ka_plan is not None:
+    elif ka_run is not None:
         result["same_policy_order"] = result["same_keepalive_order"]
+    if failed:
+        result["failed"] = failed
     args.out.mkdir(parents=True, exist_ok=True)
     write_outcomes(args.out / "outcomes.csv", runs, ka_run)
     (args.out / "replay.json").write_text(json.dumps(result, indent=1))
     (args.out / "runs.json").write_text(json.dumps([run_record(r) for r in runs], indent=1))
     print(f"wrote {args.out / 'outcomes.csv'}, replay.json and runs.json beside it", file=sys.stderr)
     print(json.dumps(result))
-    return 0
+    return 1 if failed else 0
 
 
 def report_placement(plan: Plan, runs: list[Run], args: argparse.Namespace) -> dict[str, object]:

@@ -321,12 +321,16 @@ def _profile_missing(path: Path, stack) -> None:
     from faas_gpu.profiling.store import ProfileStore, profiles_db
 
     missing: list[tuple[str, bool]] = []
+    seen: set[str] = set()  # a model several functions name is profiled once, by the first of them
     with ProfileStore(profiles_db()) as store:
         predictor = LatencyPredictor(store)
         for spec in stack.functions.values():
             if SOURCE_ANNOTATION not in (spec.annotations or {}):
                 continue
             model = (spec.annotations or {}).get(MODEL_ANNOTATION) or spec.name
+            if model in seen:
+                continue
+            seen.add(model)
             if not predictor.has(model):
                 missing.append((spec.name, False))
             elif store.noisy(model) is not None:  # measured on a busy machine last time: try again
