@@ -46,8 +46,14 @@ class _Daemon:
         from .leader import LeaderElection
 
         a = self.args
-        ds = open_datastore(a.etcd, paths.state_db(a.home))
         token = ensure_token(a.home / "secrets")
+        ds = open_datastore(
+            a.etcd,
+            paths.state_db(a.home),
+            cluster_token=token,  # records sealed and checked (`faas_gpu.datastore.sealed`)
+            credentials_file=a.etcd_credentials,
+            secrets_dir=a.home / "secrets",
+        )
         distributor = None
         if a.distribution == "protean":
             from faas_gpu.policies.protean.distribution import job_distributor
@@ -122,6 +128,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--advertise")
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--etcd-credentials", type=Path, help=env.ETCD_CREDENTIALS.doc)
     p.add_argument(
         "--policy",
         type=_env_parsed(env.placement_name),
@@ -196,6 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         args.home = paths.home()
     args.home = args.home.resolve()
+    args.etcd_credentials = args.etcd_credentials or env.ETCD_CREDENTIALS.read()
     return args
 
 
