@@ -544,14 +544,21 @@ class LiveStack:
         env = {**os.environ, **self.env}
         if self.home is not None:
             env[env_vars.HOME.name] = str(self.home)
-        return subprocess.run(
-            [sys.executable, "-m", "faas_gpu.cli", *argv],
-            cwd=self.folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "faas_gpu.cli", *argv],
+                cwd=self.folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:  # a part that failed, said, not a traceback
+            said = exc.stderr or exc.output or ""
+            said = said.decode(errors="replace") if isinstance(said, bytes) else said
+            tail = f": {said.strip()[-500:]}" if said.strip() else ""
+            where = f" (logs in {self.home})" if self.home is not None else ""
+            raise CliError(f"faas-gpu {argv[0]} did not finish within {timeout_s:.0f}s{tail}{where}") from None
 
     def start(self) -> None:
         a = self.args
@@ -606,10 +613,14 @@ class LiveStack:
         return status
 
     def stop(self) -> None:
-        if self.home is None:
-            self._cli("remove", "-f", str(self.stack_file), "--gateway", self.gateway, timeout_s=120)
-        elif self.started:
-            self._cli("down", timeout_s=180)
+        """Best effort: a stop that times out is said, and never hides what failed before it."""
+        try:
+            if self.home is None:
+                self._cli("remove", "-f", str(self.stack_file), "--gateway", self.gateway, timeout_s=120)
+            elif self.started:
+                self._cli("down", timeout_s=180)
+        except CliError as exc:
+            print(f"faas-gpu replay: stopping the stack: {exc}", file=sys.stderr)
 
 
 def _available(r: requests.Response) -> int:

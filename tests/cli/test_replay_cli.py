@@ -140,3 +140,28 @@ def test_what_the_keep_alive_policies_need_is_said_before_any_stack_starts(tmp_p
     assert "--keepalive-compress: at most 3600, got 5000" in capsys.readouterr().err
     assert main([str(trace), "--policies", "hhp", "--keepalive-minutes", "9"]) == 2
     assert "--keepalive-minutes: the trace has 2 minutes, asked for 0..9" in capsys.readouterr().err
+
+
+def test_a_stack_step_that_outlives_its_time_is_a_clear_error_and_the_stop_still_runs(tmp_path, monkeypatch, capsys):
+    """`faas-gpu up` that does not finish (a loaded machine, a function that never gets ready) is the
+    part's failure, said with what `up` printed; `down` is still tried, and its own time-out is said."""
+    import subprocess
+
+    from faas_gpu.cli import replay as replay_cli
+
+    ran: list[list[str]] = []
+
+    def outlives(cmd, **kwargs):  # what subprocess.run does when the child outlives `timeout`
+        ran.append(cmd)
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], stderr=b"ka-lsth-3 did not become ready")
+
+    monkeypatch.setattr(replay_cli.subprocess, "run", outlives)
+    args = build_parser().parse_args([str(tmp_path / "t.txt"), "--compress", "2"])
+    stack = replay_cli.LiveStack(tmp_path, tmp_path / "stack.yml", args, "lalb")
+    with pytest.raises(CliError) as err:
+        stack.start()
+    assert "faas-gpu up did not finish within 600s: ka-lsth-3 did not become ready" in str(err.value)
+    assert str(tmp_path / "home-lalb") in str(err.value)  # where its logs are
+    stack.stop()  # no raise: a stop is best effort, and said
+    assert ran[-1][-1] == "down"
+    assert "stopping the stack: faas-gpu down did not finish within 180s" in capsys.readouterr().err
