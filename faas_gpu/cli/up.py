@@ -328,7 +328,10 @@ def functions_isolation(gateway: str) -> str | None:
 
 # -- what `up` runs once the daemons serve ------------------------------------------------
 def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float, *, progress: bool = True) -> bool:
-    """Until a replica of `name` serves; on a terminal, a line says how many are ready (`progress`)."""
+    """Until a replica of `name` serves, or its keep-alive has taken it to zero (`replicas` 0: its
+    next request starts one, nothing to wait for); on a terminal, a line says how many are ready
+    (`progress`). A scale-zero function whose keep-alive clock runs compressed (`faas-gpu replay`)
+    can be at zero before its first replica passes its readiness check."""
     deadline = time.monotonic() + timeout_s
     params = {"namespace": namespace} if namespace else {}
     with Progress(name, enabled=progress) as line:
@@ -338,7 +341,7 @@ def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: floa
                 body = json_of(resp, "ready")
                 available = int(body.get("availableReplicas") or 0)
                 line.show(replicas_stage(available, int(body.get("replicas") or 1)))
-                if available > 0:
+                if available > 0 or body.get("replicas") == 0:
                     return True
             time.sleep(0.2)
     return False
