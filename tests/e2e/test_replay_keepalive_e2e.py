@@ -17,7 +17,7 @@ import pytest
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.sim.replay import KEEPALIVE_FIGURES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a stack, 4 builds: past 300 s under load
 
 
 def test_keepalive_replay_runs_both_policies_live_and_simulated(tmp_path):
