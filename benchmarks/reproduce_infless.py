@@ -12,7 +12,9 @@
    cold start of `--cold-start` s; the paper gives no figure).
 3. Batch sizes of ResNet-50 under the Periodic trace (Fig. 13).
 4. Keep-alive (Fig. 16): LSTH (gamma 0.3 / 0.5 / 0.7) vs HHP over the four 7-day Azure traces at
-   minute granularity: cold starts per invocation and loaded-idle minutes. Against both HHP
+   minute granularity (or any trace: `--keepalive-trace`, each of its functions a trace): cold
+   starts per invocation, averaged both ways (the mean of the per-trace rates, and pooled over
+   every invocation), per active minute, and loaded-idle minutes, the paper's figures beside. Against both HHP
    baselines (the last 4 hours, as INFless describes it; all history, as Shahrad et al. run it),
    as curves along gamma (0-1) and along the sample rule (the fewest idle times a histogram
    needs to be trusted, 0 = §3.5 as written): JSON keys `curve_gamma_*`, `curve_min_samples_*`,
@@ -31,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +45,7 @@ from faas_gpu.sim.infless import (  # noqa: E402
     COLD_START_S,
     SCENARIOS,
     Function,
+    KeepAliveStats,
     max_sustained,
     pattern_loads,
     replay_keepalive,
@@ -49,15 +53,18 @@ from faas_gpu.sim.infless import (  # noqa: E402
     schedule_cost,
     simulate,
 )
+from faas_gpu.sim.infless.keepalive_replay import ASSUMED  # noqa: E402
 from faas_gpu.sim.infless_data import (  # noqa: E402
     PATTERNS,
     data_dir,
     load_azure_minutes,
     load_cluster,
+    load_keepalive_traces,
     load_pattern,
     load_profiles,
     slot_servers,
 )
+from faas_gpu.sim.scenario import ScenarioError  # noqa: E402
 
 FIGURES = REPO / "docs" / "figures"
 BASELINES = ("OpenFaaS+", "BATCH")
@@ -260,8 +267,26 @@ def traces(
     fig["resnet50_batch_batch_sizes"] = sorted(resnet_batches["BATCH"])
 
 
-def keepalive(fig: dict, directory: Path, days: int | None, figures: Path | None) -> None:
-    print(f"\n== Keep-alive (Fig. 16): Azure traces 1-4, {days or 7} days at minute granularity ==")
+def keepalive_traces(directory: Path, days: int | None, paths: list[Path], top: int) -> tuple[dict, str]:
+    """The traces Fig. 16 is replayed on: INFless's Azure traces 1-4 (`days` of them), or the
+    functions of the trace files given (`--keepalive-trace`); and how to name them."""
+    if not paths:
+        traces = {}
+        for i in (1, 2, 3, 4):
+            counts = load_azure_minutes(i, directory)
+            traces[str(i)] = counts[: days * 1440] if days else counts
+        return traces, f"Azure traces 1-4, {days or 7} days"
+    traces, notes = load_keepalive_traces(paths, top)
+    for note in notes:
+        print(note)
+    if days:
+        traces = {k: v[: days * 1440] for k, v in traces.items()}
+    return traces, f"{len(traces)} function(s) of {', '.join(p.name for p in paths)}"
+
+
+def keepalive(fig: dict, traces: dict[str, list[float]], label: str, figures: Path | None) -> None:
+    print(f"\n== Keep-alive (Fig. 16): {label} at minute granularity ==")
+    print(f"({ASSUMED})")
     # HHP as INFless describes its baseline (idle times of the last 4 h), and as Shahrad et al.
     # run it (every idle time so far, histogram range 4 h); LSTH with its sample rule, and as
     # §3.5 reads to the letter (min_samples=0)
@@ -269,59 +294,79 @@ def keepalive(fig: dict, directory: Path, days: int | None, figures: Path | None
     for g in GAMMAS:
         policies[f"LSTH g={g}"] = LongShortTermHistogram(gamma=g)
     policies["LSTH g=0.5, no sample rule"] = LongShortTermHistogram(min_samples=0)
-    print(f"{'trace':>5} " + " ".join(f"{p:>28}" for p in policies) + "   (cold % of invocations / idle loaded min)")
-    rates: dict[str, list[float]] = {p: [] for p in policies}
-    waste: dict[str, list[float]] = {p: [] for p in policies}
-    by_trace = {}
-    for i in (1, 2, 3, 4):
-        counts = load_azure_minutes(i, directory)
-        if days:
-            counts = counts[: days * 1440]
-        by_trace[i] = counts
+    print(f"{'trace':>8} " + " ".join(f"{p:>28}" for p in policies) + "   (cold % of invocations / idle loaded min)")
+    stats: dict[str, list[KeepAliveStats]] = {p: [] for p in policies}
+    for name, counts in traces.items():
         cells = []
-        for name, pol in policies.items():
+        for p, pol in policies.items():
             st = replay_keepalive(counts, pol)
-            rates[name].append(100 * st.cold_rate)
-            waste[name].append(st.wasted_minutes)
+            stats[p].append(st)
             cells.append(f"{100 * st.cold_rate:>6.2f}% / {st.wasted_minutes:>8.0f} ({st.cold_starts:>3} cold)")
-        print(f"{i:>5} " + " ".join(f"{c:>28}" for c in cells))
-    hhp_cold = statistics.mean(rates["HHP"])
-    hhp_waste = sum(waste["HHP"])
-    for name in policies:
+        print(f"{name[:8]:>8} " + " ".join(f"{c:>28}" for c in cells))
+    rates = {p: [100 * st.cold_rate for st in v] for p, v in stats.items()}
+    waste = {p: [st.wasted_minutes for st in v] for p, v in stats.items()}
+    avg = {p: averages(v) for p, v in stats.items()}
+    hhp, hhp_waste = avg["HHP"], sum(waste["HHP"])
+    hhp_cold = hhp.cold_mean
+    print(
+        "\nLSTH and HHP (all history) against HHP (4 h), both averaging ways: the mean of the per-trace rates, and "
+        "pooled over invocations (all cold starts / all invocations); idle waste summed (paper: "
+        f"{PAPER_LSTH_VS_HHP[0]:+.1f}% cold starts, {PAPER_LSTH_VS_HHP[1]:+.1f}% idle waste, 'on average')"
+    )
+    print(
+        f"  {'policy':<28} {'cold % (mean)':>13} {'vs HHP':>8} {'cold % (pooled)':>15} {'vs HHP':>8}"
+        f" {'idle min':>9} {'vs HHP':>8} {'cold / active min (mean, pooled)':>33}"
+    )
+    for name, a in avg.items():
+        w = sum(waste[name])
+        mean_x = change(a.cold_mean, hhp.cold_mean)
+        pooled_x = change(a.cold_pooled, hhp.cold_pooled)
+        waste_x = change(w, hhp_waste)
+        print(
+            f"  {name:<28} {a.cold_mean:>12.3f}% {fmt_change(mean_x, name == 'HHP'):>8} {a.cold_pooled:>14.3f}%"
+            f" {fmt_change(pooled_x, name == 'HHP'):>8} {w:>9.0f} {fmt_change(waste_x, name == 'HHP'):>8}"
+            f" {a.active_mean:>16.2f}% / {a.active_pooled:>6.2f}%"
+        )
         if name == "HHP":
             continue
-        cold = statistics.mean(rates[name])
-        w = sum(waste[name])
-        print(
-            f"  {name:<28} cold starts {100 * (cold / hhp_cold - 1):+.1f}% vs HHP, idle waste"
-            f" {100 * (w / hhp_waste - 1):+.1f}% (paper: -21.9% / -24.3%)"
-        )
         if name == "HHP all history":
-            fig["hhp_all_history_cold_start_pct"] = round(cold, 3)
-            fig["hhp_all_history_vs_hhp_waste_change_pct"] = round(100 * (w / hhp_waste - 1), 1)
+            fig["hhp_all_history_cold_start_pct"] = round(a.cold_mean, 3)
+            fig["hhp_all_history_cold_start_pooled_pct"] = round(a.cold_pooled, 3)
+            fig["hhp_all_history_vs_hhp_waste_change_pct"] = round(waste_x, 1)
             continue
         tag = "literal" if "no sample rule" in name else name.split("=")[1].replace(".", "")
-        fig[f"lsth_g{tag}_cold_start_pct"] = round(cold, 3)
-        fig[f"lsth_g{tag}_vs_hhp_cold_change_pct"] = round(100 * (cold / hhp_cold - 1), 1)
-        fig[f"lsth_g{tag}_vs_hhp_waste_change_pct"] = round(100 * (w / hhp_waste - 1), 1)
+        fig[f"lsth_g{tag}_cold_start_pct"] = round(a.cold_mean, 3)
+        fig[f"lsth_g{tag}_cold_start_pooled_pct"] = round(a.cold_pooled, 3)
+        fig[f"lsth_g{tag}_vs_hhp_cold_change_pct"] = round(mean_x, 1)
+        fig[f"lsth_g{tag}_vs_hhp_cold_change_pooled_pct"] = round(pooled_x, 1)
+        fig[f"lsth_g{tag}_vs_hhp_waste_change_pct"] = round(waste_x, 1)
+        fig[f"lsth_g{tag}_cold_per_active_minute_pct"] = round(a.active_mean, 3)
+        fig[f"lsth_g{tag}_cold_per_active_minute_pooled_pct"] = round(a.active_pooled, 3)
     fig["lsth_cold_start_pct"] = fig["lsth_g05_cold_start_pct"]
-    fig["hhp_cold_start_pct"] = round(hhp_cold, 3)
-    all_cold = statistics.mean(rates["HHP all history"])
+    fig["hhp_cold_start_pct"] = round(hhp.cold_mean, 3)
+    fig["hhp_cold_start_pooled_pct"] = round(hhp.cold_pooled, 3)
+    fig["hhp_cold_per_active_minute_pct"] = round(hhp.active_mean, 3)
+    fig["hhp_cold_per_active_minute_pooled_pct"] = round(hhp.active_pooled, 3)
+    fig["paper_lsth_vs_hhp_cold_change_pct"] = PAPER_LSTH_VS_HHP[0]
+    fig["paper_lsth_vs_hhp_waste_change_pct"] = PAPER_LSTH_VS_HHP[1]
+    fig["keepalive_traces"] = len(traces)
+    all_cold = avg["HHP all history"].cold_mean
     all_waste = sum(waste["HHP all history"])
-    lsth_cold, lsth_waste = statistics.mean(rates["LSTH g=0.5"]), sum(waste["LSTH g=0.5"])
+    lsth_cold, lsth_waste = avg["LSTH g=0.5"].cold_mean, sum(waste["LSTH g=0.5"])
     print(
-        f"  LSTH g=0.5 vs HHP over all history: cold starts {100 * (lsth_cold / all_cold - 1):+.1f}%, "
-        f"idle waste {100 * (lsth_waste / all_waste - 1):+.1f}%"
+        f"  LSTH g=0.5 vs HHP over all history: cold starts {change(lsth_cold, all_cold):+.1f}% (mean) / "
+        f"{change(avg['LSTH g=0.5'].cold_pooled, avg['HHP all history'].cold_pooled):+.1f}% (pooled), "
+        f"idle waste {change(lsth_waste, all_waste):+.1f}%"
     )
-    fig["lsth_vs_hhp_all_history_cold_change_pct"] = round(100 * (lsth_cold / all_cold - 1), 1)
-    fig["lsth_vs_hhp_all_history_waste_change_pct"] = round(100 * (lsth_waste / all_waste - 1), 1)
+    fig["lsth_vs_hhp_all_history_cold_change_pct"] = round(change(lsth_cold, all_cold), 1)
+    fig["lsth_vs_hhp_all_history_waste_change_pct"] = round(change(lsth_waste, all_waste), 1)
     fig["hhp_waste_min"] = round(hhp_waste)
     fig["hhp_all_history_waste_min"] = round(all_waste)
 
     def lsth(**kw) -> tuple[float, float]:
-        """Mean cold-start % over the four traces and their idle loaded minutes summed."""
-        stats = [replay_keepalive(c, LongShortTermHistogram(**kw)) for c in by_trace.values()]
-        return statistics.mean(100 * st.cold_rate for st in stats), sum(st.wasted_minutes for st in stats)
+        """Mean cold-start % over the traces and their idle loaded minutes summed."""
+        sts = [replay_keepalive(c, LongShortTermHistogram(**kw)) for c in traces.values()]
+        return statistics.mean(100 * st.cold_rate for st in sts), sum(st.wasted_minutes for st in sts)
 
     known = {(g, 10): (statistics.mean(rates[f"LSTH g={g}"]), sum(waste[f"LSTH g={g}"])) for g in GAMMAS}
     known[(0.5, 0)] = statistics.mean(rates["LSTH g=0.5, no sample rule"]), sum(waste["LSTH g=0.5, no sample rule"])
@@ -337,30 +382,66 @@ def keepalive(fig: dict, directory: Path, days: int | None, figures: Path | None
         fig[f"curve_{axis}_lsth_cold_start_pct"] = [round(c, 3) for c, _ in ys]
         fig[f"curve_{axis}_lsth_waste_min"] = [round(w) for _, w in ys]
         for name, (bc, bw) in base.items():
-            fig[f"curve_{axis}_lsth_vs_{name}_cold_change_pct"] = [round(100 * (c / bc - 1), 1) for c, _ in ys]
-            fig[f"curve_{axis}_lsth_vs_{name}_waste_change_pct"] = [round(100 * (w / bw - 1), 1) for _, w in ys]
-        label = "gamma (weight of the 24 h histogram)" if axis == "gamma" else "min idle times to trust a histogram"
+            fig[f"curve_{axis}_lsth_vs_{name}_cold_change_pct"] = [round(change(c, bc), 1) for c, _ in ys]
+            fig[f"curve_{axis}_lsth_vs_{name}_waste_change_pct"] = [round(change(w, bw), 1) for _, w in ys]
+        axis_label = (
+            "gamma (weight of the 24 h histogram)" if axis == "gamma" else "min idle times to trust a histogram"
+        )
         print(
-            f"\n  LSTH along {label} (gamma 0.5 / sample rule 10 elsewhere): cold % / idle min, change vs HHP"
+            f"\n  LSTH along {axis_label} (gamma 0.5 / sample rule 10 elsewhere): cold % / idle min, change vs HHP"
             " (4 h) and vs HHP all history"
         )
         for x, (c, w) in zip(xs, ys, strict=True):
             print(
-                f"  {x:>5} {c:>6.2f}% / {w:>7.0f}   vs 4 h {100 * (c / hhp_cold - 1):+6.1f}% / "
-                f"{100 * (w / hhp_waste - 1):+6.1f}%   vs all history {100 * (c / all_cold - 1):+6.1f}% / "
-                f"{100 * (w / all_waste - 1):+6.1f}%"
+                f"  {x:>5} {c:>6.2f}% / {w:>7.0f}   vs 4 h {change(c, hhp_cold):+6.1f}% / "
+                f"{change(w, hhp_waste):+6.1f}%   vs all history {change(c, all_cold):+6.1f}% / "
+                f"{change(w, all_waste):+6.1f}%"
             )
-        curves[axis] = (xs, ys, label)
+        curves[axis] = (xs, ys, axis_label)
     if figures is not None:
-        path = plot_keepalive(curves, base, figures / "infless_keepalive.png", days)
+        path = plot_keepalive(curves, base, figures / "infless_keepalive.png", label)
         print(f"wrote {path}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Averages:
+    """A policy's cold starts over several traces, both ways (%): the mean of the per-trace rates
+    (each trace weighs alike) and pooled (every invocation weighs alike: busy traces decide)."""
+
+    cold_mean: float
+    cold_pooled: float
+    active_mean: float  # per active minute: a burst counts once
+    active_pooled: float
+
+
+def averages(stats: list[KeepAliveStats]) -> Averages:
+    cold = sum(st.cold_starts for st in stats)
+    invocations = sum(st.invocations for st in stats)
+    active = sum(st.active_minutes for st in stats)
+    return Averages(
+        statistics.mean(100 * st.cold_rate for st in stats),
+        100 * cold / invocations if invocations else 0.0,
+        statistics.mean(100 * st.cold_rate_active for st in stats),
+        100 * cold / active if active else 0.0,
+    )
+
+
+def change(value: float, base: float) -> float:
+    """value against base, in %; 0 where both are 0 (no cold start either way)."""
+    if base > 0:
+        return 100 * (value / base - 1)
+    return 0.0 if value == 0 else float("inf")
+
+
+def fmt_change(x: float, base: bool) -> str:
+    return "-" if base else f"{x:+.1f}%"
 
 
 def plot_keepalive(
     curves: dict[str, tuple[list[float], list[tuple[float, float]], str]],
     base: dict[str, tuple[float, float]],
     path: Path,
-    days: int | None,
+    label: str,
 ) -> Path:
     """Cold starts, idle waste and the change against both HHPs, along gamma and the sample rule."""
     names = {"hhp": "HHP (last 4 h)", "hhp_all_history": "HHP (all history)"}
@@ -372,7 +453,7 @@ def plot_keepalive(
             Panel(
                 f"cold starts along {axis}",
                 label,
-                "% of invocations (mean of traces 1-4)",
+                "% of invocations (mean of the traces)",
                 [Series("LSTH", xs, cold, "tab:green")],
                 hlines=[(b[0], names[k]) for k, b in base.items()],
                 vline=at,
@@ -381,7 +462,7 @@ def plot_keepalive(
             Panel(
                 f"idle loaded minutes along {axis}",
                 label,
-                "minutes (traces 1-4)",
+                "minutes (the traces summed)",
                 [Series("LSTH", xs, idle, "tab:green")],
                 hlines=[(b[1], names[k]) for k, b in base.items()],
                 vline=at,
@@ -407,7 +488,7 @@ def plot_keepalive(
     return plot_panels(
         path,
         panels,
-        f"INFless keep-alive: LSTH against both HHP baselines, Azure traces 1-4, {days or 7} days",
+        f"INFless keep-alive: LSTH against both HHP baselines, {label}",
         ncols=3,
     )
 
@@ -441,22 +522,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=None, help="INFless data folder (default $FAAS_GPU_INFLESS_DATA)")
     p.add_argument("--cold-start", type=float, default=COLD_START_S, help="cold start time, s (an assumption)")
     p.add_argument(
-        "--figures", type=Path, default=None, help=f"folder for the PNG curves (default {FIGURES}; none with --quick)"
+        "--keepalive-trace",
+        type=Path,
+        action="append",
+        help="replay Fig. 16 on this trace instead of INFless's traces 1-4 (repeatable): a per-minute count file, an "
+        "Azure Functions 2019 invocations CSV or a 2021 per-invocation CSV; each function in it is one trace",
+    )
+    p.add_argument(
+        "--keepalive-top",
+        type=int,
+        default=100,
+        help="with --keepalive-trace: the busiest functions replayed (default 100; an Azure day has ~46,000)",
+    )
+    p.add_argument(
+        "--keepalive-only", action="store_true", help="only part 4, the keep-alive replay (with --keepalive-trace)"
+    )
+    p.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        help=f"folder for the PNG curves (default {FIGURES}; none with --quick or --keepalive-trace)",
     )
     args = p.parse_args(argv)
-    figures = args.figures or (None if args.quick else FIGURES)
+    figures = args.figures or (None if args.quick or args.keepalive_trace else FIGURES)
     directory = data_dir(args.data)
+    try:  # read first: a bad trace is refused before minutes of the other parts
+        keepalive_series, label = keepalive_traces(
+            directory, 2 if args.quick else None, args.keepalive_trace or [], args.keepalive_top
+        )
+    except ScenarioError as exc:
+        print(f"reproduce_infless: {exc}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
+    fig: dict = {}
+    if args.keepalive_only:
+        keepalive(fig, keepalive_series, label, figures)
+        fig["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(fig))
+        return 0
     profiles = load_profiles(directory)
     servers = slot_servers(load_cluster(directory))
-    fig: dict = {}
     print(
         f"INFless reproduction: {len(servers)} slots (socket + GPU) from {directory}/config, cold start"
         f" {args.cold_start:g} s, predictor = profile x 1.10"
     )
     peaks = stress(fig, servers, profiles, args.cold_start, args.quick)
     traces(fig, servers, profiles, peaks, args.cold_start, 240 if args.quick else None, directory)
-    keepalive(fig, directory, 2 if args.quick else None, figures)
+    keepalive(fig, keepalive_series, label, figures)
     sched_cost(fig, profiles, directory, 2000, 2000 if args.quick else 10_000)
     fig["cold_start_s"] = args.cold_start
     fig["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -32,7 +32,14 @@ from .metrics import GatewayMetrics, ProviderMetrics
 from .runtime import Runtime
 from .runtime.local import LocalRuntime
 from .runtime.pins import CpuPins, pin_tree
-from .scaling import HarmonyPools, InflessScaling, InvocationRateRule, ProteanFunctions, ScalingRouter
+from .scaling import (
+    HarmonyPools,
+    InflessScaling,
+    InvocationRateRule,
+    ProteanFunctions,
+    ScalingRouter,
+    scaled_wall,
+)
 from .store import FunctionStore, SecretStore
 from .system import system_blueprint
 from .ui import ui_blueprint
@@ -118,6 +125,7 @@ def build_provider(config: ProviderConfig) -> Provider:
             cpus=config.cpus,
             gpus=config.gpus,
             node=socket.gethostname(),
+            wall=scaled_wall(config.keepalive_time_scale),
         ),
         HarmonyPools(
             config.harmony_coefficients or home / "harmony-models.json",

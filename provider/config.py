@@ -86,6 +86,9 @@ class ProviderConfig:
     """PROTEAN's delayed termination: how long containers must stay surplus before they stop."""
     infless_profiles: Path | None = None
     """A folder of INFless profile files (<model>-profile-results.txt), the predictor's last fallback."""
+    keepalive_time_scale: float = 1.0
+    """The keep-alive policies' clock against the wall's ($FAAS_GPU_KEEPALIVE_TIME_SCALE): a replay
+    compressed F times keeps its minutes. 1: real time."""
     runtime: str | None = None
     """What runs replicas: "local" (processes), "docker" (containers on one engine) or "swarm" (Swarm
     services through a manager's engine); None: $FAAS_GPU_RUNTIME, else local."""
@@ -143,6 +146,11 @@ class ProviderConfig:
                 f"--pin-cpus ({env_vars.PIN_CPUS.name}): only the local runtime pins replicas, not {cfg.runtime} "
                 "(give containers a cpuset there)"
             )
+        if env_vars.KEEPALIVE_TIME_SCALE.is_set(env):
+            try:
+                cfg.keepalive_time_scale = env_vars.KEEPALIVE_TIME_SCALE.read(env)
+            except ValueError as exc:
+                raise ValueError(f"{env_vars.KEEPALIVE_TIME_SCALE.name}: {exc}") from None
         if cfg.callback_allow is None:
             cfg.callback_allow = env_vars.CALLBACK_ALLOW.read(env)
         if cfg.callback_timeout_s is None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from faas_gpu.contract.errors import DeadlineMissed, deadline_missed_headers
 from faas_gpu.contract.headers import DEADLINE_MISSED
-from faas_gpu.policies import Request
+from faas_gpu.policies import LookAhead, Request
 from faas_gpu.policies.protean.classes import BE_MAX_WAIT_S, BE_SHARE, ClassQueue, admission_queue, admit
 
 from .catalog import ModelCatalog
@@ -124,10 +124,8 @@ class Admission:
         policy = self.view.policy
         if policy is None:
             return
-        units = max(1, len(self.view.units))
-        horizon_s = units * self.catalog.longest_load_s() * policy.lookahead_loads
-        window = [policy.queued(), policy.queued_work_s()]  # jobs and work handed to placement
-        for entry in admit(self.queue, now, lambda: window[0] < units or window[1] < horizon_s):
+        window = LookAhead(policy, len(self.view.units), self.catalog.longest_load_s())
+        for entry in admit(self.queue, now, window.room):
             job = entry.item
             if job.deadline is not None and job.deadline <= now:  # late: never handed to placement
                 self.jobs.pop(job.id, None)
@@ -135,8 +133,7 @@ class Admission:
                 continue
             job.admitted = True
             policy.submit(Request(job.id, job.digest, job.arrival), now)
-            window[0] += 1
-            window[1] += policy.models[job.digest].infer_s
+            window.took(policy.models[job.digest].infer_s)
 
     def resubmit(self) -> None:
         """The unit view was rebuilt: admitted jobs that still wait go to the new policy, in

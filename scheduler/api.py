@@ -122,6 +122,8 @@ def create_app(
                 "abandoned_running": scheduler.abandoned_running,
                 "units": [u.key for u in scheduler._units],
                 "distribution": "protean" if scheduler.distributor is not None else "off",
+                "policy": scheduler.view.policy_name,  # placement, as `--policy` chose it
+                "o3_limit": scheduler.view.o3_limit if scheduler.view.policy_name == "lalb_o3" else 0,
                 **scheduler.model_states.status(),  # "uploading", "models": each model's cold start
                 **({"reconfigurator": reconfig.status()} if reconfig is not None else {}),
             }

@@ -1,5 +1,9 @@
 """`python -m scheduler`: the global scheduler (LALB-O3), one leader among its replicas.
 
+`--policy` (or `FAAS_GPU_PLACEMENT`) chooses placement: `lb`, `lalb` or `lalb_o3`, built by
+`faas_gpu.policies.make_scheduler` as the simulator builds it; `--o3-limit` (`FAAS_GPU_O3_LIMIT`) is
+LALB-O3's skip limit. `/v1/status` says which runs (`policy`, `o3_limit`).
+
 With `--reconfigure` the leader also runs PROTEAN's GPU Reconfigurator (`scheduler.reconfigure`):
 every `--monitor-interval` seconds it re-slices MIG GPUs through their managers.
 With `--distribution protean` (the default with `--reconfigure`: Alg. 2 sizes the small slices
@@ -16,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from faas_gpu import paths, tracing
-from faas_gpu.contract.env import ETCD_CREDENTIALS
+from faas_gpu.contract import env
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
@@ -124,9 +128,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--advertise")
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
-    p.add_argument("--etcd-credentials", type=Path, help=ETCD_CREDENTIALS.doc)
-    p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lalb_o3")
-    p.add_argument("--o3-limit", type=int, default=25)
+    p.add_argument("--etcd-credentials", type=Path, help=env.ETCD_CREDENTIALS.doc)
+    p.add_argument(
+        "--policy",
+        type=_env_parsed(env.placement_name),
+        default=None,
+        help=f"placement: {', '.join(env.PLACEMENT_POLICIES)} (default ${env.PLACEMENT.name}, else "
+        f"{env.PLACEMENT.default})",
+    )
+    p.add_argument(
+        "--o3-limit",
+        type=_env_parsed(env.skip_limit),
+        default=None,
+        help=f"lalb_o3's skip limit, >= 0 (default ${env.O3_LIMIT.name}, else {env.O3_LIMIT.default})",
+    )
     p.add_argument("--leader-ttl", type=int, default=3)
     p.add_argument(
         "--no-units-timeout", type=float, default=10.0, help="fail queued jobs (503) after this long with no unit"
@@ -170,6 +185,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--threads", type=int, default=64)
     args = p.parse_args(argv)
+    try:  # the flags win over the environment; a bad variable is an error naming it
+        args.policy = args.policy or env.PLACEMENT.read()
+        args.o3_limit = env.O3_LIMIT.read() if args.o3_limit is None else args.o3_limit
+    except ValueError as exc:
+        p.error(f"${env.PLACEMENT.name} / ${env.O3_LIMIT.name}: {exc}")
     if args.monitor_interval <= 0:
         p.error("--monitor-interval: must be > 0")
     if args.be_max_wait <= 0:
@@ -183,8 +203,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         args.home = paths.home()
     args.home = args.home.resolve()
-    args.etcd_credentials = args.etcd_credentials or ETCD_CREDENTIALS.read()
+    args.etcd_credentials = args.etcd_credentials or env.ETCD_CREDENTIALS.read()
     return args
+
+
+def _env_parsed(parse):
+    """An argparse type from a contract parser: its ValueError is the flag's error."""
+
+    def typed(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    typed.__name__ = parse.__name__
+    return typed
 
 
 def main(argv: list[str] | None = None) -> int:

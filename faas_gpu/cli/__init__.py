@@ -4,8 +4,8 @@ One module per command (`build`, `deploy`, `listing` for list, `describe`, `invo
 `remove`, `rollback`, `secret`, `new`, `template`, `export`, `version`, `base-image`, `up`,
 `down`), each with its `add_parser` and its `cmd_*`; what they share (gateway, credentials, the
 HTTP client, stack loading) is in `common`. This module only assembles the parser and runs a
-command. Commands whose parsing lives elsewhere (`up`, `down`, `sim`, `serve`,
-`datastore`) get the rest of argv as it is.
+command. Commands whose parsing lives elsewhere (`up`, `down`, `sim`, `replay`,
+`serve`, `datastore`) get the rest of argv as it is.
 
 The stack is found from any folder (`faas_gpu.running`): $FAAS_GPU_HOME > `.faas-gpu` beside the
 stack file, then in the current folder > the running stack `up` recorded in the per-user config
@@ -68,6 +68,11 @@ DELEGATED = {
     "up": ("faas_gpu.cli.up", "main", "start the stack, then build and deploy stack.yml"),
     "down": ("faas_gpu.cli.down", "main", "stop the stack"),
     "sim": ("faas_gpu.sim.cli", "main", "replay a trace against the placement policies"),
+    "replay": (
+        "faas_gpu.cli.replay",
+        "main",
+        "replay a trace against the live stack and the simulator, side by side",
+    ),
     "serve": ("provider.server", "main", "run the stack in the foreground (what `up` starts)"),
     "datastore": (
         "provider.datastore_cli",

@@ -85,7 +85,10 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         for i in range(args.schedulers):  # replicas: one leads, the others take over when it dies
             port = args.scheduler_port + i
             name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
-            out.append(Daemon(name, "scheduler", ("--port", str(port), *store), f"http://{host}:{port}/healthz"))
+            placement = ("--policy", args.policy, "--o3-limit", str(args.o3_limit))
+            out.append(
+                Daemon(name, "scheduler", ("--port", str(port), *placement, *store), f"http://{host}:{port}/healthz")
+            )
             urls.append(f"http://{host}:{port}")
         stack_args += ["--scheduler", ",".join(urls)]  # every replica: the GPU client fails over
     out.append(Daemon("faas-gpu", "provider.server", tuple(stack_args), f"http://{host}:{args.gateway_port}/healthz"))
@@ -145,6 +148,19 @@ def _parser() -> argparse.ArgumentParser:
         choices=["auto", "cpu", "cuda"],
         default="auto",
         help="GPU Manager back end (auto: the GPUs NVML finds, else emulated units on the CPU)",
+    )
+    p.add_argument(
+        "--policy",
+        type=_contract(env_vars.placement_name),
+        default=None,
+        help=f"the scheduler's placement: {', '.join(env_vars.PLACEMENT_POLICIES)} (GPU-FaaS §IV; default "
+        f"${env_vars.PLACEMENT.name}, else {env_vars.PLACEMENT.default})",
+    )
+    p.add_argument(
+        "--o3-limit",
+        type=_contract(env_vars.skip_limit),
+        default=None,
+        help=f"lalb_o3's skip limit, >= 0 (default ${env_vars.O3_LIMIT.name}, else {env_vars.O3_LIMIT.default})",
     )
     p.add_argument("--gpu-units", type=int, default=2, help="emulated units of the cpu back end")
     p.add_argument("--unit-memory-mb", type=float, default=1024)
@@ -212,11 +228,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _contract(parse):
+    """An argparse type from a contract parser: its ValueError is the flag's error."""
+
+    def typed(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    typed.__name__ = parse.__name__
+    return typed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.schedulers < 1:
         parser.error("--schedulers: must be at least 1")
+    try:  # written out for the schedulers, so a restart by the supervisor keeps them
+        args.policy = args.policy or env_vars.PLACEMENT.read()
+        args.o3_limit = env_vars.O3_LIMIT.read() if args.o3_limit is None else args.o3_limit
+    except ValueError as exc:
+        parser.error(f"${env_vars.PLACEMENT.name} / ${env_vars.O3_LIMIT.name}: {exc}")
     home = paths.home()
     try:
         keep_logins(args, paths.secrets_dir(home))
@@ -247,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_gpu:
         scheduler_urls = ", ".join(f"http://{host}:{args.scheduler_port + i}" for i in range(args.schedulers))
         print(
-            f"  GPU path:     scheduler {scheduler_urls}, "
+            f"  GPU path:     scheduler {scheduler_urls} (placement {args.policy}"
+            f"{f', skip limit {args.o3_limit}' if args.policy == 'lalb_o3' else ''}), "
             f"GPU Manager ({args.backend}) http://{host}:{args.gpu_manager_port}"
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
@@ -293,7 +328,10 @@ def functions_isolation(gateway: str) -> str | None:
 
 # -- what `up` runs once the daemons serve ------------------------------------------------
 def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: float, *, progress: bool = True) -> bool:
-    """Until a replica of `name` serves; on a terminal, a line says how many are ready (`progress`)."""
+    """Until a replica of `name` serves, or its keep-alive has taken it to zero (`replicas` 0: its
+    next request starts one, nothing to wait for); on a terminal, a line says how many are ready
+    (`progress`). A scale-zero function whose keep-alive clock runs compressed (`faas-gpu replay`)
+    can be at zero before its first replica passes its readiness check."""
     deadline = time.monotonic() + timeout_s
     params = {"namespace": namespace} if namespace else {}
     with Progress(name, enabled=progress) as line:
@@ -303,7 +341,7 @@ def wait_ready(client: Client, name: str, namespace: str | None, timeout_s: floa
                 body = json_of(resp, "ready")
                 available = int(body.get("availableReplicas") or 0)
                 line.show(replicas_stage(available, int(body.get("replicas") or 1)))
-                if available > 0:
+                if available > 0 or body.get("replicas") == 0:
                     return True
             time.sleep(0.2)
     return False
@@ -399,12 +437,16 @@ def _profile_missing(path: Path, stack) -> None:
     from faas_gpu.profiling.store import ProfileStore, profiles_db
 
     missing: list[tuple[str, bool]] = []
+    seen: set[str] = set()  # a model several functions name is profiled once, by the first of them
     with ProfileStore(profiles_db()) as store:
         predictor = LatencyPredictor(store)
         for spec in stack.functions.values():
             if SOURCE_ANNOTATION not in (spec.annotations or {}):
                 continue
             model = (spec.annotations or {}).get(MODEL_ANNOTATION) or spec.name
+            if model in seen:
+                continue
+            seen.add(model)
             if not predictor.has(model):
                 missing.append((spec.name, False))
             elif store.noisy(model) is not None:  # measured on a busy machine last time: try again

@@ -134,6 +134,23 @@ CALLBACK_TIMEOUT: Var[float] = Var(
     "answer's status line); a target that answers later is a failed callback, never retried",
 )
 
+
+def time_scale(raw: str) -> float:
+    value = float(raw)
+    if not 1.0 <= value <= 3600.0:
+        raise ValueError(f"must be between 1 and 3600, got {raw!r}")
+    return value
+
+
+KEEPALIVE_TIME_SCALE: Var[float] = Var(
+    "FAAS_GPU_KEEPALIVE_TIME_SCALE",
+    1.0,
+    time_scale,
+    "the keep-alive policies' clock (INFless scaling's invocation minutes, LSTH / HHP windows) runs this many "
+    "times faster than the wall's: a trace replayed F times compressed (`faas-gpu replay --keepalive`) keeps its "
+    "minutes; 1 (the default): real time. For replays and tests, never a production setting",
+)
+
 RUNTIMES = ("local", "docker", "swarm")
 
 
@@ -196,6 +213,39 @@ METRICS: Var[bool] = Var(
     "gateway_functions_seconds, and the status page's rate and SLO tally). OpenFaaS's gateway always "
     "counts; off exists to measure what counting costs and for operators who scrape nothing. /metrics "
     "still answers (gateway_service_count), without the per-call series",
+)
+
+# -- the scheduler ------------------------------------------------------------------------------
+PLACEMENT_POLICIES = ("lb", "lalb", "lalb_o3")
+"""The GPU-FaaS paper's placement policies (§IV), as `faas_gpu.policies.make_scheduler` names them:
+the baseline, locality-aware load balancing, and LALB with out-of-order dispatch."""
+
+
+def placement_name(raw: str) -> str:
+    value = raw.strip().lower().replace("-", "_")
+    if value not in PLACEMENT_POLICIES:
+        raise ValueError(f"expected one of {', '.join(PLACEMENT_POLICIES)}, got {raw!r}")
+    return value
+
+
+def skip_limit(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+PLACEMENT: Var[str] = Var(
+    "FAAS_GPU_PLACEMENT",
+    "lalb_o3",
+    placement_name,
+    "the scheduler's placement policy: lb, lalb or lalb_o3 (`python -m scheduler --policy`, `faas-gpu up --policy`)",
+)
+O3_LIMIT: Var[int] = Var(
+    "FAAS_GPU_O3_LIMIT",
+    25,
+    skip_limit,
+    "lalb_o3's skip limit: how often a queued job may be overtaken (`--o3-limit`; 0 is plain LALB)",
 )
 
 # -- an instance: set by the provider's runtime, read by the template and the GPU client --------

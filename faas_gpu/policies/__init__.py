@@ -4,13 +4,24 @@ No module here reads the clock, sleeps, or does I/O; the daemons and the simulat
 same objects. `tests/policies/test_policy_purity.py` keeps it so.
 """
 
-from .lalb import Dispatch, LALBScheduler, LBScheduler, Model, PlacementError, Request, Unit, make_scheduler
+from .lalb import (
+    Dispatch,
+    LALBScheduler,
+    LBScheduler,
+    LookAhead,
+    Model,
+    PlacementError,
+    Request,
+    Unit,
+    make_scheduler,
+)
 from .model_cache import ModelCache, ModelTooLarge
 
 __all__ = [
     "Dispatch",
     "LALBScheduler",
     "LBScheduler",
+    "LookAhead",
     "Model",
     "ModelCache",
     "ModelTooLarge",

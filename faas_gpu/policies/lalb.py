@@ -418,6 +418,28 @@ class LALBScheduler(_Base):
         return True
 
 
+class LookAhead:
+    """How much queued work a driver that keeps its own queue (the scheduler's class queue) hands
+    the placement policy: while fewer jobs wait in it than there are units, or while their work is
+    under the policy's look-ahead (`lookahead_loads` model load times per unit: LALB spreads a busy
+    model only once its holders' backlog reaches a load time; LB needs none). The scheduler daemon's
+    admission and the simulator's (`faas_gpu.sim.engine`, `admission=True`) both ask it, so both
+    show the policy the same window of the queue."""
+
+    def __init__(self, policy: _Base, units: int, longest_load_s: float):
+        self.units = max(1, units)
+        self.horizon_s = self.units * longest_load_s * policy.lookahead_loads
+        self.jobs, self.work_s = policy.queued(), policy.queued_work_s()
+
+    def room(self) -> bool:
+        return self.jobs < self.units or self.work_s < self.horizon_s
+
+    def took(self, infer_s: float) -> None:
+        """One more job handed to the policy, `infer_s` of work."""
+        self.jobs += 1
+        self.work_s += infer_s
+
+
 def make_scheduler(name: str, units: list[Unit], models: dict[str, Model], o3_limit: int = 25):
     """`lb`, `lalb` (no out-of-order dispatch) or `lalb_o3` (skip limit `o3_limit`)."""
     if name == "lb":

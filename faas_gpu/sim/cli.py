@@ -6,10 +6,15 @@ Two ways in:
   `faas_gpu/sim/scenarios/`).
 - `faas-gpu sim --trace FILE.csv --cluster 3x4:8GB` replays an Azure Functions trace of your own
   functions (the 2019 invocations CSV, with `--durations` / `--memory` beside it, or the 2021
-  per-invocation CSV; the header tells which) against every policy (or `--policies`), so a policy
+  per-invocation CSV; the header tells which; or per-minute count files, one count a line, one
+  function a file, `--trace` once per file) against every policy (or `--policies`), so a policy
   can be tried on your load before it is deployed. By default the whole trace, every function it
   invokes, as recorded; `--out` gets `report.html` over the PNGs (latency CDF per policy, misses
   per minute, GPU memory held over time).
+
+What was assumed to read the trace (columns ignored, fractional counts rounded, the span of a 2021
+trace, a working set smaller than asked for) is printed before the figures, never done silently;
+a bad row is one line naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .engine import RunResult, simulate
 from .report import write_report
 from .scenario import (
     CLUSTER_PRESETS,
+    MAX_SPAN_MINUTES,
     POLICIES,
     Cluster,
     Scenario,
@@ -48,6 +54,8 @@ FLAG_OF_KEY = {
     "trace.minutes": "--minutes",
     "trace.working_set": "--working-set",
     "trace.arrivals": "--arrivals",
+    "trace.scale": "--scale",
+    "trace.files": "--trace",
     "trace": "--trace",
 }
 
@@ -62,13 +70,29 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="faas-gpu sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("scenario", nargs="?", help="scenario YAML or JSON (see faas_gpu/sim/scenarios/); or give --trace")
     own = p.add_argument_group("your own trace (instead of a scenario)")
-    own.add_argument("--trace", type=Path, help="an Azure Functions 2019 invocations CSV or a 2021 per-invocation CSV")
+    own.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        help="an Azure Functions 2019 invocations CSV or a 2021 per-invocation CSV; or a per-minute count file "
+        "(one count a line), --trace once for each such file (one function each)",
+    )
     own.add_argument("--durations", type=Path, help="the 2019 function_durations_percentiles CSV of the same day")
     own.add_argument("--memory", type=Path, help="the 2019 app_memory_allocated CSV of the same day")
     p.add_argument(
@@ -91,12 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("poisson", "uniform", "recorded"),
         help="arrival times inside a minute (default poisson; recorded = the 2021 trace's timestamps, its default)",
     )
+    own.add_argument(
+        "--infer-time",
+        choices=("trace", "catalog"),
+        help="a function's inference time: its recorded mean duration where the trace has one (trace, the "
+        "default; the 2021 format and the 2019 --durations file record the function's whole run, up to minutes), "
+        "or the model's from --models (catalog)",
+    )
+    own.add_argument(
+        "--max-span-minutes",
+        type=positive_int,
+        help=f"the longest Azure 2021 trace read without --minutes (default {MAX_SPAN_MINUTES:,}: 30 days); a "
+        "stray timestamp otherwise makes a million-minute trace",
+    )
     p.add_argument("--seed", type=int, help="arrival times' seed (default 1, or the scenario's)")
     p.add_argument(
         "--policies",
         help=f"comma-separated ({', '.join(POLICIES)}); default the scenario's, or all of them with --trace",
     )
-    p.add_argument("--o3-limit", type=int, help="skip limit for lalb_o3")
+    p.add_argument("--o3-limit", type=non_negative_int, help="skip limit for lalb_o3 (>= 0)")
     p.add_argument("--out", type=Path, default=Path("sim-out"), help="folder for CSV, PNG and HTML (default sim-out)")
     p.add_argument(
         "--scale",
@@ -123,9 +160,11 @@ def flagged(exc: ScenarioError) -> ScenarioError:
 
 def trace_scenario(args: argparse.Namespace) -> tuple[Scenario, Workload]:
     """The scenario `--trace` and its flags describe, and its workload (the trace read once)."""
-    for flag, path in (("--trace", args.trace), ("--durations", args.durations), ("--memory", args.memory)):
-        if path is not None and not path.is_file():
-            raise ScenarioError(f"{flag}: {path} not found")
+    traces: list[Path] = args.trace
+    for flag, paths in (("--trace", traces), ("--durations", [args.durations]), ("--memory", [args.memory])):
+        for path in paths:
+            if path is not None and not path.is_file():
+                raise ScenarioError(f"{flag}: {path} not found")
     args.cluster = args.cluster or "gpu-faas"
     args.models = args.models or "gpu_faas_table1"
     args.start_minute = args.start_minute or 0
@@ -133,10 +172,18 @@ def trace_scenario(args: argparse.Namespace) -> tuple[Scenario, Workload]:
     cluster = cluster_arg(args.cluster)
     models = parse_models(_models_arg(args.models), "--models")
     check_fit(cluster, models, "--models")
-    try:
-        fmt = sniff_format(args.trace)
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ScenarioError(f"--trace: cannot read {args.trace} as a CSV: {exc}") from None
+    formats = []
+    for path in traces:
+        try:
+            formats.append(sniff_format(path))
+        except (UnicodeDecodeError, OSError) as exc:
+            raise ScenarioError(f"--trace: cannot read {path} as a trace: {exc}") from None
+    fmt = formats[0]
+    if len(traces) > 1 and set(formats) != {"per-minute"}:
+        odd = next(p for p, f in zip(traces, formats, strict=True) if f != "per-minute")
+        raise ScenarioError(
+            f"--trace: several traces are per-minute count files, one function each; {odd.name} is {fmt_name(odd)}"
+        )
     if (args.durations or args.memory) and fmt != "azure2019":
         raise ScenarioError("--durations/--memory: only an Azure 2019 trace has these files beside it")
     arrivals = args.arrivals or ("recorded" if fmt == "azure2021" else "poisson")
@@ -145,7 +192,7 @@ def trace_scenario(args: argparse.Namespace) -> tuple[Scenario, Workload]:
     if args.scale is not None and not args.scale > 0:
         raise ScenarioError(f"--scale: must be positive, got {args.scale}")
     spec = TraceSpec(
-        files=[args.trace],
+        files=traces,
         format=fmt,
         minutes=1,
         start_minute=args.start_minute,
@@ -155,9 +202,15 @@ def trace_scenario(args: argparse.Namespace) -> tuple[Scenario, Workload]:
         reuse_functions=args.reuse_functions,
         scale=args.scale or 1.0,
         arrivals=arrivals,
+        infer_time=args.infer_time or "trace",
+        max_span_minutes=args.max_span_minutes or MAX_SPAN_MINUTES,
     )
+    notes: list[str] = []
+    # a 2021 trace is read up to the minutes asked for (a stray later timestamp costs nothing), but
+    # reused functions take windows from the whole trace
+    until = args.start_minute + args.minutes if args.minutes and not args.reuse_functions else None
     try:
-        functions = read_trace(spec)
+        functions = read_trace(spec, notes, until)
     except ScenarioError as exc:
         raise flagged(exc) from None
     length = max(f.minutes for f in functions)
@@ -169,21 +222,37 @@ def trace_scenario(args: argparse.Namespace) -> tuple[Scenario, Workload]:
         raise ScenarioError(f"--minutes: the trace has {length} minutes, asked for {lo}..{hi}")
     invoked = sum(1 for f in functions if f.counts[lo:hi].sum() > 0)
     if not invoked:
-        raise ScenarioError(f"--trace: no invocations in minutes {lo}..{hi} of {args.trace.name}")
+        names = ", ".join(p.name for p in traces)
+        raise ScenarioError(f"--trace: no invocations in minutes {lo}..{hi} of {names}")
     spec.working_set = args.working_set or invoked
-    scenario = Scenario(args.trace.stem, seed, cluster, models, spec, POLICIES[-1], source=args.trace)
+    name = traces[0].stem if len(traces) == 1 else f"{traces[0].stem}+{len(traces) - 1}"
+    scenario = Scenario(name, seed, cluster, models, spec, POLICIES[-1], source=traces[0])
     try:
         workload = build_workload(spec, models, seed, functions)
     except ScenarioError as exc:
         raise flagged(exc) from None
+    workload.notes[:0] = notes
+    k = len(workload.models)
+    reused = spec.reuse_functions and spec.working_set > len(functions)
+    members = (
+        f"a working set of {k} windows of its {len(functions)} functions"
+        if reused
+        else (f"{k} of its {len(functions)} functions")
+    )
     workload.notes.insert(
         0,
-        f"trace: {args.trace.name} ({fmt}), minutes {lo}..{hi}, {spec.working_set} of its {len(functions)} "
-        f"functions ({invoked} invoked in these minutes); cluster {cluster.nodes} node(s) x "
-        f"{cluster.units_per_node} GPU(s) x {cluster.unit_memory_mb:g} MB (--cluster {args.cluster}); "
-        f"models {args.models}",
+        f"trace: {', '.join(p.name for p in traces)} ({fmt}), minutes {lo}..{hi}, {members} ({invoked} invoked "
+        f"in these minutes); cluster {cluster.nodes} node(s) x {cluster.units_per_node} GPU(s) x "
+        f"{cluster.unit_memory_mb:g} MB (--cluster {args.cluster}); models {args.models}",
     )
     return scenario, workload
+
+
+def fmt_name(path: Path) -> str:
+    try:
+        return {"azure2019": "an Azure 2019 CSV", "azure2021": "an Azure 2021 CSV"}.get(sniff_format(path), "?")
+    except (UnicodeDecodeError, OSError):
+        return "not text"
 
 
 def cluster_arg(text: str) -> Cluster:
@@ -204,7 +273,17 @@ def check_fit(cluster: Cluster, models: list[Model], source: str) -> None:
         )
 
 
-TRACE_ONLY = ("durations", "memory", "models", "minutes", "start_minute", "working_set", "arrivals")
+TRACE_ONLY = (
+    "durations",
+    "memory",
+    "models",
+    "minutes",
+    "start_minute",
+    "working_set",
+    "arrivals",
+    "infer_time",
+    "max_span_minutes",
+)
 
 
 def _models_arg(text: str) -> object:

@@ -2,7 +2,8 @@
 
 - profiles: `profiler/<model>-profile-results.txt`, rows `<model> <cpuThreads> <gpuSM%> <batch> <latency_ms>`
   (SM 0 = CPU only; >= 9000 ms = infeasible), turned into the policies' `Candidate`s;
-- the Azure per-minute traces (`workload/azure_7day_per_minute/{1..4}.txt`, 10,080 minutes each);
+- the Azure per-minute traces (`workload/azure_7day_per_minute/{1..4}.txt`, 10,080 minutes each),
+  or any trace the simulator reads, one keep-alive trace per function (`load_keepalive_traces`);
 - the Sporadic / Periodic / Bursty 10-minute means (`workload/<Pattern>.txt`);
 - the cluster (`config/clusterCapConfig-dev.yml`).
 
@@ -79,6 +80,39 @@ def load_azure_minutes(index: int, directory: Path | str | None = None) -> list[
     """Invocations per minute of Azure trace `index` (1..4), 7 days."""
     path = data_dir(directory) / "workload" / "azure_7day_per_minute" / f"{index}.txt"
     return [int(float(x)) for x in path.read_text().split()]
+
+
+def load_keepalive_traces(paths: list[Path], top: int = 100) -> tuple[dict[str, list[float]], list[str]]:
+    """Per-minute invocation counts of every function of the trace files given (any format the
+    simulator reads: per-minute count files, the Azure 2019 invocations CSV, the 2021
+    per-invocation CSV), for the keep-alive replay; the `top` busiest when there are more; and the
+    notes on what was read. ScenarioError (naming the file, line and field) for a bad file."""
+    from .scenario import ScenarioError, TraceSpec, sniff_format
+    from .trace import read_trace
+
+    notes: list[str] = []
+    functions = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ScenarioError(f"--keepalive-trace: {path} not found")
+        try:
+            fmt = sniff_format(Path(path))
+        except (UnicodeDecodeError, OSError) as exc:
+            raise ScenarioError(f"--keepalive-trace: cannot read {path} as a trace: {exc}") from None
+        spec = TraceSpec(files=[Path(path)], format=fmt, minutes=1, start_minute=0, working_set=1)
+        functions += read_trace(spec, notes)
+    functions = [f for f in functions if f.counts.sum() > 0]
+    if not functions:
+        raise ScenarioError(f"--keepalive-trace: no invocations in {', '.join(str(p) for p in paths)}")
+    if len(functions) > top:
+        notes.append(f"keep-alive: the {top} busiest of {len(functions)} functions replayed (--keepalive-top)")
+        functions = sorted(functions, key=lambda f: -f.counts.sum())[:top]
+    names: dict[str, int] = {}
+    traces = {}
+    for f in functions:  # functions of several files may share a name
+        names[f.name] = names.get(f.name, 0) + 1
+        traces[f.name if names[f.name] == 1 else f"{f.name}~{names[f.name]}"] = f.counts.tolist()
+    return traces, notes
 
 
 def load_pattern(name: str, directory: Path | str | None = None) -> list[float]:

@@ -20,6 +20,10 @@ import numpy as np  # noqa: E402
 from .engine import RunResult  # noqa: E402
 from .trace import Workload  # noqa: E402
 
+MAX_BINS = 1440
+"""The most bars or steps a timeline draws along its run: a longer run is drawn per N minutes
+(a million-minute run drawn per minute took a quarter of an hour and gigabytes, issue 45)."""
+
 BAR_METRICS = [
     ("avg_latency_s", "average latency (s)"),
     ("miss_ratio", "cache miss ratio"),
@@ -106,32 +110,45 @@ def write_requests(workload: Workload, path: Path) -> Path:
     return path
 
 
+def bin_minutes(minutes: float) -> int:
+    """Minutes per bin of a timeline `minutes` long: 1, or as many as keep it to `MAX_BINS` bins."""
+    return max(1, int(np.ceil(minutes / MAX_BINS)))
+
+
 def write_timeline(results: list[RunResult], path: Path, workload: Workload | None) -> Path:
-    """Requests and misses per minute, and the cluster's loaded model memory, along the run."""
+    """Requests and misses per minute (per N minutes past `MAX_BINS` minutes), and the cluster's
+    loaded model memory, along the run."""
     rows = 3 if workload is not None else 2
     fig, axes = plt.subplots(rows, 1, figsize=(7, 2.1 * rows + 0.4), sharex=True)
     end = max((r.makespan_s for r in results), default=60.0) / 60.0
+    if workload is not None:
+        end = max(end, workload.counts.shape[1])
+    width = bin_minutes(end)
+    per = "min" if width == 1 else f"{width} min"
     ax = iter(axes)
     if workload is not None:
         a = next(ax)
         per_minute = workload.counts.sum(axis=0)
-        a.bar(np.arange(len(per_minute)) + 0.5, per_minute, width=1.0, color="tab:grey")
-        a.set_ylabel("requests / min", fontsize=8)
+        padded = np.pad(per_minute, (0, -len(per_minute) % width))
+        per_bin = padded.reshape(-1, width).sum(axis=1)
+        a.bar(np.arange(len(per_bin)) * width + width / 2, per_bin, width=width, color="tab:grey")
+        a.set_ylabel(f"requests / {per}", fontsize=8)
         a.set_title("the trace as replayed", fontsize=9)
     a = next(ax)
-    bins = np.arange(0, max(1, int(np.ceil(end))) + 1)
+    bins = np.arange(0, max(1, int(np.ceil(end / width))) + 1) * width
     for r in results:
         counts, _ = np.histogram(r.dispatch_times[~r.dispatch_hits] / 60.0, bins=bins)
         a.step(bins[:-1], counts, where="post", label=label(r))
-    a.set_ylabel("misses / min", fontsize=8)
+    a.set_ylabel(f"misses / {per}", fontsize=8)
     a.set_title("cache misses (a model loaded before the job ran)", fontsize=9)
     a.legend(fontsize=7)
     a = next(ax)
     for r in results:
         steps = r.memory_steps + [(r.makespan_s, r.memory_steps[-1][1])] if r.memory_steps else []
         if steps and r.memory_capacity_mb:
-            t, mb = zip(*steps, strict=True)
-            a.step(np.array(t) / 60.0, 100.0 * np.array(mb) / r.memory_capacity_mb, where="post", label=label(r))
+            t, mb = (np.array(v) for v in zip(*steps, strict=True))
+            t, mb = _thin(t / 60.0, mb, width)
+            a.step(t, 100.0 * mb / r.memory_capacity_mb, where="post", label=label(r))
     a.set_ylabel("% of GPU memory", fontsize=8)
     a.set_title("GPU memory held by loaded models (all GPUs)", fontsize=9)
     a.set_xlabel("minute", fontsize=8)
@@ -143,6 +160,16 @@ def write_timeline(results: list[RunResult], path: Path, workload: Workload | No
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _thin(t: np.ndarray, values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step series kept to `MAX_BINS` steps: past that, the largest value of each bin at its start."""
+    if len(t) <= 2 * MAX_BINS:
+        return t, values
+    index = (t // width).astype(int)
+    keys, first = np.unique(index, return_index=True)
+    peaks = np.maximum.reduceat(values, first)
+    return keys * float(width), peaks
 
 
 HTML_COLUMNS = [

@@ -62,12 +62,16 @@ TRACE_KEYS = {
     "mean_requests_per_minute",
     "arrivals",
     "infer_time",
+    "max_span_minutes",
     "requests_per_minute",  # refused with a pointer to scale / mean_requests_per_minute
 }
 TRACE_FORMATS = ("per-minute", "azure2019", "azure2021")
 ARRIVALS = ("poisson", "uniform", "recorded")
 INFER_TIMES = ("trace", "catalog")
 POLICY_KEYS = {"name", "o3_limit"}
+MAX_SPAN_MINUTES = 30 * 1440
+"""The longest Azure 2021 trace read unless asked for more: 30 days (the published trace is 14);
+a stray timestamp would otherwise make a million-minute series of every function."""
 
 
 class ScenarioError(ValueError):
@@ -127,6 +131,7 @@ class TraceSpec:
     mean_requests_per_minute: float | None = None
     arrivals: str = "poisson"  # within a minute: "poisson", "uniform" or "recorded" (azure2021 timestamps)
     infer_time: str = "trace"  # a function's inference time: its recorded mean duration where known, or "catalog"
+    max_span_minutes: int = MAX_SPAN_MINUTES  # an Azure 2021 trace longer than this is refused (`trace_readers`)
 
 
 @dataclass
@@ -235,10 +240,16 @@ def parse_scenario(data: Any, file: str = "scenario", base: Path | None = None) 
 
 
 def sniff_format(path: Path) -> str:
-    """An Azure CSV's format from its header line (2019 invocations, or 2021 per-invocation)."""
-    with path.open(newline="") as fh:
-        head = fh.readline()
-    return "azure2021" if "end_timestamp" in head else "azure2019"
+    """A trace's format from its first line: a number is a per-minute count file (one count a
+    line), else an Azure CSV's header (2019 invocations, or 2021 per-invocation). A byte-order
+    mark is skipped; UnicodeDecodeError for a file that is not text."""
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        head = next((line for line in fh if line.strip()), "")
+    try:
+        float(head)
+        return "per-minute"
+    except ValueError:
+        return "azure2021" if "end_timestamp" in head else "azure2019"
 
 
 def _trace(c: _Check, tr: dict, base: Path) -> TraceSpec:
@@ -298,6 +309,7 @@ def _trace(c: _Check, tr: dict, base: Path) -> TraceSpec:
         mean_requests_per_minute=None if mean_rpm is None else float(mean_rpm),
         arrivals=arrivals,
         infer_time=infer_time,
+        max_span_minutes=c.number(tr, "max_span_minutes", "trace", integer=True, default=MAX_SPAN_MINUTES),
     )
 
 

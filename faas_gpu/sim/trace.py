@@ -6,11 +6,16 @@
    more functions than the trace holds is an error naming both numbers, unless the scenario sets
    `reuse_functions`: then each function's series is taken again at other start minutes spread
    over the trace (each window a function of its own) and the top-k of those windows is the
-   working set — a choice printed with the run, never silent.
+   working set — a choice printed with the run, never silent. A window (or a function) with no
+   invocation in the simulated minutes is never a member: a working set is the functions that
+   are called, so a sparse trace may give fewer than asked for, and the notes say how many.
 3. Each function gets the invocations its trace records, minute by minute: a burst minute stays a
    burst, an idle minute or function stays idle. An explicit `scale` multiplies every minute of
    every function alike; counts are rounded per function on the running sum (round half up), so
-   a function's total is its recorded total × scale and an idle minute stays at 0.
+   a function's total is its recorded total × scale and an idle minute stays at 0. Fractional
+   recorded counts are rounded the same way (said in the notes); a function whose every minute
+   rounds to 0 leaves the working set (said too), and a scale that leaves no request at all is
+   an error naming `scale`.
    `mean_requests_per_minute` is the GPU-FaaS paper's set-up (325/min): the scale that makes the
    working set's mean rate that figure, the shape kept.
 4. Functions map to models. Without memory figures, sizes are spread evenly over the popularity
@@ -83,11 +88,13 @@ class Workload:
         return out
 
 
-def read_trace(spec: TraceSpec) -> list[TraceFunction]:
+def read_trace(spec: TraceSpec, notes: list[str] | None = None, until_minute: int | None = None) -> list[TraceFunction]:
+    """The trace's functions; `notes` gets what the reader assumed (columns ignored, the span).
+    `until_minute`: the end of the minutes to replay, when known (a 2021 trace is read up to it)."""
     if spec.format == "azure2019":
-        return read_azure2019(spec.files[0], spec.durations, spec.memory)
+        return read_azure2019(spec.files[0], spec.durations, spec.memory, notes)
     if spec.format == "azure2021":
-        return read_azure2021(spec.files[0])
+        return read_azure2021(spec.files[0], notes, max_span_minutes=spec.max_span_minutes, until_minute=until_minute)
     return read_per_minute(spec.files)
 
 
@@ -142,9 +149,15 @@ def select_functions(spec: TraceSpec, functions: list[TraceFunction]) -> tuple[l
         )
     totals = np.array([c.counts.sum() for c in candidates])
     top = np.argsort(-totals, kind="stable")[:ws]
-    chosen = [candidates[i] for i in top]
-    if sum(c.counts.sum() for c in chosen) == 0:
+    chosen = [candidates[i] for i in top if totals[i] > 0]
+    if not chosen:
         raise ScenarioError("trace: no invocations in the simulated minutes (empty trace)")
+    if len(chosen) < ws:
+        what = "windows" if spec.reuse_functions and ws > n else "functions"
+        notes.append(
+            f"trace: working set {len(chosen)}, not {ws}: only {len(chosen)} of the {len(candidates)} {what} have "
+            f"an invocation in minutes {lo}..{hi} (an empty one would be a function that is never called)"
+        )
     return chosen, notes
 
 
@@ -235,7 +248,12 @@ def build_workload(
     `functions` is `read_trace(spec)` when the caller has read it already (`faas-gpu sim --trace`
     reads the trace first to size the window and the working set).
     """
-    chosen, notes = select_functions(spec, read_trace(spec) if functions is None else functions)
+    read_notes: list[str] = []
+    if functions is None:
+        until = None if spec.reuse_functions else spec.start_minute + spec.minutes  # reuse takes other minutes
+        functions = read_trace(spec, read_notes, until)
+    chosen, notes = select_functions(spec, functions)
+    notes[:0] = read_notes
     recorded = np.stack([w.counts for w in chosen])  # k x minutes
     scale = spec.scale
     if spec.mean_requests_per_minute is not None:
@@ -246,7 +264,29 @@ def build_workload(
         )
     elif scale != 1.0:
         notes.append(f"trace: scale {scale:g}; every minute multiplied alike")
+    fractional = recorded != np.floor(recorded)
+    if fractional.any():
+        f, m = (int(i[0]) for i in np.nonzero(fractional))
+        notes.append(
+            f"trace: {int(fractional.sum())} function-minute(s) have fractional counts (the first: "
+            f"{recorded[f, m]:g} for {chosen[f].name} at trace minute {chosen[f].start + m}); each function's "
+            "counts are rounded on its running sum (round half up), so its total is kept to the nearest request"
+        )
     counts = scale_counts(recorded, scale)
+    sent = counts.sum(axis=1)
+    if not sent.any():
+        raise ScenarioError(
+            f"trace.scale: {scale:.4g} rounds every count to 0 ({recorded.sum():g} invocations recorded in the "
+            f"simulated minutes x {scale:.4g} = {recorded.sum() * scale:.3g} requests); use a larger scale"
+        )
+    if not sent.all():
+        gone = [chosen[i].name for i in np.nonzero(sent == 0)[0]]
+        notes.append(
+            f"trace: at scale {scale:.4g} {len(gone)} function(s) round to no request and leave the working set "
+            f"({', '.join(gone[:5])}{', ...' if len(gone) > 5 else ''}): working set {int((sent > 0).sum())}"
+        )
+        keep = np.nonzero(sent > 0)[0]
+        chosen, recorded, counts = [chosen[i] for i in keep], recorded[keep], counts[keep]
     models = _models(spec, chosen, catalog, notes)
     rng = np.random.default_rng(seed)
     arrivals: list[Arrival] = []

@@ -10,7 +10,7 @@ annotations into their inputs.
 
 from .base import Load, LoadMeter, ScalingContext, ScalingDecision, ScalingPolicy
 from .harmony import BadApp, HarmonyPools
-from .infless import InflessScaling
+from .infless import InflessScaling, scaled_wall
 from .protean import ProteanFunctions
 from .replicas import AlertState, InvocationRateRule, PlainReplicas, alert_replicas
 from .router import ScalingRouter, scaling_of
@@ -30,5 +30,6 @@ __all__ = [
     "ScalingPolicy",
     "ScalingRouter",
     "alert_replicas",
+    "scaled_wall",
     "scaling_of",
 ]

@@ -15,7 +15,8 @@ measured footing, 30 s since the last), no batch is planned that the measured ar
 within its timeout (`fills`), a plan whose batches the arrivals no longer fill is made again for
 them (`underfilled`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
-function to zero and starts it again before the arrival it predicts. `com.openfaas.scale.min` and
+function to zero and starts it again before the arrival it predicts; never while a request is in
+flight (one that started it from zero waits for its replica, however the windows read). `com.openfaas.scale.min` and
 `com.openfaas.scale.max` bound everything.
 """
 
@@ -72,6 +73,16 @@ MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no f
 MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model (or make the path's CPU dearer) by
 SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 MEETS_DEMAND = 0.95  # answered at least this share of the arrivals with nothing queued: corrections fade
+
+
+def scaled_wall(scale: float = 1.0, wall: Callable[[], float] = time.time) -> Callable[[], float]:
+    """The keep-alive's clock: the wall's, running `scale` times faster from now on (1: the wall's
+    itself). A trace replayed F times compressed (`faas-gpu replay --keepalive`) then keeps its
+    minutes in the invocation history and in LSTH's and HHP's windows."""
+    if scale == 1.0:
+        return wall
+    start = wall()
+    return lambda: start + (wall() - start) * scale
 
 
 class InflessScaling:
@@ -223,6 +234,9 @@ class InflessScaling:
         rps = state.rps = self._measure(state, ctx.load.arrivals, now)
         self._observe(state, ctx, now)
         keep = 0 if p.scale_zero else p.min_instances
+        waiting = ctx.load.in_flight > 0  # a request in flight (maybe waiting for a cold start) keeps an instance
+        if waiting:
+            keep = max(keep, 1)
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
         rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated, state.observed)
         decision = dispatch(loads, rps, keep=keep)
@@ -239,7 +253,7 @@ class InflessScaling:
         elif self._underfilled(state, now):
             state.case = "re-plan"
             self._refill(state, now)
-        if p.scale_zero:
+        if p.scale_zero and not waiting:
             self._keep_alive(state, now)
         rates = dispatch([InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances], rps, keep=len(state.instances))
         for inst in state.instances:

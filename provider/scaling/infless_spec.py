@@ -17,16 +17,13 @@ from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.contract import env as contract_env
 from faas_gpu.policies.infless import (
     Candidate,
-    FixedKeepAlive,
-    HybridHistogram,
     KeepAlivePolicy,
-    LongShortTermHistogram,
     RateWindow,
     WeightedSplitter,
+    keepalive_policy,
     rate_window,
 )
 
-from ..config import parse_duration
 from ..runtime import InstanceSpec
 from ..types import FunctionRecord, ValidationError
 
@@ -91,14 +88,10 @@ def _flag(values: dict[str, str], key: str) -> bool:
 
 
 def _keepalive(raw: str) -> KeepAlivePolicy:
-    """`lsth` (default), `hhp`, or a fixed window such as `300s` / `fixed:5m`."""
-    text = raw.strip().lower()
-    if text == "lsth":
-        return LongShortTermHistogram()
-    if text == "hhp":
-        return HybridHistogram()
+    """`lsth` (default), `hhp`, or a fixed window such as `300s` / `fixed:5m` (`keepalive_policy`,
+    the one place the simulator's replay builds it too)."""
     try:
-        return FixedKeepAlive(parse_duration(text.removeprefix("fixed:"), KEEP_ALIVE))
+        return keepalive_policy(raw)
     except ValueError:
         raise ValidationError(f"annotations: {KEEP_ALIVE} must be lsth, hhp or a duration, got {raw!r}") from None
 

@@ -311,6 +311,8 @@ def scheduler_view(status: dict | None, cluster: Cluster) -> dict[str, Any]:
         "deadlineMisses": _num(status.get("deadline_misses")),
         "lateDropped": _num(status.get("late_dropped")),
         "distribution": _str(status.get("distribution", "")),
+        "policy": _str(status.get("policy", "")),
+        "o3Limit": _num(status.get("o3_limit")),
         "uploading": [upload_view(u) for u in _dicts(status.get("uploading"))],
         "models": [model_state_view(m, cluster.owners) for m in _dicts(status.get("models"))],
     }

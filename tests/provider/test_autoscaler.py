@@ -195,6 +195,47 @@ def test_scale_zero_releases_an_idle_function_after_keep_alive_and_prewarms_it(s
     assert counts[-1] == 1
 
 
+def test_a_function_started_from_zero_is_not_taken_to_zero_while_its_request_waits(scaler):
+    """Found by `faas-gpu replay` (issue 45): a request that scales an LSTH function from zero waits
+    for its replica; once the invocation's minute is over (a replica start of seconds, at a minute's
+    end or on a compressed clock) LSTH's pre-warm window says idle, and the keep-alive took the
+    instance away under the waiting request (503). Nor may the dispatcher release it, however long
+    the start takes."""
+    r = record(
+        {
+            "com.faas-gpu.model": "cnn",
+            "com.faas-gpu.slo-ms": "100",
+            "com.faas-gpu.keep-alive": "lsth",
+            "com.faas-gpu.scale-zero": "true",
+        },
+    )
+    scaler.prepare(r)
+    name = "openfaas-fn/fn"
+    start_min = int(scaler.fake_wall.t // 60)
+    for m in range(start_min - 24 * 60, start_min, 10):  # calls every 10 minutes: pre-warm 9 minutes
+        scaler.history.record(name, m * 60.0)
+    scaler.fake_wall.t = (start_min - 10) * 60.0 + 1
+    for _ in range(8):  # idle: taken to zero
+        scaler.fake_wall.t += 15
+        scaler.fake_clock.t += 15
+        scaler.tick()
+    assert scaler.describe(r.key)["instances"] == []
+    scaler.arrived(r.key)  # a call at 3 minutes: outside the predicted window, from zero
+    scaler.scale_from_zero(r.key)
+    assert len(scaler.describe(r.key)["instances"]) == 1
+    for _ in range(2 * int(MIN_AGE_S)):  # the replica takes its time; the call waits, in flight
+        scaler.fake_wall.t += 15
+        scaler.fake_clock.t += 1
+        scaler.tick()
+        assert len(scaler.describe(r.key)["instances"]) == 1
+    scaler.departed(r.key, 200)  # answered: now idle, and the keep-alive decides again
+    for _ in range(30):
+        scaler.fake_wall.t += 15
+        scaler.fake_clock.t += 15
+        scaler.tick()
+    assert scaler.describe(r.key)["instances"] == []
+
+
 # -- plain functions: OpenFaaS CE's alert-driven autoscaling (provider/scaling/replicas.py) ---------
 from provider.scaling import AlertState, InvocationRateRule, alert_replicas  # noqa: E402
 
@@ -621,3 +662,46 @@ def test_re_plans_that_restart_instances_are_30_s_apart(tmp_path):
     assert infless._may_restart(state, better, demand, now)
     for c in a.closers:
         c.close()
+
+
+# -- the keep-alive's clock, compressed for a replay (issue 45) --------------------------------------
+def test_the_keep_alive_clock_runs_as_many_times_faster_as_the_environment_says(monkeypatch):
+    from provider.config import ProviderConfig
+    from provider.scaling import scaled_wall
+
+    assert ProviderConfig.from_env({}).keepalive_time_scale == 1.0
+    assert ProviderConfig.from_env({"FAAS_GPU_KEEPALIVE_TIME_SCALE": "30"}).keepalive_time_scale == 30.0
+    for bad in ("0.5", "fast", "1e9"):
+        with pytest.raises(ValueError, match="FAAS_GPU_KEEPALIVE_TIME_SCALE"):
+            ProviderConfig.from_env({"FAAS_GPU_KEEPALIVE_TIME_SCALE": bad})
+    wall = Clock(1_700_000_000.0)
+    assert scaled_wall(1.0, wall) is wall
+    fast = scaled_wall(30.0, wall)
+    wall.t += 2.0  # two seconds of the wall are a minute of the replayed trace
+    assert fast() == pytest.approx(1_700_000_000.0 + 60.0)
+
+
+def test_a_compressed_keep_alive_clock_keeps_the_traces_minutes(tmp_path):
+    """INFless scaling on a clock 30 times the wall's: an invocation every 20 s of wall is one every
+    10 minutes of the history LSTH reads."""
+    from provider.scaling import scaled_wall
+
+    ds = EmbeddedDatastore(tmp_path / "state.db")
+    history = EmbeddedHistory(tmp_path / "history.db")
+    wall = Clock(1_700_000_000.0)
+    infless = InflessScaling(
+        ds, history, TablePredictor({"cnn": TABLE}), cpus=8, wall=scaled_wall(30.0, wall), window_s=5.0
+    )
+    clock = Clock()
+    a = ScalingRouter(PlanRecorder(), [infless], set_replicas=lambda *_: None, clock=clock)
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "100", "com.faas-gpu.scale-zero": "true"})
+    a.prepare(r)
+    for _ in range(4):
+        a.arrived(r.key)
+        a.departed(r.key, 200)
+        wall.t += 20.0
+        clock.t += 20.0
+    minutes = history.active_minutes("openfaas-fn/fn", 0)
+    assert [m - minutes[0] for m in minutes] == [0, 10, 20, 30]
+    history.close()
+    ds.close()

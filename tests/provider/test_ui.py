@@ -88,6 +88,8 @@ def scheduler_status(leader: bool = True) -> dict:
         "deadline_misses": 5,
         "late_dropped": 0,
         "distribution": "protean",
+        "policy": "lalb_o3",
+        "o3_limit": 25,
         "uploading": [{"function": "other.openfaas-fn", "bytes": 10, "total": 40, "s": 0.5, "state": "uploading"}],
         "models": [
             {
@@ -204,6 +206,7 @@ def test_status_aggregates_functions_units_scheduler_and_procurement(cluster):
     sched = s["scheduler"]
     assert sched["leaderId"] == "sched-a" and sched["members"] == [SCHED] and sched["answeredByLeader"]
     assert sched["queues"] == {"strict": 1.0, "bestEffort": 2.0} and sched["deadlineMisses"] == 5.0
+    assert (sched["policy"], sched["o3Limit"]) == ("lalb_o3", 25.0)  # placement, as `--policy` chose it
     assert sched["uploading"] == [{"function": "other.openfaas-fn", "bytes": 10.0, "total": 40.0, "seconds": 0.5}]
     assert sched["models"] == [  # each model's cold start (the CLI's progress line reads it)
         {

@@ -193,6 +193,18 @@ def test_the_keep_alive_warm_rule_is_written_once():
         assert "prewarm_s + " not in inspect.getsource(module)  # not re-coded next to the call
 
 
+def test_the_keep_alive_policy_of_an_annotation_is_built_in_one_place():
+    """The provider (from `com.faas-gpu.keep-alive`) and `faas-gpu replay`'s simulator side build
+    LSTH, HHP or a fixed window through `keepalive_policy`: the same objects with the same settings."""
+    import faas_gpu.sim.replay as sim_replay
+
+    assert live_infless_spec.keepalive_policy is keepalive.keepalive_policy
+    assert sim_replay.keepalive_policy is keepalive.keepalive_policy
+    for raw in ("lsth", "hhp", "fixed:5m"):
+        assert live_infless_spec._keepalive(raw) == keepalive.keepalive_policy(raw)
+    assert "LongShortTermHistogram(" not in inspect.getsource(live_infless_spec)
+
+
 @pytest.mark.parametrize(
     ("prewarm", "keep", "since", "expected"),
     [(0, 300, 10, True), (0, 300, 301, False), (600, 120, 30, True), (600, 120, 300, False), (600, 120, 700, True)],
@@ -277,3 +289,42 @@ def test_the_simulator_and_the_provider_decide_alike_on_the_same_counts(monkeypa
     policy.scale_to(SimpleNamespace(state=state), len(state.pools) + 3)  # type: ignore[arg-type]
     sim_twin.spread(len(sim_twin.pools) + 3)
     assert [p.instance_ids for p in state.pools] == [p.instance_ids for p in sim_twin.pools]
+
+
+# -- GPU-FaaS placement, as `faas-gpu replay` compares it with the live stack --------------------
+
+
+def test_the_replay_simulator_builds_placement_and_admission_as_the_scheduler_does(monkeypatch):
+    """`faas-gpu replay`'s simulator side (`engine.simulate(admission=True)`) builds the policy with
+    the scheduler's factory, queues requests in the daemon's class queue, and hands the policy the
+    same look-ahead (`LookAhead`) the daemon's admission does, asked on every admission."""
+    from faas_gpu.policies import lalb
+    from faas_gpu.sim import engine
+    from faas_gpu.sim.replay import Profile, simulate_side
+    from faas_gpu.sim.scenario import Cluster
+
+    assert live_units.make_scheduler is lalb.make_scheduler is engine.make_scheduler
+    assert live_admission.LookAhead is lalb.LookAhead is engine.LookAhead
+    assert engine.admission_queue is classes.admission_queue and engine.admit is classes.admit
+    assert "LookAhead(policy" in inspect.getsource(live_admission.Admission.admit)
+    built: list[str] = []
+    windows: list[type] = []
+    factory, init = lalb.make_scheduler, lalb.LookAhead.__init__
+
+    def spy_factory(name, *args, **kw):
+        built.append(name)
+        return factory(name, *args, **kw)
+
+    def spy_init(self, *args, **kw):
+        windows.append(type(self))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(engine, "make_scheduler", spy_factory)
+    monkeypatch.setattr(lalb.LookAhead, "__init__", spy_init)
+    profiles = {"a": Profile(40.0, 0.5, 0.1), "b": Profile(40.0, 0.5, 0.1)}
+    arrivals = [(0.05 * i, "ab"[i % 2]) for i in range(20)]
+    for policy in ("lb", "lalb", "lalb_o3"):
+        side = simulate_side(arrivals, profiles, Cluster(1, 2, 64.0), policy, 25, 0.0)
+        assert all(o.latency_s is not None for o in side.outcomes)
+    assert built == ["lb", "lalb", "lalb_o3"]
+    assert windows and set(windows) == {lalb.LookAhead}

@@ -157,15 +157,36 @@ def test_keepalive_replay_counts_cold_starts_and_waste() -> None:
     for m in (0, 10, 12, 30):
         counts[m] = 1
     # HHP has fewer than 10 idle times: its default keeps the image for its whole 4 h range
+    # (after minute 30, the trace's last, nothing is counted: the trace shows no waste past its end)
     hhp = replay_keepalive(counts, HybridHistogram())
-    assert (hhp.cold_starts, hhp.wasted_minutes) == (1, 9 + 1 + 17 + 239)
+    assert (hhp.cold_starts, hhp.wasted_minutes) == (1, 9 + 1 + 17 + 0)
     # LSTH reads the one idle time (10 min) at once: pre-warm 9 min, so minute 12 is cold; at 12 the
     # idle times [2, 10] give [13, 23], so minute 30 is cold too
     lsth = replay_keepalive(counts, LongShortTermHistogram())
-    assert (lsth.cold_starts, lsth.wasted_minutes) == (3, 9 + 0 + 10 + 19)
+    assert (lsth.cold_starts, lsth.wasted_minutes) == (3, 9 + 0 + 10 + 0)
     fixed = replay_keepalive(counts, FixedKeepAlive(300.0))
-    assert (fixed.cold_starts, fixed.wasted_minutes) == (3, 4 + 1 + 4 + 4)
+    assert (fixed.cold_starts, fixed.wasted_minutes) == (3, 4 + 1 + 4 + 0)
     assert fixed.cold_rate == pytest.approx(3 / 4)
+
+
+def test_d8_keepalive_waste_is_counted_up_to_the_traces_end() -> None:
+    """A 1-minute trace showed 239 minutes of HHP waste (its 4 h default, after the trace)."""
+    assert replay_keepalive([5], HybridHistogram()).wasted_minutes == 0
+    stats = replay_keepalive([1, 0, 0, 0], FixedKeepAlive(300.0))  # kept to minute 5; the trace ends at 4
+    assert stats.wasted_minutes == 3 and stats.minutes == 4  # minutes 1-3: loaded, idle, inside the trace
+
+
+def test_d8_a_burst_is_one_cold_start_said_and_rated_per_active_minute() -> None:
+    """The method counts a minute's invocations as one instance sees them: a burst of 10^6 is one
+    cold start. The assumption is printed (`ASSUMED`), and a rate a burst cannot dilute is given."""
+    from faas_gpu.sim.infless.keepalive_replay import ASSUMED
+
+    counts = [10**6] + [0] * 9 + [1]
+    stats = replay_keepalive(counts, FixedKeepAlive(60.0))
+    assert stats.cold_starts == 2 and stats.active_minutes == 2
+    assert stats.cold_rate == pytest.approx(2 / (10**6 + 1))
+    assert stats.cold_rate_active == 1.0
+    assert "a burst of 10^6 in one minute is one cold start" in ASSUMED
 
 
 def test_schedule_cost_reports_per_instance_figures(data: Path) -> None:

@@ -5,8 +5,8 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 - `dispatch`: the three cases of §3.2 (rates per instance, scale up, release) and the
   weighted splitter that sends requests in those proportions;
 - `schedule`: Algorithm 1, greedy non-uniform scaling by resource efficiency (Eq. 10);
-- `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP), a fixed keep-alive, and the
-  `warm` rule that applies their windows;
+- `keepalive`: LSTH (§3.5), the hybrid-histogram policy (HHP), a fixed keep-alive, the
+  `warm` rule that applies their windows, and `keepalive_policy` (the annotation's policy);
 - `path`: the serving path's cost (fixed + per-item, measured by `faas-gpu profile --path`) added
   to t_exec, its CPU reserved on the node (`path_rate`), and the corrections by the capacity
   observed at saturation (`corrections`: the path's CPU first, the model's time last);
@@ -18,7 +18,15 @@ Pure policies, driven by the provider's autoscaler and by `faas_gpu.sim.infless`
 
 from .capacity import ALPHA, Bounds, Candidate, batch_timeout_s, bounds, feasible
 from .dispatch import DispatchDecision, InstanceLoad, WeightedSplitter, dispatch
-from .keepalive import FixedKeepAlive, HybridHistogram, KeepAlivePolicy, LongShortTermHistogram, Windows, warm
+from .keepalive import (
+    FixedKeepAlive,
+    HybridHistogram,
+    KeepAlivePolicy,
+    LongShortTermHistogram,
+    Windows,
+    keepalive_policy,
+    warm,
+)
 from .path import PathCost, correction, corrections, demand, observed_capacity, path_rate, with_path
 from .rate import RateWindow, rate_window
 from .replan import decayed, fills, restart_pays, underfilled
@@ -52,6 +60,7 @@ __all__ = [
     "efficiency",
     "feasible",
     "fills",
+    "keepalive_policy",
     "observed_capacity",
     "path_rate",
     "rate_window",

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from faas_gpu.contract.duration import parse_duration
+
 MINUTE = 60.0
 
 
@@ -145,3 +147,15 @@ class LongShortTermHistogram:
         head = g * percentile(long_its, self.head_pct) + (1 - g) * percentile(short_its, self.head_pct)
         tail = g * percentile(long_its, self.tail_pct) + (1 - g) * percentile(short_its, self.tail_pct)
         return _windows(head, tail, self.margin)
+
+
+def keepalive_policy(raw: str) -> KeepAlivePolicy:
+    """The policy a function's `com.faas-gpu.keep-alive` names: `lsth` (the default), `hhp`, or a fixed
+    window such as `300s` / `fixed:5m`. The provider's INFless scaling and `faas-gpu replay`'s
+    simulator both build it here, so both run the same object. ValueError for anything else."""
+    text = raw.strip().lower()
+    if text == "lsth":
+        return LongShortTermHistogram()
+    if text == "hhp":
+        return HybridHistogram()
+    return FixedKeepAlive(parse_duration(text.removeprefix("fixed:"), "keep-alive"))
