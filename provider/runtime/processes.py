@@ -18,6 +18,7 @@ from pathlib import Path
 
 from faas_gpu.sandbox.launcher import LAUNCHER, launcher_argv
 from faas_gpu.sandbox.replica import Sandbox
+from faas_gpu.sandbox.zygote import ZYGOTE
 
 from .base import watchdog_ready
 
@@ -97,11 +98,16 @@ def reap_stale(run_root: Path) -> None:
         try:
             pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline:
+            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline or _is_relay(cmdline):
                 os.killpg(pid, signal.SIGKILL)
         except (OSError, ValueError):
             pass
     shutil.rmtree(run_root, ignore_errors=True)
+
+
+def _is_relay(cmdline: bytes) -> bool:
+    """A fork server's relay (the server's own command line: `python -m faas_gpu.sandbox.zygote`)."""
+    return b"faas_gpu.sandbox.zygote" in cmdline or os.fsencode(ZYGOTE) in cmdline
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
