@@ -40,7 +40,6 @@ when the provider should exec the replica instead}; then {"exit": exit code} whe
 
 from __future__ import annotations
 
-import array
 import gc
 import marshal
 import os

@@ -191,9 +191,7 @@ class ForkServer:
                 self.state = "down"
                 self.reason = f"the fork server exited with {proc.returncode}"
                 self.restarts += 1
-                self._next_start = time.monotonic() + RESTART_BACKOFF_S[
-                    min(self.restarts, len(RESTART_BACKOFF_S)) - 1
-                ]
+                self._next_start = time.monotonic() + RESTART_BACKOFF_S[min(self.restarts, len(RESTART_BACKOFF_S)) - 1]
                 log.warning("%s; starting it again, replicas are exec'd meanwhile", self.reason)
             restart = self.state == "down" and time.monotonic() >= self._next_start
             state, reason = self.state, self.reason

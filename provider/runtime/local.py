@@ -31,7 +31,7 @@ from ..store import SecretStore
 from ..types import FunctionRecord
 from .base import InstanceSpec, Readiness, probe_readiness
 from .cpu_usage import CpuRate
-from .forkserver import ForkServer, Unavailable, forkable, site_folders
+from .forkserver import ForkedProcess, ForkServer, Unavailable, forkable, site_folders
 from .isolation import Isolation, ReplicaFolders, Walls
 from .launch import LaunchSpec, plan_launch
 from .output import pump
@@ -45,7 +45,6 @@ from .processes import (
     signal_group,
     stop_all,
 )
-from .forkserver import ForkedProcess
 from .replicas import FunctionReplicas
 from .supervisor import SUPERVISE_EVERY_S, SupervisedRuntime
 
@@ -205,7 +204,6 @@ class LocalRuntime(SupervisedRuntime):
         args = (self.logs, record.namespace, record.name, rid, proc)
         threading.Thread(target=pump, args=args, daemon=True).start()
         return replica
-
 
     def _forked(self, spec: LaunchSpec, box: Sandbox, run_dir: Path, port: int) -> ForkedProcess | None:
         """The replica forked by the fork server, or None: exec it (not a python3-gpu replica, or
