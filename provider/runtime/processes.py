@@ -130,6 +130,22 @@ def rss_bytes(replicas: list[Replica]) -> int:
     return rss
 
 
+def uss_bytes(pid: int) -> int:
+    """Private memory (USS: Private_Clean + Private_Dirty + Private_Hugetlb of
+    /proc/<pid>/smaps_rollup) of `pid` and every process under it: what the replica holds that no
+    other process shares, what stopping it gives back."""
+    total = 0
+    for each in _process_tree(pid):
+        try:
+            text = Path(f"/proc/{each}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Private_"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def cpu_seconds(replica: Replica) -> float:
     """CPU time (user + system) of the replica's processes alive now."""
     tick, total = os.sysconf("SC_CLK_TCK"), 0.0
