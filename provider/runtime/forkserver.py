@@ -200,6 +200,14 @@ class ForkServer:
         if state != "ready":
             raise Unavailable(reason)
 
+    def ready(self) -> bool:
+        """Whether replicas are forked now (a dead server noticed, and started again when due)."""
+        try:
+            self._check()
+        except Unavailable:
+            return False
+        return True
+
     def describe(self) -> dict[str, object]:
         with self._lock:
             pid = self.proc.pid if self.proc is not None and self.state == "ready" else None
