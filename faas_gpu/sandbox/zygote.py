@@ -168,6 +168,7 @@ def _handle(listener: socket.socket, conn: socket.socket, provider: int) -> None
     pid, uid, _gid = peer(conn)
     if pid != provider or uid != os.geteuid():
         _answer(conn, {"error": "refused: only the provider that started the fork server may use it"})
+        _discard(conn)
         return
     fds: list[int] = []
     try:
@@ -187,6 +188,18 @@ def _handle(listener: socket.socket, conn: socket.socket, provider: int) -> None
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _discard(conn: socket.socket) -> None:
+    """Take what a refused peer sent (its descriptors closed unread), so that it reads the refusal
+    rather than a reset connection."""
+    try:
+        conn.settimeout(0.5)
+        _raw, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST, MAX_FDS)
+        for fd in fds:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def parse(raw: bytes, nfds: int) -> tuple[Sandbox, list[str]]:

@@ -37,7 +37,9 @@ pytestmark = [
 ]
 
 SECRET_A, SECRET_B = b"s3cr3t-of-tenant-a", b"s3cr3t-of-tenant-b"
-STACK = "version: 1.0\nprovider: {name: openfaas}\nfunctions:\n  NAME: {lang: python3-gpu, handler: ./fn, image: NAME}\n"
+STACK = (
+    "version: 1.0\nprovider: {name: openfaas}\nfunctions:\n  NAME: {lang: python3-gpu, handler: ./fn, image: NAME}\n"
+)
 HANDLER = """
 import ctypes, json, os
 
@@ -105,9 +107,7 @@ def _until(check, timeout_s: float = 30.0):
 
 
 def _start(runtime: LocalRuntime, home: Path, name: str, secret: str):
-    dep = FunctionDeployment(
-        service=name, image=f"{name}:latest", secrets=[secret], envVars={"PROBE_HOME": str(home)}
-    )
+    dep = FunctionDeployment(service=name, image=f"{name}:latest", secrets=[secret], envVars={"PROBE_HOME": str(home)})
     record = FunctionRecord(dep, "openfaas-fn", 1)
     fn = FunctionReplicas(record, runtime.plan(record))
     replica = runtime._spawn(fn)
