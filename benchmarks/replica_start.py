@@ -79,14 +79,14 @@ def main() -> None:
                 home, images, SecretStore(home / "function-secrets"), LogStore(home / "logs"), **extra
             )
             try:
+                record = FunctionRecord(dep, "openfaas-fn", 1)
+                fn = FunctionReplicas(record, runtime.plan(record))  # a python3-gpu function starts the server
                 server = getattr(runtime, "fork_server", None)
                 while server is not None and server.state == "starting":
                     time.sleep(0.05)
                 if fork and (server is None or server.state != "ready"):
                     print(f"{kind}: no fork server ({runtime.isolation().describe()}); skipped", flush=True)
                     continue
-                record = FunctionRecord(dep, "openfaas-fn", 1)
-                fn = FunctionReplicas(record, runtime.plan(record))
                 times, sizes = [], []
                 for _ in range(args.rounds):
                     t0 = time.perf_counter()

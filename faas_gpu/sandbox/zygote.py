@@ -290,6 +290,9 @@ def _watch(conn: socket.socket, replica: int, wake: int) -> int:
         if pid == replica:
             code = os.waitstatus_to_exitcode(status)
             _answer(conn, {"exit": code})
+            # alive until the provider lets go of the replica: its pid (the group the provider
+            # signals last) is not free for another process before then
+            select.select([conn], [], [])
             return 0 if code == 0 else 1
         ready, _, _ = select.select([conn, wake], [], [])
         if wake in ready:

@@ -97,8 +97,7 @@ class ForkedProcess:
                     code = int(said["exit"])
                 except (EOFError, ValueError, TypeError, KeyError):
                     pass
-            self.returncode = code
-            self.conn.close()
+            self.returncode = code  # the connection stays open: the relay (and its pid) lives until it closes
 
     def poll(self) -> int | None:
         self._read(0)
@@ -123,9 +122,14 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def __del__(self) -> None:
+        self.conn.close()
+        self.stdout.close()
+
 
 class ForkServer:
-    """The node's fork server, started in the background (replicas are exec'd until it is ready)."""
+    """The node's fork server, started in the background when the first python3-gpu function is
+    planned (`wanted`); replicas are exec'd until it is ready."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -138,11 +142,20 @@ class ForkServer:
         self._lock = threading.Lock()
         self._closed = False
         self._starter: threading.Thread | None = None
-        self._begin()
+        self.state, self.reason = "idle", "no python3-gpu replica started yet"
+
+    def wanted(self) -> None:
+        """Start the server if it is not running yet: a python3-gpu function was planned. Lazily,
+        so that a node that runs no such function never loads torch for it."""
+        with self._lock:
+            idle = self.state == "idle" and not self._closed
+            if idle:
+                self.state, self.reason = "starting", "the fork server is starting"
+        if idle:
+            self._begin()
 
     # -- the server's life ------------------------------------------------------------------
     def _begin(self) -> None:
-        self.state, self.reason = "starting", "the fork server is starting"
         self._starter = threading.Thread(target=self._start, name="fork-server", daemon=True)
         self._starter.start()
 
@@ -194,6 +207,9 @@ class ForkServer:
                 self._next_start = time.monotonic() + RESTART_BACKOFF_S[min(self.restarts, len(RESTART_BACKOFF_S)) - 1]
                 log.warning("%s; starting it again, replicas are exec'd meanwhile", self.reason)
             restart = self.state == "down" and time.monotonic() >= self._next_start
+            restart = restart or self.state == "idle"
+            if restart:  # under the lock: one start, whoever else asks meanwhile
+                self.state, self.reason = "starting", "the fork server is starting"
             state, reason = self.state, self.reason
         if restart:
             self._begin()

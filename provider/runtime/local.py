@@ -97,7 +97,10 @@ class LocalRuntime(SupervisedRuntime):
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, record: FunctionRecord) -> LaunchSpec:
-        return plan_launch(record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env)
+        spec = plan_launch(record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env)
+        if self.fork_server is not None and forkable(spec) is None:
+            self.fork_server.wanted()
+        return spec
 
     def isolation(self) -> Isolation:
         if self.fork_server is not None:

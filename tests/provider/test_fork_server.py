@@ -90,6 +90,8 @@ def node(tmp_path_factory):
     (home / "admin-password").write_text("the admin's")
     runtime = LocalRuntime(home, ImageStore(home / "images"), secrets, LogStore(home / "logs"), isolation="on",
                            fork_server=True)  # fmt: skip
+    assert runtime.fork_server.state == "idle"  # until a python3-gpu function is planned
+    runtime.plan(FunctionRecord(FunctionDeployment(service="tenant-a", image="tenant-a:latest"), "openfaas-fn", 1))
     _until(lambda: runtime.fork_server.state != "starting", 180)
     assert runtime.fork_server.state == "ready", runtime.fork_server.describe()
     yield runtime, home
@@ -222,3 +224,35 @@ def test_system_info_says_how_replicas_start(node):
     runtime, _home = node
     said = runtime.isolation().describe()["replicaStart"]
     assert said["method"] == "fork-server" and said["state"] in ("ready", "starting", "down")
+
+
+def test_kill_9_of_the_provider_leaves_no_forked_replica_nor_the_server(tmp_path):
+    from tests.stack_process import StackProcess
+
+    from .test_process_groups import replica_pids, tree
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    _build(tmp_path / "a", "tenant-a", home)
+    s = StackProcess(home).start()
+    try:
+        body = {"service": "tenant-a", "image": "tenant-a:latest", "envVars": {"PROBE_HOME": str(home)}}
+        assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
+        s.wait_ready("tenant-a")  # its first replica may be exec'd while the server starts
+
+        def start_state():
+            info = s.request("GET", "/system/info").json()["provider"]["faasGpuIsolation"]
+            return info["replicaStart"]
+
+        assert _until(lambda: start_state()["state"] == "ready", 180), start_state()
+        server = start_state()["pid"]
+        scale = f"{s.url}/system/scale-function/tenant-a"
+        assert requests.post(scale, json={"serviceName": "tenant-a", "replicas": 3}, auth=s.auth, timeout=10).ok
+        s.wait_ready("tenant-a", replicas=3)
+        relays = [pid for pid in replica_pids(home) if pid in tree(server)]
+        assert relays, "no replica was forked"
+        group = [server] + [p for relay in relays for p in tree(relay)]
+        assert len(group) >= 3  # the server, a relay, its replica
+    finally:
+        s.stop(signal.SIGKILL)  # the provider's own group: the server and the relays run in sessions of their own
+    assert _until(lambda: not any(Path(f"/proc/{p}").exists() for p in group), 10), "outlived the provider"
