@@ -53,8 +53,9 @@ from faas_gpu.sandbox import primitives as p
 from faas_gpu.sandbox.primitives import SandboxError
 from faas_gpu.sandbox.replica import NOT_ISOLATED, Sandbox, enter, unshare_namespaces
 
-ZYGOTE = os.path.abspath(__file__)
-"""How a process is known for the fork server or one of its relays by its command line."""
+ZYGOTE_MODULE = "faas_gpu.sandbox.zygote"
+"""How a process is known for the fork server or one of its relays (a forked replica's first
+process outside its namespaces) by its command line: `python -m` this module."""
 PRELOAD = (
     "torch",
     "flask",

@@ -31,6 +31,7 @@ from pathlib import Path
 from faas_gpu import paths
 from faas_gpu.contract.replica import STANDARD_PATH
 from faas_gpu.sandbox.replica import Sandbox
+from faas_gpu.sandbox.zygote import ZYGOTE_MODULE
 
 from .launch import LaunchSpec
 
@@ -165,7 +166,7 @@ class ForkServer:
         env = {"PATH": STANDARD_PATH, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = [sys.executable, "-m", "faas_gpu.sandbox.zygote", self.socket_path, str(TEMPLATE)]
+        argv = [sys.executable, "-m", ZYGOTE_MODULE, self.socket_path, str(TEMPLATE)]
         try:
             proc = subprocess.Popen(
                 argv, cwd="/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True

@@ -15,19 +15,24 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faas_gpu.sandbox.launcher import LAUNCHER, launcher_argv
 from faas_gpu.sandbox.replica import Sandbox
-from faas_gpu.sandbox.zygote import ZYGOTE
+from faas_gpu.sandbox.zygote import ZYGOTE_MODULE
 
 from .base import watchdog_ready
+
+if TYPE_CHECKING:
+    from .forkserver import ForkedProcess
 
 
 @dataclass
 class Replica:
     id: str
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
+    """Its launcher, or (forked by the fork server) its relay seen as a process."""
     run_dir: Path
     digest: str
     slot: str | None = None
@@ -107,7 +112,7 @@ def reap_stale(run_root: Path) -> None:
 
 def _is_relay(cmdline: bytes) -> bool:
     """A fork server's relay (the server's own command line: `python -m faas_gpu.sandbox.zygote`)."""
-    return b"faas_gpu.sandbox.zygote" in cmdline or os.fsencode(ZYGOTE) in cmdline
+    return ZYGOTE_MODULE.encode() in cmdline.split(b"\0")
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -44,6 +44,7 @@ HANDLER = """
 import ctypes, json, os
 
 def handle(event, context):
+    print("handled", event.body.decode(), flush=True)
     def listing(path):
         try:
             return sorted(os.listdir(path))
@@ -137,6 +138,9 @@ def test_a_forked_replica_answers_and_holds_at_most_40_mb_of_its_own(node):
         assert _facts(replica)["pid"] == 1
         uss = uss_bytes(replica.proc.pid)  # the relay and the replica: Private_* of smaps_rollup
         assert 0 < uss <= 40 * 2**20, f"USS {uss / 2**20:.1f} MB"
+        # what the handler prints is in the function's log, as an exec'd replica's is
+        said = lambda: [m["text"] for m in runtime.logs.read("openfaas-fn", "tenant-a", instance=replica.id)]  # noqa: E731
+        assert _until(lambda: any("handled who am i" in t for t in said()), 10), said()
     finally:
         runtime._stop_all([replica], 5)
     assert replica.proc.returncode == 0  # SIGTERM relayed: the watchdog drained and exited
