@@ -70,7 +70,9 @@ PRELOAD = (
 )
 """What python3-gpu's index.py and its watchdog import before any handler code runs."""
 WATCHDOG_PACKAGE = "faas_gpu_watchdog"
-MAX_REQUEST = 1 << 20
+MAX_REQUEST = 1 << 16
+"""A request is a few kilobytes (a sandbox, a few paths); one longer (a function with large
+`envVars`) is cut by SOCK_SEQPACKET and refused, and that replica is exec'd."""
 MAX_FDS = 8
 _UCRED = struct.Struct("3i")
 
@@ -174,7 +176,9 @@ def _handle(listener: socket.socket, conn: socket.socket, provider: int) -> None
     fds: list[int] = []
     try:
         conn.settimeout(10)
-        raw, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST, MAX_FDS)
+        raw, fds, flags, _addr = socket.recv_fds(conn, MAX_REQUEST, MAX_FDS)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise Refused(f"request: over {MAX_REQUEST} bytes or {MAX_FDS} descriptors", fallback=True)
         sb, site = parse(raw, len(fds))
         check_site(site)
         if not p.single_threaded():

@@ -139,6 +139,15 @@ def test_descriptors_must_be_the_output_and_the_files_nothing_more(server):
         for fd in fds:
             os.close(fd)
     assert "descriptors expected" in said["error"]
+    fds = [os.open("/dev/null", os.O_WRONLY) for _ in range(12)]
+    try:
+        said = ask(path, request(sb), fds)  # more than any request has
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert "descriptors" in said["error"]
+    said = ask(path, b"\0" * (100 << 10))  # over the size of any request
+    assert "over" in said["error"]
     assert children(proc.pid) == []
 
 
