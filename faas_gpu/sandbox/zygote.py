@@ -97,6 +97,8 @@ def preload(template: str) -> None:
             __import__(f"{WATCHDOG_PACKAGE}.{name}")
     finally:
         sys.path.remove(template)
+    if sys.path and sys.path[0] in ("", os.getcwd()):  # `python -m`'s working folder: not a replica's path
+        del sys.path[0]
     gc.collect()
     gc.freeze()  # what is loaded now is never scanned again: a collection in a replica copies no page of it
 
