@@ -197,6 +197,15 @@ ISOLATION: Var[str] = Var(
     "start; off, never (replicas then share the stack's user and view of the host)",
 )
 
+FORK_SERVER: Var[bool] = Var(
+    "FAAS_GPU_FORK_SERVER",
+    "on",
+    on_off,
+    "the local runtime forks isolated python3-gpu replicas from a per-node process that has imported torch and "
+    "the template (`faas_gpu.sandbox.zygote`: memory shared, a start in milliseconds); off: every replica is "
+    "exec'd and imports them itself",
+)
+
 PIN_CPUS: Var[str | None] = Var(
     "FAAS_GPU_PIN_CPUS",
     None,

@@ -8,6 +8,8 @@
   new PID namespace); `launcher` is the small process the provider runs per replica
   (`python -I -S faas_gpu/sandbox/launcher.py`); `uids` gives each function its own uid.
 - `worker`: the walls a GPU Manager's model worker enters itself, single-threaded, with no exec.
+- `zygote`: the fork server python3-gpu replicas are forked from (torch and the template loaded
+  once); each forked replica enters `replica`'s walls after the fork, before its handler loads.
 
 What each sees is said elsewhere: `provider/runtime/isolation.py` (a replica) and
 `gpu_manager/isolation.py` (a model worker). Nothing is imported here: the launcher starts with

@@ -62,6 +62,8 @@ class Isolation:
 
     mode: str
     reason: str = ""
+    start: dict[str, object] | None = None
+    """How replicas start (the runtime's word): forked by the fork server, or exec'd and why."""
 
     @property
     def isolated(self) -> bool:
@@ -82,7 +84,10 @@ class Isolation:
             )
         else:
             how = f"functions are NOT isolated: they run as the stack's user and see what it sees ({self.reason})"
-        return {"isolated": self.isolated, "mode": self.mode, "message": how}
+        said: dict[str, object] = {"isolated": self.isolated, "mode": self.mode, "message": how}
+        if self.start is not None:
+            said["replicaStart"] = self.start
+        return said
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ its own uid and namespaces, its secrets at /var/openfaas/secrets, nothing of the
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import shutil
 import signal
 import threading
@@ -20,6 +22,7 @@ from faas_gpu.contract import env as contract_env
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.ports import free_port
+from faas_gpu.sandbox.replica import Sandbox
 from faas_gpu.schedulers import Directory
 from faas_gpu.schedulers import merge as merge_schedulers
 
@@ -28,6 +31,7 @@ from ..store import SecretStore
 from ..types import FunctionRecord
 from .base import InstanceSpec, Readiness, probe_readiness
 from .cpu_usage import CpuRate
+from .forkserver import ForkedProcess, ForkServer, Unavailable, forkable, site_folders
 from .isolation import Isolation, ReplicaFolders, Walls
 from .launch import LaunchSpec, plan_launch
 from .output import pump
@@ -46,6 +50,8 @@ from .supervisor import SUPERVISE_EVERY_S, SupervisedRuntime
 
 __all__ = ["SUPERVISE_EVERY_S", "LocalRuntime"]
 
+log = logging.getLogger(__name__)
+
 
 class LocalRuntime(SupervisedRuntime):
     def __init__(
@@ -59,11 +65,14 @@ class LocalRuntime(SupervisedRuntime):
         credentials: FunctionCredentials | None = None,
         pins: CpuPins | None = None,
         isolation: str = "auto",
+        fork_server: bool | None = None,
     ):
         """`gpu_env`: how replicas reach the scheduler (GPU client); `credentials`: each function's
         own token for it (a file in its sandbox, FAAS_GPU_TOKEN_FILE), never the cluster token,
         which stays with the daemons; `pins`: the CPUs replicas are kept on (`pins`), None: not
-        pinned; `isolation`: auto, on or off (FAAS_GPU_ISOLATION: `isolation.Walls.choose`)."""
+        pinned; `isolation`: auto, on or off (FAAS_GPU_ISOLATION: `isolation.Walls.choose`);
+        `fork_server`: fork isolated python3-gpu replicas from a template process (`forkserver`;
+        None: FAAS_GPU_FORK_SERVER)."""
         super().__init__(logs)
         self.home = home
         self.walls = Walls.choose(home, isolation)
@@ -76,14 +85,29 @@ class LocalRuntime(SupervisedRuntime):
         self.pins = pins
         self.run_root = home / "run"
         reap_stale(self.run_root)
+        if fork_server is None:
+            fork_server = contract_env.FORK_SERVER.read()
+        self.fork_server: ForkServer | None = None
+        self._no_fork_server = "" if fork_server else f"{contract_env.FORK_SERVER.name}=off"
+        if fork_server and not self.walls.isolation.isolated:
+            self._no_fork_server = "replicas are not isolated (a forked replica gets its walls after the fork)"
+        elif fork_server:
+            self.fork_server = ForkServer(home / "forkserver")
         self._start_supervisor()
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, record: FunctionRecord) -> LaunchSpec:
-        return plan_launch(record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env)
+        spec = plan_launch(record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env)
+        if self.fork_server is not None and forkable(spec) is None:
+            self.fork_server.wanted()
+        return spec
 
     def isolation(self) -> Isolation:
-        return self.walls.isolation
+        if self.fork_server is not None:
+            start = self.fork_server.describe()
+        else:
+            start = {"method": "exec", "reason": self._no_fork_server}
+        return dataclasses.replace(self.walls.isolation, start=start)
 
     def usage(self, namespace: str, name: str) -> dict | None:
         fn = self._fns.get((namespace, name))
@@ -98,6 +122,8 @@ class LocalRuntime(SupervisedRuntime):
     def _closing(self) -> None:
         if self.schedulers is not None:
             self.schedulers.close()
+        if self.fork_server is not None:
+            self.fork_server.close()
 
     def _exit_status(self, replica: Replica) -> str | None:
         code = replica.proc.poll()
@@ -170,7 +196,7 @@ class LocalRuntime(SupervisedRuntime):
         box = self.walls.sandbox_of(spec.argv, env, spec.cwd, folders, uid, spec.image)
         cpus = self.pins.take(_threads(env)) if self.pins is not None else None
         try:
-            proc = popen(box, run_dir, port)
+            proc = self._forked(spec, box, run_dir, port) or popen(box, run_dir, port)
             if cpus is not None:
                 pin_tree(proc.pid, cpus)  # it inherited the gateway's CPU; again once ready (`_became_ready`)
         except BaseException:
@@ -181,6 +207,20 @@ class LocalRuntime(SupervisedRuntime):
         args = (self.logs, record.namespace, record.name, rid, proc)
         threading.Thread(target=pump, args=args, daemon=True).start()
         return replica
+
+    def _forked(self, spec: LaunchSpec, box: Sandbox, run_dir: Path, port: int) -> ForkedProcess | None:
+        """The replica forked by the fork server, or None: exec it (not a python3-gpu replica, or
+        the server is starting, restarting or refused; the provider's log says why)."""
+        if self.fork_server is None or forkable(spec) is not None:
+            return None
+        try:
+            proc = self.fork_server.spawn(box, site_folders(spec.argv[0]))
+        except Unavailable as exc:
+            log.info("replica %s exec'd: %s", run_dir.name, exc)
+            return None
+        (run_dir / "pid").write_text(str(proc.pid))
+        (run_dir / "port").write_text(str(port))
+        return proc
 
 
 def _threads(env: dict[str, str]) -> int:

@@ -15,18 +15,24 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faas_gpu.sandbox.launcher import LAUNCHER, launcher_argv
 from faas_gpu.sandbox.replica import Sandbox
+from faas_gpu.sandbox.zygote import ZYGOTE_MODULE
 
 from .base import watchdog_ready
+
+if TYPE_CHECKING:
+    from .forkserver import ForkedProcess
 
 
 @dataclass
 class Replica:
     id: str
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
+    """Its launcher, or (forked by the fork server) its relay seen as a process."""
     run_dir: Path
     digest: str
     slot: str | None = None
@@ -97,11 +103,16 @@ def reap_stale(run_root: Path) -> None:
         try:
             pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline:
+            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline or _is_relay(cmdline):
                 os.killpg(pid, signal.SIGKILL)
         except (OSError, ValueError):
             pass
     shutil.rmtree(run_root, ignore_errors=True)
+
+
+def _is_relay(cmdline: bytes) -> bool:
+    """A fork server's relay (the server's own command line: `python -m faas_gpu.sandbox.zygote`)."""
+    return ZYGOTE_MODULE.encode() in cmdline.split(b"\0")
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -122,6 +133,22 @@ def rss_bytes(replicas: list[Replica]) -> int:
             except (OSError, IndexError, ValueError):
                 pass
     return rss
+
+
+def uss_bytes(pid: int) -> int:
+    """Private memory (USS: Private_Clean + Private_Dirty + Private_Hugetlb of
+    /proc/<pid>/smaps_rollup) of `pid` and every process under it: what the replica holds that no
+    other process shares, what stopping it gives back."""
+    total = 0
+    for each in _process_tree(pid):
+        try:
+            text = Path(f"/proc/{each}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Private_"):
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def cpu_seconds(replica: Replica) -> float:
