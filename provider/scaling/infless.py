@@ -15,8 +15,11 @@ measured footing, 30 s since the last), no batch is planned that the measured ar
 within its timeout (`fills`), a plan whose batches the arrivals no longer fill is made again for
 them (`underfilled`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
-function to zero and starts it again before the arrival it predicts. `com.openfaas.scale.min` and
-`com.openfaas.scale.max` bound everything.
+function to zero and starts it again before the arrival it predicts; with OpenFaaS Pro's
+`com.openfaas.scale.zero: "true"` it goes to zero after `com.openfaas.scale.zero-duration` without a
+call. A call in flight is demand either way (`faas_gpu.policies.scale_zero`): a call waiting at the
+gateway for the instance its arrival at zero started keeps that instance, which is not released
+before it is ready. `com.openfaas.scale.min` and `com.openfaas.scale.max` bound everything.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from faas_gpu.policies.infless import (
 )
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S
+from faas_gpu.policies.scale_zero import holds, releasable, wake_to
 
 from ..types import FunctionRecord, ValidationError
 from .base import Key, ScalingContext, ScalingDecision
@@ -209,9 +213,11 @@ class InflessScaling:
         return self._decision(state)
 
     def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:
+        """A call found no ready instance: the function's minimum (at least one) of the most
+        efficient batch-1 instances, unless instances are planned already (still starting)."""
         state: InflessState = ctx.state
         if not state.instances:
-            state.instances = self._fresh(state, 1, ctx.now)
+            state.instances = self._fresh(state, wake_to(state.policy.min_instances), ctx.now)
             state.planned_at = ctx.now
         return self._decision(state)
 
@@ -221,7 +227,8 @@ class InflessScaling:
         p = state.policy
         rps = state.rps = self._measure(state, ctx.load.arrivals, now)
         self._observe(state, ctx, now)
-        keep = 0 if p.scale_zero else p.min_instances
+        in_flight = ctx.load.in_flight  # calls being served or waiting for an instance: demand
+        keep = max(0 if p.scale_zero else p.min_instances, holds(in_flight))
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
         rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated, state.observed)
         decision = dispatch(loads, rps, keep=keep)
@@ -232,14 +239,18 @@ class InflessScaling:
         elif decision.case == "scale-up":
             self._replan(state, rps, now, residual=decision.scale_up_rps)
         elif decision.case == "release":
-            old_enough = {i.id for i in state.instances if now - i.created >= MIN_AGE_S}
-            gone = {r for r in decision.release if r in old_enough}
+            may_go = {
+                i.id
+                for i in state.instances
+                if releasable(i.id in state.ready_ids, now - i.created, MIN_AGE_S, in_flight)
+            }
+            gone = {r for r in decision.release if r in may_go}
             state.instances = [i for i in state.instances if i.id not in gone]
         elif self._underfilled(state, now):
             state.case = "re-plan"
             self._refill(state, now)
         if p.scale_zero:
-            self._keep_alive(state, now)
+            self._keep_alive(state, now, in_flight, ctx.idle_s)
         rates = dispatch([InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances], rps, keep=len(state.instances))
         for inst in state.instances:
             inst.rate = rates.rates.get(inst.id, 0.0)
@@ -406,20 +417,23 @@ class InflessScaling:
         sliver of it that a slow average lets through, and a dip does not release at once."""
         return state.rate_window.observe(now, arrivals)
 
-    def _keep_alive(self, state: InflessState, now: float) -> None:
-        """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted arrival."""
+    def _keep_alive(self, state: InflessState, now: float, in_flight: int, idle_s: float) -> None:
+        """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted
+        arrival. The window counts from the last call itself (`idle_s`, the router's: since the
+        deploy when no call came), and calls in flight keep it warm (`warm`)."""
         name = f"{state.record.namespace}/{state.record.name}"
         now_wall = self.wall()
         now_min = int(now_wall // 60)
         minutes = self.history.active_minutes(name, now_min - 24 * 60)
         w = state.policy.keepalive.windows(minutes, now_min)
         state.windows = (w.prewarm_s, w.keepalive_s)
-        if not minutes or state.rps > 0:
+        if state.rps > 0:
             return
-        keep = warm(w, now_wall - minutes[-1] * 60)  # seconds since the last active minute began
+        since_minute = now_wall - minutes[-1] * 60 if minutes else idle_s  # since the last active minute began
+        keep = warm(w, since_minute, since_call_s=idle_s, in_flight=in_flight)
         if not keep and state.instances:
             state.instances = []
-        elif keep and not state.instances:
+        elif keep and not state.instances and minutes:
             state.instances = self._fresh(state, 1, now)  # pre-warm before the predicted arrival
 
     # -- placement -------------------------------------------------------------------------

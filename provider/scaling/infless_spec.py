@@ -29,12 +29,13 @@ from faas_gpu.policies.infless import (
 from ..config import parse_duration
 from ..runtime import InstanceSpec
 from ..types import FunctionRecord, ValidationError
+from ..validation import SCALE_ZERO_DURATION_LABEL, zero_after_s
 
 MODEL = annotation_keys.MODEL
 SLO = annotation_keys.SLO_MS
 BEST_EFFORT = annotation_keys.BEST_EFFORT
 KEEP_ALIVE = annotation_keys.KEEP_ALIVE
-SCALE_ZERO = annotation_keys.SCALE_ZERO  # CE refuses com.openfaas.scale.zero; this is our own scaler's
+SCALE_ZERO = annotation_keys.SCALE_ZERO  # LSTH's scale to zero, with pre-warming
 
 
 class Predictor(Protocol):
@@ -55,6 +56,9 @@ class FunctionPolicy:
     best_effort: bool
     keepalive: KeepAlivePolicy
     scale_zero: bool
+    """The keep-alive may take the function to zero: `com.faas-gpu.scale-zero` (LSTH, pre-warming
+    before the arrival it predicts) or OpenFaaS Pro's `com.openfaas.scale.zero` (a fixed window of
+    `com.openfaas.scale.zero-duration`, unless com.faas-gpu.keep-alive names the policy)."""
     min_instances: int
     max_instances: int
 
@@ -72,12 +76,24 @@ class FunctionPolicy:
         annotation_keys.SLO_CHECK(f"annotations: {SLO}", raw)  # the deploy rule, for records read back too
         slo_ms = float(raw)
         lo, hi = record.deployment.scale_bounds()
+        labels = record.deployment.labels or {}
+        zero_after = zero_after_s(labels)
+        if KEEP_ALIVE in ann and SCALE_ZERO_DURATION_LABEL in labels:
+            raise ValidationError(
+                f"labels: {SCALE_ZERO_DURATION_LABEL} and annotations: {KEEP_ALIVE} both say how long the function "
+                "is kept warm; give one"
+            )
+        lsth_zero = _flag(ann, SCALE_ZERO) and SCALE_ZERO_DURATION_LABEL not in labels
+        if KEEP_ALIVE in ann or zero_after is None or lsth_zero:
+            keepalive = _keepalive(ann.get(KEEP_ALIVE, "lsth"))
+        else:  # OpenFaaS's scale to zero: no call for zero-duration
+            keepalive = FixedKeepAlive(zero_after)
         return cls(
             model,
             slo_ms / 1000.0,
             _flag(ann, BEST_EFFORT),
-            _keepalive(ann.get(KEEP_ALIVE, "lsth")),
-            _flag(ann, SCALE_ZERO),
+            keepalive,
+            _flag(ann, SCALE_ZERO) or zero_after is not None,
             lo,
             hi,
         )
