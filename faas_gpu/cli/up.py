@@ -10,6 +10,9 @@ supervisor (`faas_gpu.supervise`) starts them and restarts any that dies; `down`
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,20 +271,24 @@ def up_deploy(
                 continue
             with BuildProgress(spec.name, enabled=progress) as step:
                 build_image(spec, stack_dir=stack.stack_dir, on_step=step)
-    _profile_missing(path, stack)
     names = deploy_specs(client, stack.functions.values())
     for spec in stack.functions.values():
         if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s, progress=progress):
             raise CliError(
                 f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
             )
+    _profile_missing(path, stack)
     return names
 
 
 def _profile_missing(path: Path, stack) -> None:
-    """Profile the models the autoscaler will predict that have no profile yet (once per state folder)."""
+    """Profile, in the background, the models the autoscaler will predict that have no profile yet
+    (or only one taken on a busy machine). A deploy never waits for a profile: such a function
+    already serves on a conservative plan, and the autoscaler re-plans it once the profile is
+    stored. The profiler runs at the lowest CPU priority (it measures this node, the figures the
+    planner needs; nice keeps it behind the functions), its output in the state folder's
+    `profile.log`."""
     from faas_gpu.profiling.cli import MODEL_ANNOTATION, SOURCE_ANNOTATION
-    from faas_gpu.profiling.cli import main as profile_main
     from faas_gpu.profiling.predictor import LatencyPredictor
     from faas_gpu.profiling.store import ProfileStore, profiles_db
 
@@ -296,8 +303,24 @@ def _profile_missing(path: Path, stack) -> None:
                 missing.append((spec.name, False))
             elif store.noisy(model) is not None:  # measured on a busy machine last time: try again
                 missing.append((spec.name, True))
-    for name, noisy in missing:
-        why = "again: its last profile was taken on a busy machine" if noisy else "once"
-        print(f"Profiling {name}'s model for the autoscaler ({why})", flush=True)
-        if profile_main(["-f", str(path), name, "--repeat", "5", *(["--remeasure"] if noisy else [])]) != 0:
-            raise CliError(f"profiling {name} failed; run `faas-gpu profile -f {path} {name}` to see why")
+    if not missing:
+        return
+    names = [name for name, _ in missing]
+    again = any(noisy for _, noisy in missing)  # measured on a busy machine last time: measure again
+    log_path = paths.home() / "profile.log"
+    argv = [sys.executable, "-m", "faas_gpu.cli", "profile", "-f", str(path), *names, "--repeat", "5"]
+    with open(log_path, "ab") as log:
+        subprocess.Popen(
+            [*argv, *(["--remeasure"] if again else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives `up`, as the daemons do
+            preexec_fn=lambda: os.nice(19),
+            env={**os.environ, "FAAS_GPU_HOME": str(paths.home())},
+        )
+    print(
+        f"Profiling the model of {', '.join(names)} in the background (log: {log_path}); until it is stored "
+        f"{'they serve' if len(names) > 1 else 'it serves'} on a conservative plan, then the autoscaler re-plans",
+        flush=True,
+    )

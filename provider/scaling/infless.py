@@ -75,6 +75,10 @@ MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no f
 MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model (or make the path's CPU dearer) by
 SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 MEETS_DEMAND = 0.95  # answered at least this share of the arrivals with nothing queued: corrections fade
+PROVISIONAL_SLO_SHARE = 0.25
+"""Before its model is profiled, a batch of one is assumed to take this share of the SLO (the
+client's default batch timeout is the same quarter): a slow model's guess, so the conservative plan
+errs toward more instances, and what is observed at saturation corrects it (`_observe`)."""
 
 
 class InflessScaling:
@@ -121,13 +125,24 @@ class InflessScaling:
         path = self.path_cost()
         return None if path is None else path.cpu_scaled(state.path_correction)
 
-    def candidates(self, policy: FunctionPolicy, factor: float = 1.0, max_batch: int | None = None) -> list[Candidate]:
+    def candidates(
+        self,
+        policy: FunctionPolicy,
+        factor: float = 1.0,
+        max_batch: int | None = None,
+        provisional_s: float | None = None,
+    ) -> list[Candidate]:
         """The profiled configurations as the whole path serves them: model time + the path's cost
-        (`with_path`), times the function's observed `factor`; batches up to `max_batch`."""
+        (`with_path`), times the function's observed `factor`; batches up to `max_batch`. A model
+        with no profile yet has one, provisional configuration when `provisional_s` is given
+        (batch 1, one CPU thread, that long a batch: `_provisional`), else it is refused."""
         try:
             rows = self.predictor.configs(policy.model, gpu=self.gpus > 0)
         except LookupError as exc:
-            raise ValidationError(f"annotations: {MODEL}: {exc.args[0] if exc.args else exc}") from None
+            if provisional_s is not None:
+                rows = [(1, 1, 0, provisional_s * 1000.0)]
+            else:
+                raise ValidationError(f"annotations: {MODEL}: {exc.args[0] if exc.args else exc}") from None
         path = self.path_cost()
         return [
             with_path(Candidate(b, c, g, ms / 1000.0), path, factor)
@@ -135,11 +150,23 @@ class InflessScaling:
             if c <= self.cpus and (g == 0 or self.gpus) and (max_batch is None or b <= max_batch)
         ]
 
+    def profiled(self, model: str) -> bool:
+        """Whether the profile store knows the model (a profile may arrive while the function serves)."""
+        try:
+            self.predictor.configs(model, gpu=self.gpus > 0)
+        except LookupError:
+            return False
+        return True
+
     def policy_of(self, record: FunctionRecord) -> FunctionPolicy:
-        """Refuse a model without a profile, or an SLO below the model's best predicted latency."""
+        """Refuse an SLO below the model's best predicted latency. A model without a profile is
+        accepted (a deploy never waits for a profile): it is served on a conservative plan until
+        one is stored (`_provisional`), and its SLO is checked then (`_check_profile`)."""
         policy = FunctionPolicy.of(record)
         if policy is None:
             raise ValidationError(f"annotations: {MODEL} and {SLO} are required for INFless scaling")
+        if not self.profiled(policy.model):
+            return policy
         cands = self.candidates(policy)
         if not cands:
             raise ValidationError(
@@ -167,7 +194,17 @@ class InflessScaling:
         key = record.key
         state = InflessState(record, policy, rate_window=rate_window(self.window_s))
         state.planned_at = now
-        if previous is not None and previous.policy == policy:
+        if not self.profiled(policy.model):
+            state.provisional_s, state.profile_checked_at = policy.slo_s * PROVISIONAL_SLO_SHARE, now
+            log.warning(
+                "%s: model %r has no profile yet: served on a conservative plan (batch 1, %.0f ms a batch assumed, "
+                "batches grow under load within its SLO) until `faas-gpu profile` stores one; re-planned then",
+                record.name,
+                policy.model,
+                state.provisional_s * 1000,
+            )
+        same_footing = previous is not None and (previous.provisional_s is None) == (state.provisional_s is None)
+        if previous is not None and previous.policy == policy and same_footing:
             state.instances, state.splitter = previous.instances, previous.splitter
             state.rate_window = previous.rate_window
             state.correction, state.planned_at = previous.correction, previous.planned_at
@@ -226,6 +263,8 @@ class InflessScaling:
         now = ctx.now
         p = state.policy
         rps = state.rps = self._measure(state, ctx.load.arrivals, now)
+        if state.provisional_s is not None:
+            self._check_profile(state, now)
         self._observe(state, ctx, now)
         in_flight = ctx.load.in_flight  # calls being served or waiting for an instance: demand
         keep = max(0 if p.scale_zero else p.min_instances, holds(in_flight))
@@ -301,6 +340,42 @@ class InflessScaling:
                 state.correction,
             )
 
+    def _check_profile(self, state: InflessState, now: float) -> None:
+        """A function served before its model was profiled: once the store has a profile (the
+        background `faas-gpu profile` that `faas-gpu up` starts, or one run by hand), its SLO is
+        checked as a deploy would, and it is planned afresh by Algorithm 1 for what arrives (the
+        runtime keeps each replaced instance serving until its successor is ready). Looked up once a
+        rate window. An SLO the profile says no configuration meets leaves the conservative plan
+        serving and `describe` saying why."""
+        if now - state.profile_checked_at < self.window_s:
+            return
+        state.profile_checked_at = now
+        if not self.profiled(state.policy.model):
+            return
+        try:
+            self.policy_of(state.record)
+        except ValidationError as exc:
+            if state.problem != str(exc):
+                log.error("%s: its profile arrived, but %s", state.record.name, exc)
+            state.problem = str(exc)
+            return
+        state.provisional_s, state.problem = None, None
+        state.correction = state.path_correction = 1.0  # they corrected the provisional guess, not the model
+        if not state.instances:
+            return  # at zero: the next instance is planned from the profile
+        n = max(len(state.instances), state.policy.min_instances)
+        fresh = self._place(state, state.rps, n, now, without_own=True) if state.rps > 0 else []
+        fresh = fresh or self._fresh(state, n, now)
+        if fresh:
+            state.instances = fresh
+            state.planned_at = state.restarted_at = now
+            log.info(
+                "%s: model %r profiled: re-planned as batch %s",
+                state.record.name,
+                state.policy.model,
+                ", ".join(str(i.candidate.batch) for i in fresh),
+            )
+
     def _fade(self, state: InflessState, now: float) -> None:
         """A settled plan that answers what arrives with nothing queued (no more requests in flight
         than its batches hold: a closed loop's callers are always "answered", so the answer rate
@@ -354,7 +429,10 @@ class InflessScaling:
         """The running instances' rates under the corrected model, without restarting any: each
         configuration placed again (Algorithm 1, one instance) on what the node leaves; its batch,
         threads and timeout, which the instance runs with, are kept."""
-        cands = {(c.batch, c.cpu, c.gpu): c for c in self.candidates(state.policy, state.correction)}
+        cands = {
+            (c.batch, c.cpu, c.gpu): c
+            for c in self.candidates(state.policy, state.correction, provisional_s=state.provisional_s)
+        }
         servers = self._servers(state, without_own=True)
         path = self.path_cpu(state)
         for inst in sorted(state.instances, key=lambda i: -i.candidate.batch):
@@ -462,7 +540,9 @@ class InflessScaling:
         slo = state.policy.slo_s
         cands = [
             c
-            for c in self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+            for c in self.candidates(
+                state.policy, state.correction, max_batch=state.concurrency, provisional_s=state.provisional_s
+            )
             if fills(c, slo, state.rps)
         ]
         servers = self._servers(state, without_own)
@@ -480,7 +560,11 @@ class InflessScaling:
             placed = self._place(state, 1e-6, 1, now)
             if not placed:
                 cands = sorted(
-                    (c for c in self.candidates(state.policy, state.correction) if c.batch == 1),
+                    (
+                        c
+                        for c in self.candidates(state.policy, state.correction, provisional_s=state.provisional_s)
+                        if c.batch == 1
+                    ),
                     key=lambda c: c.t_exec_s,
                 )
                 if not cands:
@@ -538,6 +622,8 @@ class InflessScaling:
             "namespace": key[0],
             "policy": "infless",
             "model": p.model,
+            "profiled": state.provisional_s is None,
+            "profile": _profile_note(state),
             "sloMs": p.slo_s * 1000,
             "bestEffort": p.best_effort,
             "rps": round(state.rps, 3),
@@ -574,3 +660,16 @@ def _config(i: Instance) -> tuple[int, float, float]:
 
 def _configs(instances: list[Instance]) -> list[tuple[int, float, float]]:
     return sorted(_config(i) for i in instances)
+
+
+def _profile_note(state: InflessState) -> str | None:
+    """What `describe` says about the function's profile: None once planned from one."""
+    if state.problem is not None:
+        return state.problem
+    if state.provisional_s is None:
+        return None
+    return (
+        f"model {state.policy.model!r} is not profiled yet: served on a conservative plan (a batch of one assumed to "
+        f"take {state.provisional_s * 1000:.0f} ms, a quarter of the SLO; batches grow under load within the SLO) "
+        "until `faas-gpu profile` stores a profile (`faas-gpu up` runs it in the background); re-planned then"
+    )

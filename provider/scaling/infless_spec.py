@@ -229,4 +229,10 @@ class InflessState:
     """When the corrections last faded toward 1."""
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
+    provisional_s: float | None = None
+    """Set while the model has no profile: the time assumed for a batch of one (the conservative
+    plan's only configuration); None once planned from a profile."""
+    profile_checked_at: float = -math.inf
+    problem: str | None = None
+    """Why a profile that arrived was not taken (an SLO it says no configuration meets)."""
     lock: threading.Lock = field(default_factory=threading.Lock)

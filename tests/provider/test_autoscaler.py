@@ -61,9 +61,35 @@ def test_functions_without_a_model_are_not_managed(scaler):
     assert not scaler.manages(r.key)
 
 
-def test_a_model_without_a_profile_is_refused_naming_it_and_the_command(scaler):
-    with pytest.raises(ValidationError, match=r"com.faas-gpu.model.*'resnet'.*faas-gpu profile"):
-        scaler.validate(record({"com.faas-gpu.model": "resnet", "com.faas-gpu.slo-ms": "100"}))
+def test_a_model_without_a_profile_is_served_on_a_conservative_plan_and_re_planned_once_profiled(scaler):
+    """Issue 46: a deploy never waits for a profile. Accepted (it was 400 `no profile for model`),
+    served at batch 1 with a slow model assumed (a quarter of the SLO a batch) while the profile
+    is measured, and planned from the profile once the store has one."""
+    r = record({"com.faas-gpu.model": "resnet", "com.faas-gpu.slo-ms": "100"}, {"com.openfaas.scale.max": "10"})
+    assert scaler.validate(r) is None
+    scaler.prepare(r)
+    d = scaler.describe(r.key)
+    assert not d["profiled"] and "faas-gpu profile" in d["profile"]
+    assert [(i["batch"], i["tExecMs"]) for i in d["instances"]] == [(1, 25.0)]
+    load(scaler, r.key, 100, 6)  # 100 calls a second: the conservative plan adds instances for them
+    d = scaler.describe(r.key)
+    assert len(d["instances"]) >= 3 and d["rMax"] >= 100 and not d["profiled"]
+    scaler.predictor.models["resnet"] = TABLE  # `faas-gpu profile` stored it
+    load(scaler, r.key, 100, 6)
+    d = scaler.describe(r.key)
+    assert d["profiled"] and d["profile"] is None
+    assert {i["tExecMs"] for i in d["instances"]} <= {ms * f for ms in TABLE.values() for f in (1.0, 0.6)}
+    assert d["rMax"] >= 100 and len(d["instances"]) <= 2  # the profile's faster model needs fewer
+
+
+def test_an_slo_a_late_profile_says_no_configuration_meets_leaves_the_function_serving_and_says_why(scaler):
+    r = record({"com.faas-gpu.model": "resnet", "com.faas-gpu.slo-ms": "3"})
+    scaler.prepare(r)  # accepted: nothing to check the SLO against yet
+    scaler.predictor.models["resnet"] = TABLE
+    load(scaler, r.key, 10, 12)
+    d = scaler.describe(r.key)
+    assert not d["profiled"] and "smallest predicted latency" in d["profile"]
+    assert len(d["instances"]) >= 1
 
 
 def test_an_slo_below_the_best_predicted_latency_is_refused_with_the_figure(scaler):
