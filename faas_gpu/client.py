@@ -42,6 +42,7 @@ the tensor wire format, the variables' defaults); it imports no daemon.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -80,6 +81,7 @@ from faas_gpu.saving import (  # noqa: F401 — save_model and explain_pickle: n
     explain_pickle,
     export_program,
     save_model,
+    source_digest,
 )
 
 log = logging.getLogger("faas_gpu.client")
@@ -175,6 +177,7 @@ class RemoteModel(torch.nn.Module):
         self._report_timer: threading.Timer | None = None
         self._upload_lock = threading.Lock()
         self._refused: NotConvertible | None = None  # said once, then at once on every call
+        self._looked_up = False  # the digest came from an earlier replica's upload (`_known`)
         self._queue = BatchQueue(
             self._run,
             config.max_batch,
@@ -194,16 +197,45 @@ class RemoteModel(torch.nn.Module):
             return self._upload(example)
 
     def _upload(self, example: torch.Tensor) -> str:
+        """The artifact's digest on the scheduler: one an earlier replica of this function uploaded
+        for the same source (`_known`: no export, no upload), else exported here and uploaded."""
         if self._digest:
             return self._digest
         if self._refused is not None:
             raise self._refused
+        source = self._source(example)
+        known = self._known(source) if source is not None else None
+        if known is not None:
+            self._digest, self._looked_up = known, True
+            return known
         if self._artifact is None:
             self._artifact = self._export(example)
         check_sendable(self._artifact, type(self.local).__name__)
-        r = self._request("PUT", "/v1/models", data=self._artifact)
-        self._digest = r.json()["digest"]
+        headers = {h.MODEL_SOURCE: source} if source is not None else {}
+        r = self._request("PUT", "/v1/models", data=self._artifact, headers=headers)
+        self._digest, self._looked_up = r.json()["digest"], False
         return self._digest
+
+    def _source(self, example: torch.Tensor) -> str | None:
+        """What the artifact is made from: the loaded file's own bytes, or the module the handler
+        built (`source_digest`: its code, weights and input), as a SHA-256."""
+        if self._artifact is not None:
+            return hashlib.sha256(self._artifact).hexdigest()
+        try:
+            return source_digest(self.local, example)
+        except Exception:  # noqa: BLE001 — no digest only means exporting as before
+            log.debug("no source digest for %s", type(self.local).__name__, exc_info=True)
+            return None
+
+    def _known(self, source: str) -> str | None:
+        """The digest this function uploaded for `source` (a replica before this one), or None: a
+        scheduler that does not know it (or an older one without the route) costs one request."""
+        try:
+            r = self._request("GET", f"/v1/model-sources/{source}")
+        except (RemoteError, requests.RequestException):
+            return None
+        digest = r.json().get("digest") if r.headers.get("Content-Type", "").startswith("application/json") else None
+        return digest if isinstance(digest, str) else None
 
     def _export(self, example: torch.Tensor) -> bytes:
         """The module as a torch.export program (`export_program`); NotConvertible, kept for later
@@ -297,7 +329,19 @@ class RemoteModel(torch.nn.Module):
         uploaded = self._digest is not None
         digest = self._ensure_uploaded(x)
         cold_s = time.monotonic() - t0  # the model's one-time export and upload: a cold start, not queueing
-        y, shown = self._send(x, cls, digest, cold_s, t0)
+        try:
+            y, shown = self._send(x, cls, digest, cold_s, t0)
+        except RemoteError as exc:
+            if exc.status != 404 or not self._looked_up:
+                raise
+            # the artifact an earlier replica uploaded is gone from the scheduler: export and upload it
+            log.info("faas-gpu: the model's earlier artifact %s… is gone; uploading it again", digest[:12])
+            with self._upload_lock:
+                if self._digest == digest:
+                    self._digest, self._looked_up = None, False
+            digest = self._ensure_uploaded(x)
+            cold_s = time.monotonic() - t0
+            y, shown = self._send(x, cls, digest, cold_s, t0)
         if not uploaded:  # this batch paid for the artifact: its answer says how long (a cold start's part)
             shown = {**shown, h.UPLOAD_SECONDS: f"{cold_s:.3f}"}
         return y, shown

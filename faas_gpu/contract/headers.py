@@ -37,6 +37,9 @@ FUNCTION = "X-Faas-Gpu-Function"
 LEASE = "X-Faas-Gpu-Lease"
 """A placement lease (`lease`): with the function's own token, lets its instance send a batch
 straight to the leased unit's GPU Manager."""
+MODEL_SOURCE = "X-Faas-Gpu-Model-Source"
+"""On an upload: the SHA-256 of what the artifact was made from (`faas_gpu.saving.source_digest`):
+a later replica of the same function asks the scheduler for the digest instead of exporting again."""
 MODEL_DIGEST = "X-Model-Digest"
 """On an upload: the SHA-256 the client computed; the store refuses bytes that hash otherwise."""
 
