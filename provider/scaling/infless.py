@@ -267,7 +267,9 @@ class InflessScaling:
             self._check_profile(state, now)
         self._observe(state, ctx, now)
         in_flight = ctx.load.in_flight  # calls being served or waiting for an instance: demand
-        keep = max(0 if p.scale_zero else p.min_instances, holds(in_flight))
+        # the dispatcher releases down to com.openfaas.scale.min; below it, to zero, only the
+        # keep-alive takes a scale-zero function (`_keep_alive`), never a release under load's dip
+        keep = max(p.min_instances, holds(in_flight))
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
         rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated, state.observed)
         decision = dispatch(loads, rps, keep=keep)

@@ -754,3 +754,21 @@ def test_our_keep_alive_on_a_function_without_a_model_is_refused_naming_openfaas
     value = "true" if key.endswith("zero") else "30s"
     with pytest.raises(ValidationError, match=rf"annotations: {key}.*com.openfaas.scale.zero"):
         plain.validate(record({key: value}))
+
+
+def test_a_scale_zero_model_function_stays_at_its_minimum_until_its_zero_duration(scaler):
+    """The dispatcher's release of an idle instance took a scale-zero function to zero 10 s after
+    its deploy (before a slow replica had even started); only its keep-alive may take it below
+    com.openfaas.scale.min."""
+    r = record(
+        {"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "100"},
+        {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "2m"},
+    )
+    scaler.prepare(r)
+    counts = []
+    for _ in range(150):  # no call, and no replica ever ready
+        scaler.fake_clock.t += 1
+        scaler.fake_wall.t += 1
+        scaler.tick()
+        counts.append(len(scaler.describe(r.key)["instances"]))
+    assert counts[:118] == [1] * 118 and counts[-1] == 0
