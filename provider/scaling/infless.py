@@ -513,8 +513,10 @@ class InflessScaling:
         keep = warm(w, since_minute, since_call_s=idle_s, in_flight=in_flight)
         if not keep and state.instances:
             state.instances = []
-        elif keep and not state.instances and minutes:
-            state.instances = self._fresh(state, 1, now)  # pre-warm before the predicted arrival
+        elif keep and not state.instances and minutes and w.prewarm_s > 0:
+            # pre-warm before the arrival the histogram predicts; a window without a pre-warm gap
+            # predicts none (it only keeps warm), and a function taken to zero waits for a call
+            state.instances = self._fresh(state, 1, now)
 
     # -- placement -------------------------------------------------------------------------
     def _servers(self, state: InflessState, without_own: bool = False) -> list[Server]:

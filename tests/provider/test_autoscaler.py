@@ -772,3 +772,17 @@ def test_a_scale_zero_model_function_stays_at_its_minimum_until_its_zero_duratio
         scaler.tick()
         counts.append(len(scaler.describe(r.key)["instances"]))
     assert counts[:118] == [1] * 118 and counts[-1] == 0
+
+
+def test_a_model_function_scaled_to_zero_stays_there_until_a_call(scaler):
+    """OpenFaaS Pro's idler (or an operator) scales a scale-zero function to 0: its keep-alive
+    window, which only keeps warm, must not start it again (only LSTH's predicted arrival does)."""
+    r = record(
+        {"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "100"},
+        {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "30m"},
+    )
+    scaler.prepare(r)
+    load(scaler, r.key, 5, 3)
+    scaler.scale_to(r.key, 0)
+    load(scaler, r.key, 0, 30)
+    assert scaler.describe(r.key)["instances"] == []
