@@ -782,7 +782,10 @@ def test_a_model_function_scaled_to_zero_stays_there_until_a_call(scaler):
         {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "30m"},
     )
     scaler.prepare(r)
-    load(scaler, r.key, 5, 3)
+    for _ in range(5):  # calls, answered
+        scaler.arrived(r.key)
+        scaler.departed(r.key, 200)
+    load(scaler, r.key, 0, 3)
     scaler.scale_to(r.key, 0)
     load(scaler, r.key, 0, 30)
     assert scaler.describe(r.key)["instances"] == []
