@@ -288,7 +288,23 @@ def load_step(bench: Bench, args: argparse.Namespace) -> dict:
     bench.deploy("classify")
     call(bench, "classify")  # the model on its unit: what a deployed, idle function has
     time.sleep(args.step_idle)
-    per_second, codes = closed_loop(bench.stack.url + "/function/classify", STEP_CLIENTS, args.step_seconds)
+    plans: list[tuple[float, list]] = []
+    watching = threading.Event()
+
+    def watch() -> None:  # the planner's plan, once a second: when it first follows the step
+        t0 = time.monotonic()
+        while not watching.wait(1.0):
+            plans.append((round(time.monotonic() - t0), [i.get("batch") for i in bench.instances("classify")]))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        per_second, codes = closed_loop(bench.stack.url + "/function/classify", STEP_CLIENTS, args.step_seconds)
+    finally:
+        watching.set()
+        watcher.join()
+    first_plan = plans[0][1] if plans else None
+    replanned = next((t for t, p in plans if p != first_plan), None)
     rates = [n for n, _, _ in per_second]
     settle = settled_at(rates)
     plan = [(i.get("batch"), round(i.get("rUp", 0))) for i in bench.instances("classify")]
@@ -296,6 +312,7 @@ def load_step(bench: Bench, args: argparse.Namespace) -> dict:
     print(f"load step: 504s per second {[m for _, m, _ in per_second]}", flush=True)
     print(f"load step: mean batch per second {[b for _, _, b in per_second]}", flush=True)
     print(f"load step: codes {dict(codes)}; settled after {settle}s; plan at the end (batch, r_up) {plan}", flush=True)
+    print(f"load step: the plan's batches, second by second {[p for _, p in plans]}", flush=True)
     return {
         "load_step_504s": codes.get(504, 0),
         "load_step_settle_s": settle,
@@ -303,6 +320,7 @@ def load_step(bench: Bench, args: argparse.Namespace) -> dict:
         "load_step_rps_last10": round(statistics.mean(rates[-10:]), 1) if rates else None,
         "load_step_first5_rps": rates[:5],
         "load_step_first5_batch": [b for _, _, b in per_second[:5]],
+        "load_step_replanned_s": replanned,
     }
 
 

@@ -151,10 +151,10 @@ class BatchQueue:
     instance one timeout (t_slo - t_exec); HarmonyBatch's groups give each application its own
     (`timeouts`, by `current_app`), so a tight-SLO app does not wait as long as a loose one.
 
-    With an SLO (`slo_s`) the queue also batches what the plan did not foresee: while `depth`
-    batches are in flight, calls that arrive queue, and the next batch takes all of them up to
-    `BatchBound`'s limit (the largest batch whose measured time fits half the SLO), without waiting
-    for more. A load the autoscaler has not planned for is batched from its first seconds."""
+    With an SLO (`slo_s`) the queue also batches what the plan did not foresee: at most `depth`
+    batches are in flight, calls that arrive meanwhile queue, and the next batch takes all of them
+    up to `BatchBound`'s limit (the largest batch whose measured time fits half the SLO), without
+    waiting for more. A load the autoscaler has not planned for is batched from its first seconds."""
 
     def __init__(
         self,
@@ -222,7 +222,9 @@ class BatchQueue:
                         break
                     self._cv.wait(left)
                 # busy downstream: calls that come meanwhile join this batch, up to the SLO's bound
-                while self._busy >= self.depth and self._rows < self._limit():
+                # (more batches in flight would only queue unbatched where they run, and their
+                # times, which the bound is fitted on, would count that queue)
+                while self._busy >= self.depth:
                     self._cv.wait()
             self._slots.acquire()  # the batch is formed once it can go: calls that came meanwhile count
             with self._cv:
