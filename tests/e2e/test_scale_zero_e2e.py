@@ -72,7 +72,7 @@ def stack(tmp_path_factory):
         "wake-slow": {"handler": "./model", "annotations": model, "environment": {"LOAD_SECONDS": "8"}},
         "plain": {"handler": "./plain"},
     }
-    for name, fn in functions.items():
+    for fn in functions.values():
         fn.update(lang="python3-gpu", image=f"zero/{fn['handler'][2:]}:latest", labels=ZERO)
         fn.setdefault("environment", {})["exec_timeout"] = f"{TIMEOUT_S:g}s"
     (root / "stack.yml").write_text(
