@@ -153,6 +153,10 @@ class Bench:
             time.sleep(0.1)
         raise RuntimeError(f"{name} did not reach zero within {timeout_s:.0f}s")
 
+    def remove(self, name: str) -> None:
+        url = f"{self.stack.url}/system/functions"
+        requests.delete(url, json={"functionName": name}, auth=self.stack.auth, timeout=30)
+
     def instances(self, name: str) -> list:
         url = f"{self.stack.provider_url}/system/function/{name}/instances"
         r = requests.get(url, auth=self.stack.auth, timeout=10)
@@ -276,17 +280,31 @@ def _parts(r: dict) -> str:
 
 
 def load_step(bench: Bench, args: argparse.Namespace) -> dict:
-    """Idle to 32 callers on a freshly deployed classify: the step's 504s and its time to settle."""
+    """Idle to 32 callers on a freshly deployed classify: the step's 504s and its time to settle;
+    first with the instance's batch bound off (`FAAS_GPU_BATCH_BOUND=off`: each instance batches
+    only to its planned size, as before issue 46), the same-run baseline, then as deployed."""
     if args.step_seconds <= 0:
         return {}
     # a noisy profile is stored too (marked so): the planner has one either way
     print(bench.cli("profile", "-f", "stack.yml", "classify", "--threads", "1", "--repeat", "3", check=False)[-400:])
-    requests.delete(
-        f"{bench.stack.url}/system/functions", json={"functionName": "classify"}, auth=bench.stack.auth, timeout=30
-    )
+    spec = yaml.safe_load((bench.root / "stack.yml").read_text())
+    off = dict(spec["functions"]["classify"])
+    off["environment"] = {**off.get("environment", {}), "FAAS_GPU_BATCH_BOUND": "off"}
+    spec["functions"]["classify-unbound"] = off
+    (bench.root / "stack.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out: dict = {}
+    for name, prefix in (("classify-unbound", "load_step_unbound_"), ("classify", "load_step_")):
+        step = one_step(bench, args, name)
+        out.update({prefix + k: v for k, v in step.items()})
+    return out
+
+
+def one_step(bench: Bench, args: argparse.Namespace, name: str) -> dict:
+    bench.remove(name)
     time.sleep(1.0)
-    bench.deploy("classify")
-    call(bench, "classify")  # the model on its unit: what a deployed, idle function has
+    bench.deploy(name)
+    BODIES.setdefault(name, BODIES["classify"])
+    call(bench, name)  # the model on its unit: what a deployed, idle function has
     time.sleep(args.step_idle)
     plans: list[tuple[float, list]] = []
     watching = threading.Event()
@@ -294,33 +312,33 @@ def load_step(bench: Bench, args: argparse.Namespace) -> dict:
     def watch() -> None:  # the planner's plan, once a second: when it first follows the step
         t0 = time.monotonic()
         while not watching.wait(1.0):
-            plans.append((round(time.monotonic() - t0), [i.get("batch") for i in bench.instances("classify")]))
+            plans.append((round(time.monotonic() - t0), [i.get("batch") for i in bench.instances(name)]))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        per_second, codes = closed_loop(bench.stack.url + "/function/classify", STEP_CLIENTS, args.step_seconds)
+        per_second, codes = closed_loop(f"{bench.stack.url}/function/{name}", STEP_CLIENTS, args.step_seconds)
     finally:
         watching.set()
         watcher.join()
+    bench.remove(name)
     first_plan = plans[0][1] if plans else None
     replanned = next((t for t, p in plans if p != first_plan), None)
     rates = [n for n, _, _ in per_second]
     settle = settled_at(rates)
-    plan = [(i.get("batch"), round(i.get("rUp", 0))) for i in bench.instances("classify")]
-    print(f"load step: per second {rates}", flush=True)
-    print(f"load step: 504s per second {[m for _, m, _ in per_second]}", flush=True)
-    print(f"load step: mean batch per second {[b for _, _, b in per_second]}", flush=True)
-    print(f"load step: codes {dict(codes)}; settled after {settle}s; plan at the end (batch, r_up) {plan}", flush=True)
-    print(f"load step: the plan's batches, second by second {[p for _, p in plans]}", flush=True)
+    print(f"{name} step: per second {rates}", flush=True)
+    print(f"{name} step: 504s per second {[m for _, m, _ in per_second]}", flush=True)
+    print(f"{name} step: mean batch per second {[b for _, _, b in per_second]}", flush=True)
+    print(f"{name} step: codes {dict(codes)}; settled after {settle}s", flush=True)
+    print(f"{name} step: the plan's batches, second by second {[p for _, p in plans]}", flush=True)
     return {
-        "load_step_504s": codes.get(504, 0),
-        "load_step_settle_s": settle,
-        "load_step_codes": {str(k): v for k, v in codes.items()},
-        "load_step_rps_last10": round(statistics.mean(rates[-10:]), 1) if rates else None,
-        "load_step_first5_rps": rates[:5],
-        "load_step_first5_batch": [b for _, _, b in per_second[:5]],
-        "load_step_replanned_s": replanned,
+        "504s": codes.get(504, 0),
+        "settle_s": settle,
+        "codes": {str(k): v for k, v in codes.items()},
+        "rps_last10": round(statistics.mean(rates[-10:]), 1) if rates else None,
+        "first5_rps": rates[:5],
+        "first5_batch": [b for _, _, b in per_second[:5]],
+        "replanned_s": replanned,
     }
 
 

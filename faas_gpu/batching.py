@@ -54,7 +54,7 @@ class LocalBatching:
         (`contract.env`); with an SLO, queued calls batch up to what the SLO allows."""
         environ = os.environ if environ is None else environ
         max_batch = env.MAX_BATCH.read(environ) if env.MAX_BATCH.is_set(environ) else 1
-        slo_ms = env.SLO_MS.read(environ)
+        slo_ms = env.SLO_MS.read(environ) if env.BATCH_BOUND.read(environ) else 0.0
         if max_batch <= 1 and not slo_ms:
             return None
         return cls(max_batch, env.batch_timeout_s(environ), app_timeouts(environ), slo_ms / 1000 if slo_ms else None)

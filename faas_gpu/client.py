@@ -118,6 +118,7 @@ class ClientConfig:
     model_name: str | None = None  # sent as X-Faas-Gpu-Model: FAAS_GPU_PROTEAN_MODEL, else FAAS_GPU_MODEL
     leases: bool = env.LEASES.default  # ask for placement leases and send batches to the GPU Manager
     call_timeout_s: float = env.EXEC_TIMEOUT.default  # the watchdog's timeout of a call (0: none)
+    batch_bound: bool = env.BATCH_BOUND.default  # queued calls batch up to the SLO's bound (`BatchBound`)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig | None:
@@ -138,6 +139,7 @@ class ClientConfig:
             model_name=env.PROTEAN_MODEL.read(environ) or env.MODEL.read(environ),
             leases=env.LEASES.read(environ),
             call_timeout_s=env.EXEC_TIMEOUT.read(environ),
+            batch_bound=env.BATCH_BOUND.read(environ),
         )
 
 
@@ -185,7 +187,7 @@ class RemoteModel(torch.nn.Module):
             name="remote-batch",
             timeouts=config.app_timeouts,
             max_inflight=config.max_inflight,
-            slo_s=config.slo_ms / 1000 if config.slo_ms else None,
+            slo_s=config.slo_ms / 1000 if config.slo_ms and config.batch_bound else None,
             depth=REMOTE_DEPTH,
         )
 

@@ -93,3 +93,5 @@ def test_an_instance_with_an_slo_batches_on_the_cpu_path_at_batch_1():
     assert LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "1"}) is None
     b = LocalBatching.from_env({"FAAS_GPU_MAX_BATCH": "1", "FAAS_GPU_SLO_MS": "250"})
     assert b is not None and b.max_batch == 1 and b.slo_s == 0.25
+    off = {"FAAS_GPU_MAX_BATCH": "1", "FAAS_GPU_SLO_MS": "250", "FAAS_GPU_BATCH_BOUND": "off"}
+    assert LocalBatching.from_env(off) is None  # the measuring switch: only the planned batch
