@@ -580,9 +580,7 @@ def remote(module: torch.nn.Module) -> torch.nn.Module:
     if config:
         return RemoteModel(module.eval(), config)
     local = LocalBatching.from_env()
-    if local is None:
-        return module
-    return LocalBatchedModel(module.eval(), local.max_batch, local.timeout_s, local.timeouts, local.slo_s)
+    return LocalBatchedModel(module.eval(), local.max_batch, local.timeout_s, local.timeouts) if local else module
 
 
 def install() -> bool:

@@ -174,9 +174,9 @@ BATCH_BOUND: Var[bool] = Var(
     "FAAS_GPU_BATCH_BOUND",
     True,
     on_off,
-    "on: an instance with an SLO batches the calls that queue behind its batches, up to the largest batch whose "
-    "measured time fits half the SLO (`faas_gpu.batching.BatchBound`); off: only its planned batch size, as before "
-    "issue 46 (for measuring what the bound buys)",
+    "on: an instance with an SLO on the GPU path batches the calls that queue behind its batches, up to the largest "
+    "batch whose measured time fits half the SLO (`faas_gpu.batching.BatchBound`); off: only its planned batch size, "
+    "as before issue 46 (for measuring what the bound buys)",
 )
 LEASES: Var[bool] = Var(
     "FAAS_GPU_LEASES", True, on_off, "on: ask the scheduler for placement leases and send batches to the GPU Manager"
