@@ -195,7 +195,8 @@ def test_instances_of_two_batch_sizes_follow_a_changing_load(project, stack):
         watcher.join()
     codes = Counter(r.status_code for r in answers)
     trace = [(d["rps"], d["rMax"], [i["batch"] for i in d["instances"]]) for d in seen]
-    assert codes[200] >= 0.9 * len(answers), (codes, trace)
+    bad = [(r.text[:200], dict(r.headers)) for r in answers if r.status_code != 200][:3]
+    assert codes[200] >= 0.9 * len(answers), (codes, trace, bad)
     busiest = max(seen, key=lambda d: len({i["batch"] for i in d["instances"]}))
     batches = {i["batch"] for i in busiest["instances"]}
     assert len(batches) >= 2, [(d["rps"], d["rMax"], [i["batch"] for i in d["instances"]]) for d in seen]
