@@ -40,6 +40,11 @@ servers:
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q etcd-server redis-server; \
 	fi
+	@# the etcd TLS test's certificates (tests/datastore/test_etcd_tls.py)
+	@if ! command -v openssl >/dev/null; then \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openssl; \
+	fi
 	@# the status page's browser tests: Debian's headless Chromium and its driver, never a download
 	@if ! test -x /usr/bin/chromium || ! test -x /usr/bin/chromedriver; then \
 		$(SUDO) apt-get update -q && \

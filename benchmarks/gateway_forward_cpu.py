@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from faas_gpu.sandbox import LAUNCHER  # noqa: E402
 from tests.stack_process import StackProcess  # noqa: E402
 
 HANDLER = (
@@ -65,17 +66,25 @@ def gateway_pids(pid: int) -> list[int]:
 
 
 def watchdog_pids(gateway: list[int]) -> list[int]:
-    """The replica's watchdog: a child of the gateway's processes running fwatchdog.py (started
-    by any of their threads, so found by parent pid, not by the main thread's children file)."""
+    """The replica's watchdog: a process running fwatchdog.py whose parent is the gateway's (started
+    by any of their threads, so found by parent pid, not by the main thread's children file) or
+    the replica's launcher, the gateway's child (`faas_gpu.sandbox`)."""
+    parents = set(gateway)
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int(_stat(int(entry.name))[1]) in gateway and b"fwatchdog" in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
+    for launched in (False, True):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                if int(_stat(int(entry.name))[1]) not in parents:
+                    continue
+                if not launched and os.fsencode(LAUNCHER) in cmdline:
+                    parents.add(int(entry.name))
+                elif launched and b"fwatchdog" in cmdline:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
     return found
 
 

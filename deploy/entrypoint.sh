@@ -3,13 +3,15 @@
 # `python -m gpu_manager`, `python -m procurer`) starts through it.
 #
 # 1. Credentials. The daemons read theirs from $FAAS_GPU_HOME/secrets/: the gateway's basic auth
-#    (basic-auth-user, basic-auth-password) and the cluster token the scheduler, the GPU Managers
-#    and the gateway share (gpu-manager-token, `faas_gpu/credentials.py`). Each daemon generates
-#    what is missing on first start, which is right on one machine and wrong across several: two
-#    nodes would make two different cluster tokens. Orchestrators mount secrets read-only (Swarm:
-#    /run/secrets/, Kubernetes: a secret volume), so when FAAS_GPU_CREDENTIALS_DIR names such a
-#    folder, the files of those three it holds are copied into $FAAS_GPU_HOME/secrets/ (0600).
-#    The basic-auth pair comes whole or not at all.
+#    (basic-auth-user, basic-auth-password), the cluster token the scheduler, the GPU Managers
+#    and the gateway share (gpu-manager-token, `faas_gpu/credentials.py`; it also keys the MAC on
+#    every datastore record), and their logins to etcd and Redis (etcd-credentials,
+#    redis-credentials: user:password). Each daemon generates the first three when missing, which
+#    is right on one machine and wrong across several: two nodes would make two different cluster
+#    tokens. Orchestrators mount secrets read-only (Swarm: /run/secrets/, Kubernetes: a secret
+#    volume), so when FAAS_GPU_CREDENTIALS_DIR names such a folder, the files of those five it
+#    holds are copied into $FAAS_GPU_HOME/secrets/ (0600). The basic-auth pair comes whole or not
+#    at all.
 # 2. `--advertise=self` (or `--advertise self`) becomes this container's own address: a Swarm
 #    task or a pod has no address to write in a file, and the scheduler and the GPU Manager
 #    announce the URL others reach them at (default: their --bind, useless when it is 0.0.0.0).
@@ -21,17 +23,17 @@ export FAAS_GPU_HOME
 if [ -n "${FAAS_GPU_CREDENTIALS_DIR:-}" ]; then
     dir=$FAAS_GPU_CREDENTIALS_DIR
     found=""
-    for f in basic-auth-user basic-auth-password gpu-manager-token; do
+    for f in basic-auth-user basic-auth-password gpu-manager-token etcd-credentials redis-credentials; do
         if [ -s "$dir/$f" ]; then found="$found $f"; fi
     done
     case "$found" in
-        *basic-auth-user*basic-auth-password* | "" | " gpu-manager-token") ;;
+        *basic-auth-user*basic-auth-password* | *basic-auth-password*basic-auth-user*) ;;
         *basic-auth-*)
             echo "entrypoint: $dir holds only one of basic-auth-user and basic-auth-password" >&2
             exit 1 ;;
     esac
     if [ -z "$found" ]; then
-        echo "entrypoint: FAAS_GPU_CREDENTIALS_DIR=$dir holds none of basic-auth-user, basic-auth-password, gpu-manager-token" >&2
+        echo "entrypoint: FAAS_GPU_CREDENTIALS_DIR=$dir holds none of basic-auth-user, basic-auth-password, gpu-manager-token, etcd-credentials, redis-credentials" >&2
         exit 1
     fi
     umask 077

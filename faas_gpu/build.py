@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from faas_gpu import paths
-from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore, StepCallback
+from faas_gpu.imagestore import BuildError, ImageRecord, ImageStore, StepCallback, build_inputs
 from faas_gpu.stack import FunctionSpec, StackError, resolve_inside
 
 SKIP_IN_HANDLER = ("build", "template")
@@ -165,9 +165,13 @@ def build(
     stack_dir: Path | str | None = None,
     quiet: bool = True,
     on_step: StepCallback | None = None,
+    reuse: bool = False,
 ) -> ImageRecord:
     """Shrinkwrap, then add the context to the local image store as `spec.image`; `on_step` hears
-    of each step (the shrink-wrap, then the store's), for a progress bar."""
+    of each step (the shrink-wrap, then the store's), for a progress bar. `reuse`: when the store's
+    current `spec.image` was built from the same inputs (the context's files, lang, fprocess, the
+    interpreter: `imagestore.build_inputs`), it is returned as it is, with no environment made and
+    no pip run, as Docker's layer cache skips an unchanged build."""
     if spec.lang == "dockerfile" and not spec.fprocess:
         raise BuildError(
             f"functions.{spec.name}: dockerfile functions cannot be built into the local image store "
@@ -181,14 +185,19 @@ def build(
         fprocess = load_template(context).fprocess
     if not fprocess:
         raise BuildError(f"functions.{spec.name}: the template has no fprocess and the function gives none")
+    store = store or ImageStore()
+    inputs = build_inputs(context, lang=spec.lang or "", fprocess=fprocess)
+    if reuse and (current := store.up_to_date(spec.image, inputs)) is not None:
+        return current
     try:
-        return (store or ImageStore()).add(
+        return store.add(
             spec.image,
             context,
             lang=spec.lang or "",
             fprocess=fprocess,
             quiet=quiet,
             on_step=None if on_step is None else lambda label, total: on_step(label, total + 1),
+            inputs=inputs,
         )
     except BuildError as exc:
         raise BuildError(f"functions.{spec.name}: {exc}") from None

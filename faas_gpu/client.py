@@ -49,6 +49,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -128,7 +129,7 @@ class ClientConfig:
             return None
         return cls(
             urls,
-            env.TOKEN.read(environ),
+            read_token(environ),
             env.MAX_BATCH.read(environ),
             env.batch_timeout_s(environ),
             slo_ms=env.SLO_MS.read(environ),
@@ -141,6 +142,21 @@ class ClientConfig:
             call_timeout_s=env.EXEC_TIMEOUT.read(environ),
             batch_bound=env.BATCH_BOUND.read(environ),
         )
+
+
+def read_token(environ: Mapping[str, str] | None = None) -> str:
+    """The function's own token: the file FAAS_GPU_TOKEN_FILE names (the runtimes put it in the
+    replica's sandbox, so the environment, which a function may show anyone, never holds it), else
+    FAAS_GPU_TOKEN (an instance started by something else: a benchmark, an older stack)."""
+    path = env.TOKEN_FILE.read(environ)
+    if path is None:
+        return env.TOKEN.read(environ)
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise RuntimeError(
+            f"{env.TOKEN_FILE.name}: cannot read the function's token at {path}: {exc.strerror}"
+        ) from None
 
 
 class RemoteError(RuntimeError):

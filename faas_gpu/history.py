@@ -17,6 +17,8 @@ from pathlib import Path
 
 import redis
 
+from faas_gpu.credentials import Login, redis_login
+
 log = logging.getLogger(__name__)
 RETAIN_MINUTES = 25 * 60  # LSTH's long window (24 h) plus an hour of slack
 KEY_PREFIX = "faas-gpu:invocations:"
@@ -97,9 +99,9 @@ class EmbeddedHistory(InvocationHistory):
 
 
 class RedisHistory(InvocationHistory):
-    def __init__(self, url: str):
+    def __init__(self, url: str, login: Login | None = None):
         super().__init__()
-        self._redis = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._redis = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2, **redis_login(url, login))
 
     def _add(self, function: str, minute: int) -> None:
         key = KEY_PREFIX + function
@@ -118,5 +120,5 @@ class RedisHistory(InvocationHistory):
         self._redis.close()
 
 
-def open_history(redis_url: str | None, path: Path) -> InvocationHistory:
-    return RedisHistory(redis_url) if redis_url else EmbeddedHistory(path)
+def open_history(redis_url: str | None, path: Path, login: Login | None = None) -> InvocationHistory:
+    return RedisHistory(redis_url, login) if redis_url else EmbeddedHistory(path)

@@ -14,10 +14,16 @@ instance keeps the folder it was started from; the previous version is kept, old
 The function environment is a venv made with the running interpreter plus a `.pth` file that puts
 the stack environment's site-packages on its path: torch, flask, waitress and prometheus_client
 are reused, not copied. pip then installs only what that does not already satisfy.
+
+Each version records the content hash of what it was built from (`build_inputs`: the build
+context's files, the lang and fprocess, the interpreter and the stack packages its environment is
+made of), so a build whose inputs have not changed can be skipped (`up_to_date`): `faas-gpu up`
+on an unchanged stack rebuilds nothing and runs no pip, so it starts offline.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -72,9 +78,14 @@ class ImageRecord:
     fprocess: str
     lang: str
     created: float  # time.time() of the build
+    inputs: str = ""
+    """The content hash of its build inputs (`build_inputs`); "" for a version built before it was kept."""
 
     def to_json(self) -> dict:
-        return {"image": self.image, "fprocess": self.fprocess, "lang": self.lang, "created": self.created}
+        out = {"image": self.image, "fprocess": self.fprocess, "lang": self.lang, "created": self.created}
+        if self.inputs:
+            out["inputs"] = self.inputs
+        return out
 
     @classmethod
     def read(cls, folder: Path) -> ImageRecord | None:
@@ -88,6 +99,7 @@ class ImageRecord:
                 fprocess=data["fprocess"],
                 lang=data.get("lang", ""),
                 created=float(data["created"]),
+                inputs=str(data.get("inputs") or ""),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -107,6 +119,34 @@ def stack_site_packages() -> list[str]:
     return list(dict.fromkeys(os.path.realpath(p) for p in found))
 
 
+def build_inputs(context: Path, *, lang: str, fprocess: str) -> str:
+    """The content hash of what an image is built from: every file of the build context (its path,
+    whether it is executable, its bytes; a link's target), the lang and fprocess, and the
+    interpreter and stack packages its environment is made from (a new Python, or another stack
+    environment, makes a new environment). Names and bytes only, never times: a shrink-wrap
+    written again with the same files hashes the same."""
+    digest = hashlib.sha256()
+    python = os.path.realpath(sys.executable)
+    header = {"lang": lang, "fprocess": fprocess, "python": [python, sys.version], "site": stack_site_packages()}
+    digest.update(json.dumps(header, sort_keys=True).encode() + b"\0")
+    for folder, dirs, files in os.walk(context):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not os.path.islink(os.path.join(folder, d)))
+        links = [d for d in os.listdir(folder) if os.path.islink(os.path.join(folder, d))]
+        for name in sorted(set(files) | set(links)):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, context).encode("utf-8", "surrogateescape")
+            if os.path.islink(path):
+                digest.update(b"L" + rel + b"\0" + os.readlink(path).encode("utf-8", "surrogateescape") + b"\0")
+                continue
+            executable = b"x" if os.access(path, os.X_OK) else b"-"
+            digest.update(b"F" + executable + rel + b"\0")
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    digest.update(block)
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
 class ImageStore:
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root is not None else paths.images_dir()
@@ -119,6 +159,16 @@ class ImageStore:
         except (OSError, RuntimeError):
             return None
         return ImageRecord.read(folder)
+
+    def up_to_date(self, image: str, inputs: str) -> ImageRecord | None:
+        """The current version of `image` when it was built from exactly `inputs` and its
+        environment is still whole; None when a build is needed."""
+        record = self.get(image)
+        if record is None or not inputs or record.inputs != inputs:
+            return None
+        if not record.python.exists() or not record.context.is_dir():
+            return None
+        return record
 
     def list(self) -> list[ImageRecord]:
         if not self.root.is_dir():
@@ -158,11 +208,15 @@ class ImageStore:
         fprocess: str,
         quiet: bool = True,
         on_step: StepCallback | None = None,
+        inputs: str | None = None,
     ) -> ImageRecord:
-        """Copy the build context in, make its environment, then publish it atomically."""
+        """Copy the build context in, make its environment, then publish it atomically, with the
+        content hash of its inputs (`inputs`, computed here when not given)."""
         context_dir = Path(context_dir)
         if not context_dir.is_dir():
             raise BuildError(f"image {image}: build context {context_dir} is not a folder")
+        if inputs is None:
+            inputs = build_inputs(context_dir, lang=lang, fprocess=fprocess)
         handler_folder = _handler_folder(context_dir)
         candidates = ("requirements.txt", f"{handler_folder}/requirements.txt")
         requirements = [rel for rel in candidates if has_requirements(context_dir / rel)]
@@ -190,7 +244,7 @@ class ImageStore:
                 pip_install(staging / "venv" / "bin" / "python", staging / "context" / rel, quiet=quiet)
             step(labels[-1])
             created = time.time()
-            record_json = {"image": image, "fprocess": fprocess, "lang": lang, "created": created}
+            record_json = {"image": image, "fprocess": fprocess, "lang": lang, "created": created, "inputs": inputs}
             (staging / RECORD).write_text(json.dumps(record_json, indent=2) + "\n")
             _relocate_venv(staging / "venv", version / "venv")
             paths.make_tree_private(staging)  # the copied context kept the build folder's 0644s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -20,23 +21,43 @@ def home() -> Path:
     """State folder: $FAAS_GPU_HOME, else ./.faas-gpu (as faasd keeps /var/lib/faasd).
 
     Where `up` and the daemons keep their state. The other commands find the stack from any
-    folder (`faas_gpu.running.locate`), which reads the record `up` leaves in `config_dir()`.
+    folder (`faas_gpu.running.locate`), which reads the record `up` leaves in `config_file()`.
     """
     return Path(os.environ.get("FAAS_GPU_HOME") or Path.cwd() / STATE_FOLDER_NAME).resolve()
 
 
-def config_dir() -> Path:
-    """The per-user config folder, as faas-cli keeps ~/.openfaas (or $OPENFAAS_CONFIG):
-    $FAAS_GPU_CONFIG, else $XDG_CONFIG_HOME/faas-gpu, else ~/.config/faas-gpu.
+CONFIG_FILE_NAME = "config.yml"
+_folder_noted: set[str] = set()
+
+
+def config_file() -> Path:
+    """The per-user config file: $FAAS_GPU_CONFIG (a file), else
+    $XDG_CONFIG_HOME/faas-gpu/config.yml, else ~/.config/faas-gpu/config.yml.
 
     It holds only what lets a command run in any folder find the stack (`faas_gpu.running`);
-    the stack's own state stays in its state folder.
+    the stack's own state stays in its state folder. Before, $FAAS_GPU_CONFIG named the folder:
+    a value that is an existing folder is still read as `<folder>/config.yml`, with a note.
     """
-    if os.environ.get("FAAS_GPU_CONFIG"):
-        return Path(os.environ["FAAS_GPU_CONFIG"]).expanduser().resolve()
+    value = os.environ.get("FAAS_GPU_CONFIG")
+    if value:
+        path = Path(value).expanduser().resolve()
+        try:
+            folder = path.is_dir()
+        except OSError:  # a folder this user may not look into: not one of its own
+            folder = False
+        if not folder:
+            return path
+        if value not in _folder_noted:
+            _folder_noted.add(value)
+            print(
+                f"faas-gpu: note: FAAS_GPU_CONFIG names a file now; {value} is a folder, so "
+                f"{path / CONFIG_FILE_NAME} is used (set FAAS_GPU_CONFIG={path / CONFIG_FILE_NAME})",
+                file=sys.stderr,
+            )
+        return path / CONFIG_FILE_NAME
     xdg = os.environ.get("XDG_CONFIG_HOME")
     base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
-    return (base / "faas-gpu").resolve()
+    return (base / "faas-gpu" / CONFIG_FILE_NAME).resolve()
 
 
 def secrets_dir(state: Path | None = None) -> Path:
@@ -87,14 +108,18 @@ def private_umask() -> None:
 
 
 def make_private(path: Path) -> None:
-    """chmod one entry: folders 0700, files 0600 (0700 when the owner may execute them)."""
+    """chmod one entry: folders 0700, files 0600 (0700 when the owner may execute them). An entry
+    given to another group on purpose keeps that group's read (and a folder's traverse), never its
+    write: the GPU Manager's model store, which its sandboxed workers' group reads
+    (`gpu_manager/isolation.py`); other users still cannot reach it through the 0700 folder."""
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode):
         return
+    group = st.st_mode & 0o050 if st.st_gid != os.getegid() else 0
     if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR:
-        os.chmod(path, 0o700)
+        os.chmod(path, 0o700 | group)
     else:
-        os.chmod(path, 0o600)
+        os.chmod(path, 0o600 | (group & 0o040))
 
 
 def make_tree_private(root: Path) -> None:

@@ -4,7 +4,7 @@ folder finds its stack (state folder, gateway URL, credentials, image store) thr
 faas-cli finds its gateway from any folder because `faas-cli login` saved the URL and the token
 in ~/.openfaas/config.yml. A faas-gpu stack has more than a URL: its credentials and its local
 image store live in its state folder, which `up` makes in the folder it runs in. So `up` records
-the stack in the per-user config (`paths.config_dir()/config.yml`, 0600):
+the stack in the per-user config (`paths.config_file()`, ~/.config/faas-gpu/config.yml, 0600):
 
     stacks:                            # newest first; `faas-gpu down` removes its entry
     - home: ~/faas-gpu/.faas-gpu
@@ -38,12 +38,11 @@ import yaml
 from faas_gpu import paths
 from faas_gpu.supervise import STACK_FILE, stack_pids, supervisor_pid
 
-RECORD_NAME = "config.yml"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
 def record_file() -> Path:
-    return paths.config_dir() / RECORD_NAME
+    return paths.config_file()
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import hashlib
 import io
 import os
 import sys
-import zipfile
 from pathlib import Path
 
 import torch
 
-from faas_gpu.contract.errors import ArtifactError
+from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge
+from faas_gpu.models.archive import Archive
 from faas_gpu.models.safe_formats import detect_format, pickled_class
 
 HOW_TO_SAVE = (
@@ -136,9 +136,8 @@ def explain_pickle(data: bytes, name: str = "the file") -> str | None:
     (None for anything else: a state dict, a tensor, a program). Read from the pickle's opcodes,
     never unpickled."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            top = pickled_class(z)
-    except (zipfile.BadZipFile, OSError):
+        top = pickled_class(Archive(io.BytesIO(data)))
+    except (ArtifactError, ArtifactTooLarge, OSError):  # not an archive this reader takes: nothing to explain
         return None
     if top is None or top.startswith(("collections.", "builtins.", "torch._utils.", "torch.Tensor")):
         return None
@@ -166,9 +165,8 @@ def explain_pickle(data: bytes, name: str = "the file") -> str | None:
 def check_sendable(artifact: bytes, what: str) -> None:
     """The managers' own checks, here: a refused artifact is the handler's error, with what to do."""
     try:
-        with zipfile.ZipFile(io.BytesIO(artifact)) as z:
-            detect_format(z)
-    except (ArtifactError, zipfile.BadZipFile) as exc:
+        detect_format(Archive(io.BytesIO(artifact)))
+    except (ArtifactError, ArtifactTooLarge) as exc:
         raise NotConvertible(
             f"faas-gpu: the model ({what}) cannot be sent to the GPU path: {exc}; {HOW_TO_SAVE}"
         ) from None

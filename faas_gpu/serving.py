@@ -8,8 +8,10 @@ that worker's memory, so the app is built in the worker (`load`) and closed when
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import ThreadWorker
 
+from faas_gpu.slow_clients import MAX_HEAD_BYTES, PREREAD_BODY_MAX, HeadGuard, head_state
+
 LINGER_S = 0.2
 """How long a request thread waits on its kept-alive connection for the next request before it
 gives the connection back to gunicorn's poller (`LingeringThreadWorker`)."""
@@ -30,9 +34,10 @@ LINGER_SLICE_S = 0.025
 the linger's end, work queued while no wake-up was sent)."""
 
 
-class LingeringThreadWorker(ThreadWorker):
+class LingeringThreadWorker(HeadGuard, ThreadWorker):
     """gunicorn's gthread worker, whose request thread serves the next request of a kept-alive
-    connection itself when it comes within `LINGER_S`.
+    connection itself when it comes within `LINGER_S`; request heads are read by the poller, never
+    by a thread (`faas_gpu.slow_clients`).
 
     Why: gthread hands every kept-alive connection back to its main thread after each request
     (a pipe write, an epoll wake-up, a register, then a submit to the pool and a second thread's
@@ -85,8 +90,9 @@ class LingeringThreadWorker(ThreadWorker):
         waits for this thread meanwhile."""
         if conn.is_http2 or not self.alive:
             return False
-        if conn.parser.unreader.buf.getvalue():  # read ahead: the next request is already here
-            return True
+        ahead = conn.parser.unreader.buf.getvalue()
+        if ahead:  # read ahead: the next request is here, or its start (then the poller gathers the rest)
+            return head_state(ahead) != "more"
         poller = select.poll()
         poller.register(conn.sock, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
@@ -101,8 +107,8 @@ class LingeringThreadWorker(ThreadWorker):
                 return False
             while self.alive:
                 for fd, _ in poller.poll(LINGER_SLICE_S * 1000):
-                    if fd != self._wake_r:
-                        return True
+                    if fd != self._wake_r:  # served here only when its head is whole: else the poller gathers it
+                        return _whole_head_waits(conn)
                     try:
                         os.read(self._wake_r, 1)
                         return False  # this thread answers the wake-up: it gives way
@@ -114,6 +120,18 @@ class LingeringThreadWorker(ThreadWorker):
         finally:
             with self._linger_lock:
                 self._lingering -= 1
+
+
+def _whole_head_waits(conn) -> bool:
+    """Whether the bytes waiting on a readable connection hold a whole request head (peeked: the
+    poller reads them when they do not)."""
+    try:
+        waiting = conn.sock.recv(MAX_HEAD_BYTES + PREREAD_BODY_MAX + 1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True  # the thread meets the error and closes the connection
+    return not waiting or head_state(waiting) != "more"  # b"": closed, which the thread sees at once
 
 
 _date: tuple[int, str] = (0, "")
@@ -172,6 +190,34 @@ class OneWorkerServer(BaseApplication):
 
     def load(self):
         return self._load()
+
+
+MAX_JSON_BODY_BYTES = 1024 * 1024
+"""The largest JSON body an internal API reads (a lease's report, a MIG geometry): far above any
+a daemon sends, far below what would cost a daemon its memory."""
+
+
+def parse_json_body(raw: bytes, field_name: str = "body", max_bytes: int = MAX_JSON_BODY_BYTES) -> Any:
+    """JSON from a request body; ValueError naming `field_name` for anything else: too large, not
+    UTF-8, not JSON, or nested too deeply (json's decoder recurses once per level: 100,000 `[`
+    raised RecursionError, which `get_json(silent=True)` does not catch: a 500)."""
+    if len(raw) > max_bytes:
+        raise ValueError(f"{field_name}: {len(raw)} bytes; at most {max_bytes} bytes of JSON")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{field_name}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{field_name}: invalid JSON ({str(exc)[:200]})") from None
+
+
+def request_json(field_name: str = "body", max_bytes: int = MAX_JSON_BODY_BYTES) -> Any:
+    """The current request's JSON body (`parse_json_body`); None when it has none. The body is read
+    only up to `max_bytes` + 1."""
+    raw = flask_request.stream.read(max_bytes + 1) if flask_request.content_length != 0 else b""
+    if not raw:
+        return None
+    return parse_json_body(raw, field_name, max_bytes)
 
 
 def bearer_token(header: str | None) -> str | None:

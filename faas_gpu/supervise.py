@@ -28,6 +28,7 @@ from pathlib import Path
 import requests
 
 from faas_gpu import paths, procs
+from faas_gpu.sandbox import LAUNCHER
 
 log = logging.getLogger("faas-gpu.supervise")
 MODULE = "faas_gpu.supervise"
@@ -277,7 +278,7 @@ def stop_stack(home: Path, timeout_s: float = 120) -> list[str]:
             stopped.append(name)
     for pid_path in (home / "run").glob("*/*/pid"):
         pid = procs.read_pid(pid_path)
-        if pid is not None and any("fwatchdog" in a for a in procs.cmdline(pid)):
+        if pid is not None and any("fwatchdog" in a or a == LAUNCHER for a in procs.cmdline(pid)):
             procs.kill_group(pid)
     for extra in home.glob("scheduler-*.pid"):
         pid = procs.read_pid(extra)

@@ -134,6 +134,11 @@ def shutdown() -> None:
     _tracer = _provider = None
 
 
+INHERITED_FD = "/dev/fd/"
+"""A traces file named /dev/fd/<n> is that descriptor, already open: a sandboxed instance may not open
+the stack's traces file itself, so its launcher opens it for it (`faas_gpu.sandbox`, `files`)."""
+
+
 class JsonLinesExporter:
     """An SDK `SpanExporter` that appends each span as one JSON line (`ReadableSpan.to_json`) to a
     file that several processes share: one `write` per span on an O_APPEND descriptor."""
@@ -141,12 +146,17 @@ class JsonLinesExporter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        number = str(path).removeprefix(INHERITED_FD)
+        self._fd = int(number) if str(path).startswith(INHERITED_FD) and number.isdigit() else None
 
     def export(self, spans) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         data = "".join(s.to_json(indent=None) + "\n" for s in spans).encode()
         with self._lock:
+            if self._fd is not None:
+                os.write(self._fd, data)
+                return SpanExportResult.SUCCESS
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, data)

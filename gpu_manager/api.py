@@ -57,7 +57,7 @@ from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, WireError,
 from faas_gpu.contract.lease import LeaseError, verify
 from faas_gpu.contract.wire import TENSOR_TYPE, check
 from faas_gpu.mps import MPSError
-from faas_gpu.serving import bearer_token, require_bearer_token
+from faas_gpu.serving import bearer_token, request_json, require_bearer_token
 
 from . import mig
 from .manager import (
@@ -207,8 +207,8 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
     @app.post("/v1/gpus/<int:index>/geometry")
     def geometry(index: int):
         try:
-            body = request.get_json(silent=True)
-        except RecursionError:  # silent= covers ValueError only; JSON nested deeply raises this
+            body = request_json()
+        except ValueError:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("profiles"), list):
             return _text('body: a JSON object {"profiles": ["3g.20gb", ...]} is required', 400)

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from faas_gpu import paths, tracing
+from faas_gpu.contract.env import ETCD_CREDENTIALS
 from faas_gpu.contract.keys import UNITS
 from faas_gpu.contract.keys import unit as unit_key
 from faas_gpu.credentials import ensure_token
@@ -94,6 +95,7 @@ class _Daemon:
 
         from .api import create_app
         from .discovery import cpu_units, discover_units, gpu_count
+        from .isolation import checked, worker_walls
         from .manager import GPUManager
         from .mps import MPSControl
         from .pool import host_share_mb
@@ -112,7 +114,15 @@ class _Daemon:
             raise SystemExit(f"gpu-manager: --mps needs the cuda back end, not {a.backend}")
         if not units:  # MIG on with no instances yet: sliced through POST /v1/gpus/<index>/geometry
             log.warning("gpu-manager: %d GPU(s) but no unit yet (MIG on, no GPU instance)", gpus)
-        store = ModelStore(home / "models", a.max_model_bytes)
+        walls = None
+        if a.backend in ("cpu", "cuda"):  # the sim back end starts no process that reads an artifact
+            mps_dir = home / "mps" if a.mps else None
+            if mps_dir is not None:
+                mps_dir.mkdir(exist_ok=True)  # shown to the workers, as it is, from their start
+            walls = worker_walls(home, home / "models", mps_dir, a.worker_sandbox, a.worker_user)
+            walls, _ = checked(walls, a.worker_sandbox)
+        reader_gid = walls.gid if walls is not None and walls.uid is not None else None
+        store = ModelStore(home / "models", a.max_model_bytes, reader_gid=reader_gid)
         factory = None
         if a.backend == "sim":
             from .sim_backend import Profile, SimWorker
@@ -139,6 +149,7 @@ class _Daemon:
             prepared_mb=host_share_mb(0.25) if a.prepared_mb is None else a.prepared_mb,
             parsed_programs=a.parsed_programs,
             optimize=a.optimize,
+            walls=walls,
         )
         try:
             self.manager.start_mps()
@@ -146,7 +157,13 @@ class _Daemon:
             self.manager.close()
             raise SystemExit(f"gpu-manager: {exc}") from None
         token = ensure_token(home / "secrets")
-        datastore = open_datastore(a.etcd, paths.state_db(home))
+        datastore = open_datastore(
+            a.etcd,
+            paths.state_db(home),
+            cluster_token=token,  # records sealed and checked (`faas_gpu.datastore.sealed`)
+            credentials_file=a.etcd_credentials or ETCD_CREDENTIALS.read(),
+            secrets_dir=home / "secrets",
+        )
         url = f"http://{a.advertise or a.bind}:{a.port}"
         self.reporter = StatusReporter(self.manager, datastore, a.node, url)
         self.manager.on_units_changed.append(self.reporter.report)
@@ -237,8 +254,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="cpu back end: charge units each model's measured memory (its worker's growth) rather than "
         "its artifact's size (GPU units always are charged what was measured)",
     )
+    p.add_argument(
+        "--worker-sandbox",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="model workers' walls (an unprivileged uid, no network, no view of the state folder, writes only to "
+        "a private scratch, no_new_privs, seccomp): auto builds what this kernel allows and says what is missing; "
+        "on refuses to start without all of them; off builds none",
+    )
+    p.add_argument(
+        "--worker-user",
+        type=_worker_user,
+        default="64999:64999",
+        help="UID[:GID] the model workers run as when the manager runs as root (not with --mps: MPS serves a client "
+        "as its own uid)",
+    )
     p.add_argument("--max-model-bytes", type=int, default=2 * 1024**3)
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--etcd-credentials", type=Path, help=ETCD_CREDENTIALS.doc)
     p.add_argument("--threads", type=int, default=16)
     args = p.parse_args(argv)
     if args.home is None:
@@ -247,6 +280,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.home = paths.home()
     args.home = args.home.resolve()
     return args
+
+
+def _worker_user(value: str) -> tuple[int, int]:
+    from .isolation import parse_user
+
+    try:
+        return parse_user(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """A model worker's load path: artifact to model on its device, timed part by part, then warmed up.
 
-Runs inside the worker process (never the manager), after `safe_formats` checked the archive.
+Runs inside the worker process (never the manager), behind its walls (`isolation.py`), after
+`safe_formats` checked the archive, through the one reader torch's input is held to
+(`faas_gpu.models.archive`: the store's canonical archives only).
 Each part is timed for `LoadedInfo`, so a slow miss says where its time went:
 
 - **read**: the archive to a model in host memory. Both formats are zips whose members torch
@@ -41,7 +43,6 @@ import os
 import time
 import typing
 import warnings
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,6 +112,22 @@ def _read_ahead(path: str) -> None:
         pass
 
 
+def checked_format(path: str) -> str:
+    """The artifact's format, read with the one strict reader torch's input is held to
+    (`faas_gpu.models.archive`) and checked (`safe_formats`) before torch opens the file. Only a
+    canonical archive is loaded (one entry a name, each where the last ended, nothing between):
+    the store keeps no other kind, so one here was put there by other means."""
+    from faas_gpu.contract.errors import ArtifactError
+    from faas_gpu.models import safe_formats
+    from faas_gpu.models.archive import Archive
+
+    with open(path, "rb") as fh:
+        archive = Archive(fh)
+        if not archive.canonical:
+            raise ArtifactError("artifact: not in the store's canonical form; refused before torch opens it")
+        return safe_formats.detect_format(archive)
+
+
 def load(path: str, device: str) -> Loaded:
     """Checked before torch opens it (the format comes from the file, not from the caller), and
     the loaded graphs checked before the first call; no `weights_only=False` path exists here."""
@@ -121,8 +138,7 @@ def load(path: str, device: str) -> Loaded:
 
     t0 = time.perf_counter()
     _read_ahead(path)
-    with zipfile.ZipFile(path) as z:
-        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    fmt = checked_format(path)  # ArtifactError for a pickle, an ambiguous archive or anything unsafe
     if fmt == "torchscript":  # an old artifact its owner chose: torch's deprecation is theirs, not this log's
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit")
@@ -165,8 +181,7 @@ def prepare(path: str) -> Prepared:
 
     t0 = time.perf_counter()
     _read_ahead(path)
-    with zipfile.ZipFile(path) as z:
-        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    fmt = checked_format(path)  # ArtifactError for a pickle, an ambiguous archive or anything unsafe
     if fmt == "torchscript":
         with open(path, "rb") as fh:
             data = fh.read()
@@ -234,13 +249,10 @@ def parse(path: str) -> Skeleton:
     _force_weights_only()
     import torch
 
-    from faas_gpu.models import safe_formats
-
     from . import weights
 
     t0 = time.perf_counter()
-    with zipfile.ZipFile(path) as z:
-        fmt = safe_formats.detect_format(z)  # ArtifactError for a pickle or anything unsafe
+    fmt = checked_format(path)  # ArtifactError for a pickle, an ambiguous archive or anything unsafe
     if fmt != "export":
         raise weights.Unplannable(f"a {fmt} archive (only torch.export programs are parsed ahead)")
     with open(path, "rb") as fh, _cached_type_hints():

@@ -15,6 +15,7 @@ its own MPS control daemon and its workers join it (`mps.MPSControl`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ from faas_gpu.models import Artifact, ModelStore
 from faas_gpu.mps import thread_percentage
 from faas_gpu.observability import DaemonMetrics
 from faas_gpu.policies import ModelCache, ModelTooLarge
+from faas_gpu.walls import Walls
 
 from . import mig, optimize
 from .discovery import UnitInfo, UnitUsage, discover_units, read_usage
@@ -140,6 +142,7 @@ class GPUManager:
         prepared_mb: float = 0.0,
         parsed_programs: int = 8,
         optimize: bool = True,
+        walls: Walls | None = None,
     ):
         """nvml: the NVML module (`pynvml`) for GPU control, None for back ends without GPUs.
         mps: MPS control daemons for the cuda units (None: no MPS).
@@ -162,7 +165,10 @@ class GPUManager:
         weights (`pool.WorkerPool.remember`), per unit environment: those uploaded to the node for
         the unit (as `uploaded` picks it) and those loaded on it; 0: none.
         optimize: the workers rewrite models for inference where that is safe and checked
-        (`optimize.py`, the cpu back end); False serves every model exactly as loaded."""
+        (`optimize.py`, the cpu back end); False serves every model exactly as loaded.
+        walls: what every worker process enters before it reads an artifact (`isolation.py`: an
+        unprivileged uid, no network, nothing of the state folder); None: none (the daemon
+        always decides, and says so)."""
         if not units and nvml is None:
             raise ValueError("units: the manager needs at least one unit")
         self.store = store
@@ -174,12 +180,14 @@ class GPUManager:
         self.pool = WorkerPool(
             warm_workers if worker_factory is None else 0,
             self.threads,
-            spawn_pooled,
+            functools.partial(spawn_pooled, walls=walls),
             budget_mb=prepared_mb if worker_factory is None else 0.0,
             parse_max=parsed_programs,
         )
         self.worker_factory = worker_factory or (
-            lambda artifact, device, env=None: Worker(artifact, device, self.threads, env=env, pool=self.pool)
+            lambda artifact, device, env=None: Worker(
+                artifact, device, self.threads, env=env, pool=self.pool, walls=walls
+            )
         )
         self._exec_s: dict[str, float] = {}  # per model, for the estimated finish time
         self.nvml, self.mps = nvml, mps

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip member's local file header (30 bytes)
-_LOCAL_SIGNATURE = 0x04034B50
+from faas_gpu.models.archive import Archive
+from faas_gpu.models.safe_formats import TEXT_BYTES
+
 STAGING_BYTES = 32 << 20  # each of the two pinned buffers of a copy to a GPU
 
 
@@ -61,35 +60,20 @@ class Slot:
 
 
 def members(path: str) -> dict[str, tuple[int, int]]:
-    """Each stored (uncompressed) member's (offset of its data, size) in the file. The data offset
-    is read from the member's own local header: its extra field may differ from the central
-    directory's. Compressed members and ones past the end of the file are left out."""
-    out: dict[str, tuple[int, int]] = {}
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh, zipfile.ZipFile(fh) as z:
-        for info in z.infolist():
-            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
-                continue
-            fh.seek(info.header_offset)
-            head = fh.read(_LOCAL_HEADER.size)
-            if len(head) != _LOCAL_HEADER.size:
-                continue
-            fields = _LOCAL_HEADER.unpack(head)
-            if fields[0] != _LOCAL_SIGNATURE:
-                continue
-            start = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
-            if start + info.file_size <= size:
-                out[info.filename] = (start, info.file_size)
-    return out
+    """Each stored (uncompressed) member's (offset of its data, size) in the file, as the one
+    strict reader (`faas_gpu.models.archive`) found them: the offsets torch reads too, since the
+    store keeps only canonical archives (one entry a name, each right after the one before)."""
+    with open(path, "rb") as fh:
+        archive = Archive(fh)
+        return {e.name: (e.data_offset, e.size) for e in archive.entries if e.method == 0}
 
 
-def _config(z: zipfile.ZipFile, name: str) -> dict[str, Any]:
+def _config(z: Archive, name: str) -> dict[str, Any]:
     import json
 
-    try:
-        return json.loads(z.read(name)).get("config") or {}
-    except KeyError:
+    if name not in z:
         return {}
+    return json.loads(z.read(name, TEXT_BYTES)).get("config") or {}
 
 
 def module_tensors(module: Any) -> Iterator[tuple[str, str, str, Any]]:
@@ -115,8 +99,9 @@ def plan(program: Any, module: Any, path: str) -> list[Slot]:
     storage identifies it), then every slot checked against torch's tensor byte for byte."""
     import torch
 
-    with zipfile.ZipFile(path) as z:
-        names = z.namelist()
+    with open(path, "rb") as fh:
+        z = Archive(fh)
+        names = z.names()
         prefix = next((n[: -len("archive_format")] for n in names if n.endswith("archive_format")), None)
         if prefix is None:
             raise Unplannable("not a torch.export archive")

@@ -4,7 +4,9 @@ The process loads the artifact on its device once (TorchScript or a `torch.expor
 never a pickle: `safe_formats` says why these are safe and checks the file again here, whatever
 the store on disk holds) and then runs batches sent over a pipe as wire-format tensors. Loading
 and running user models happens here, never in the manager, so a model that crashes or hangs
-takes down only its worker.
+takes down only its worker; and every worker process, fresh or pooled, enters its walls
+(`isolation.py`: an unprivileged uid, no network, nothing of the state folder, writes only to a
+private scratch) before it reads anything uploaded, so a loader bug gains nothing either.
 
 A miss takes a warm process from the `WorkerPool` (torch imported, loader warmed, its unit's
 environment set) when the manager keeps one, and spawns one otherwise; either way the worker
@@ -34,6 +36,7 @@ from multiprocessing.connection import Connection
 
 from faas_gpu.models import Artifact
 from faas_gpu.procs import die_with_parent
+from faas_gpu.walls import Walls, enter
 
 from . import faults, loader
 from .handover import Receiver, Sender
@@ -119,10 +122,24 @@ def _load(path: str, device: str, skeleton: loader.Skeleton | None = None) -> lo
     return loader.ready(loader.load(path, device), device)
 
 
+def _walled(walls: Walls | None) -> None:
+    """First thing in a worker process, before it reads anything uploaded: its walls
+    (`isolation.py`; entered while the process is single-threaded), then its death with the
+    manager (after: a change of uid clears the death signal)."""
+    if walls is not None:
+        enter(walls)
+    die_with_parent(parent_pid=mp.parent_process().pid)  # a killed manager leaves no worker behind
+
+
+def _fresh(conn: Connection, path: str, device: str, threads: int, env: dict[str, str], walls: Walls | None) -> None:
+    """A worker spawned for one model (no pooled process was ready)."""
+    _walled(walls)
+    _serve(conn, path, device, threads, env)
+
+
 def _serve(
     conn: Connection, path: str, device: str, threads: int, env: dict[str, str], skeleton: loader.Skeleton | None = None
 ) -> None:
-    die_with_parent(parent_pid=mp.parent_process().pid)  # a killed manager leaves no worker behind
     os.environ.update(env)  # CUDA_VISIBLE_DEVICES, MPS pipes and share: read when CUDA starts, below
     import torch
 
@@ -205,13 +222,13 @@ def _serve_batches(conn: Connection, model, device: str, torch, meter) -> None:
             conn.send_bytes(b"er" + message)
 
 
-def _pooled(conn: Connection, threads: int, env: dict[str, str]) -> None:
+def _pooled(conn: Connection, threads: int, env: dict[str, str], walls: Walls | None = None) -> None:
     """A pooled worker: its unit's environment set before torch is imported (CUDA reads it once,
     when it starts), torch and its export loader warmed, then it waits for the model to load and
     serves it as a fresh worker would. While it waits it parses the programs the pool names
     (`("parse", path, keep)`, answered `("parsed", (ok, seconds or why))`), keeping the `keep`
     most recent as skeletons; a load of one of them binds only its weights (`loader.fill`)."""
-    die_with_parent(parent_pid=mp.parent_process().pid)
+    _walled(walls)
     os.environ.update(env)
     import torch
 
@@ -284,10 +301,10 @@ def _prepared(conn: Connection, path: str, device: str, torch) -> None:
     )
 
 
-def spawn_pooled(threads: int, env: dict[str, str]) -> Pooled:
-    """One pooled process (the `WorkerPool`'s spawn function)."""
+def spawn_pooled(threads: int, env: dict[str, str], walls: Walls | None = None) -> Pooled:
+    """One pooled process (the `WorkerPool`'s spawn function), behind `walls` (`isolation.py`)."""
     parent, child = _CTX.Pipe()
-    proc = _CTX.Process(target=_pooled, args=(child, threads, dict(env)), daemon=True)
+    proc = _CTX.Process(target=_pooled, args=(child, threads, dict(env), walls), daemon=True)
     proc.start()
     child.close()
     return Pooled(proc, parent, dict(env))
@@ -301,11 +318,14 @@ class Worker:
         threads: int = 1,
         env: dict[str, str] | None = None,
         pool: WorkerPool | None = None,
+        walls: Walls | None = None,
     ):
-        """pool: warm processes to take one from (a fresh one is spawned when it has none)."""
+        """pool: warm processes to take one from (a fresh one is spawned when it has none).
+        walls: what a fresh process enters first (`isolation.py`); the pool's have their own."""
         self.artifact, self.device, self.threads = artifact, device, threads
         self.env = dict(env or {})  # set in the worker process before CUDA starts
         self.pool = pool
+        self.walls = walls
         self.proc: mp.Process | None = None
         self.conn: Connection | None = None
         self.info: LoadedInfo | None = None
@@ -367,8 +387,8 @@ class Worker:
         if not pooled:
             parent, child = _CTX.Pipe()
             self.proc = _CTX.Process(
-                target=_serve,
-                args=(child, str(self.artifact.path), self.device, self.threads, self.env),
+                target=_fresh,
+                args=(child, str(self.artifact.path), self.device, self.threads, self.env, self.walls),
                 daemon=True,
             )
             self.proc.start()

@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m procurer", description=__doc__.split("\n\n")[0])
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--etcd-credentials", type=Path, help=contract_env.ETCD_CREDENTIALS.doc)
     p.add_argument("--nodes", type=int, default=1, help="GPU nodes to keep serving (default 1)")
     p.add_argument("--mode", choices=Procurement.MODES, default="hybrid", help="hybrid: spot first, on-demand backup")
     p.add_argument("--seed", type=int, default=0, help="the emulated cloud's seed")
@@ -101,10 +102,17 @@ def build(a: argparse.Namespace, datastore: Datastore) -> Procurer:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     a = parse_args(argv)
+    from faas_gpu.credentials import ensure_token
     from faas_gpu.datastore import open_datastore
 
     try:
-        ds = open_datastore(a.etcd, paths.state_db(a.home))
+        ds = open_datastore(
+            a.etcd,
+            paths.state_db(a.home),
+            cluster_token=ensure_token(a.home / "secrets"),  # records sealed and checked
+            credentials_file=a.etcd_credentials or contract_env.ETCD_CREDENTIALS.read(),
+            secrets_dir=a.home / "secrets",
+        )
         procurer = build(a, ds)
     except ValueError as exc:
         print(f"procure: {exc}", file=sys.stderr)

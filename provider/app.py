@@ -7,11 +7,12 @@ import os
 import socket
 
 from flask import Flask, Response
-from werkzeug.http import HTTP_STATUS_CODES
 
 from faas_gpu import paths
 from faas_gpu.async_queue import open_queue
 from faas_gpu.contract import env as contract_env
+from faas_gpu.contract.http_status import status_line
+from faas_gpu.credentials import REDIS_CREDENTIALS_FILE, ensure_token, resolve_login
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.history import open_history
@@ -21,6 +22,7 @@ from faas_gpu.profiling.store import ProfileStore
 from faas_gpu.schedulers import Directory
 
 from .auth import ensure_credentials
+from .callbacks import CONNECT_TIMEOUT_S, TIMEOUT_S, CallbackDispatcher, stack_policy
 from .config import ProviderConfig
 from .core import Provider
 from .gateway import AsyncWorker, InvocationApp
@@ -43,8 +45,19 @@ def build_provider(config: ProviderConfig) -> Provider:
     home = paths.ensure_private_home(config.home)
     credentials = ensure_credentials(config.secrets_dir)
     datastore = open_datastore(
-        config.etcd_url, paths.state_db(home), timeout_s=config.datastore_timeout_s, retry_s=config.datastore_retry_s
+        config.etcd_url,
+        paths.state_db(home),
+        cluster_token=ensure_token(config.secrets_dir),  # records sealed and checked (`faas_gpu.datastore.sealed`)
+        credentials_file=config.etcd_credentials,
+        secrets_dir=config.secrets_dir,
+        timeout_s=config.datastore_timeout_s,
+        retry_s=config.datastore_retry_s,
     )
+    redis_url, redis_login = (None, None)
+    if config.redis_url:
+        redis_url, redis_login = resolve_login(
+            config.redis_url, config.redis_credentials, config.secrets_dir, REDIS_CREDENTIALS_FILE
+        )
     store = FunctionStore(datastore)
     secrets = SecretStore(home / "function-secrets")
     logs = LogStore(home / "logs")
@@ -73,7 +86,15 @@ def build_provider(config: ProviderConfig) -> Provider:
         if pins is not None:
             pin_tree(os.getpid(), pins.take())  # the gateway is the process building the provider
         runtime = LocalRuntime(
-            home, ImageStore(home / "images"), secrets, logs, gpu_env, schedulers, fn_credentials, pins=pins
+            home,
+            ImageStore(home / "images"),
+            secrets,
+            logs,
+            gpu_env,
+            schedulers,
+            fn_credentials,
+            pins=pins,
+            isolation=config.isolation or "auto",
         )
     invoker = Invoker(
         store,
@@ -84,7 +105,7 @@ def build_provider(config: ProviderConfig) -> Provider:
         threads=config.threads,
         max_inflight_per_function=config.max_inflight_per_function,
     )
-    queue = open_queue(config.redis_url, home / "queue.db")
+    queue = open_queue(redis_url, home / "queue.db", redis_login)
     # the node's own end-to-end measurements first, where it has them (`LatencyPredictor`'s docstring)
     predictor = LatencyPredictor(
         ProfileStore(home / "profiles.db"), infless_dir=config.infless_profiles, prefer_measured=True
@@ -92,7 +113,7 @@ def build_provider(config: ProviderConfig) -> Provider:
     policies = [
         InflessScaling(
             datastore,
-            open_history(config.redis_url, home / "history.db"),
+            open_history(redis_url, home / "history.db", redis_login),
             predictor,
             cpus=config.cpus,
             gpus=config.gpus,
@@ -121,6 +142,7 @@ def build_provider(config: ProviderConfig) -> Provider:
 def _flask(provider: Provider, *, gateway: bool) -> Flask:
     app = Flask("faas-gpu-gateway" if gateway else "faas-gpu-provider")
     app.config["MAX_CONTENT_LENGTH"] = provider.config.max_system_body_bytes
+    app.config["FAAS_GPU_STATE_FOLDER"] = str(provider.config.home)  # named by a full disk's 507
     app.register_blueprint(system_blueprint(provider, gateway=gateway))
     if gateway:  # the status page, where OpenFaaS's gateway serves its portal
         status = StatusCollector(provider)
@@ -130,11 +152,10 @@ def _flask(provider: Provider, *, gateway: bool) -> Flask:
 
 
 def _go_status_line(response):
-    """Reason phrases as Go's net/http writes them ("202 Accepted"): werkzeug upper-cases them
-    ("202 ACCEPTED"), and faas-cli prints the status line it gets verbatim."""
-    reason = HTTP_STATUS_CODES.get(response.status_code)
-    if reason:
-        response.status = f"{response.status_code} {reason}"
+    """Reason phrases as Go's net/http writes them ("202 Accepted", `http_status`): werkzeug
+    upper-cases them ("202 ACCEPTED") and names some codes otherwise, and faas-cli prints the
+    status line it gets verbatim."""
+    response.status = status_line(response.status_code)
     return response
 
 
@@ -146,6 +167,20 @@ def _metrics_app(metrics: GatewayMetrics) -> Flask:
     app.add_url_rule("/healthz", "healthz", lambda: Response("OK", mimetype="text/plain"), methods=["GET"])
     app.after_request(_go_status_line)
     return app
+
+
+def callback_dispatcher(config: ProviderConfig) -> CallbackDispatcher:
+    """Async callbacks' delivery: closed to the stack's own addresses (where it listens, its etcd,
+    Redis and schedulers) and to non-public ones, but for what the operator allows."""
+    policy = stack_policy(
+        config.callback_allow or (),
+        binds=[config.bind],
+        etcd_url=config.etcd_url,
+        redis_url=config.redis_url,
+        scheduler_url=config.scheduler_url,
+    )
+    timeout_s = config.callback_timeout_s or TIMEOUT_S
+    return CallbackDispatcher(policy, connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s), timeout_s=timeout_s)
 
 
 class Stack:
@@ -170,7 +205,10 @@ class Stack:
         self.gateway_app = InvocationApp(provider, self.gateway_metrics, gw.wsgi_app, gateway=True)
         self.provider_app = InvocationApp(provider, self.gateway_metrics, pv.wsgi_app, gateway=False)
         self.worker = AsyncWorker(
-            self.gateway_app, provider.config.async_workers, consumer=f"{socket.gethostname()}-{os.getpid()}"
+            self.gateway_app,
+            provider.config.async_workers,
+            consumer=f"{socket.gethostname()}-{os.getpid()}",
+            callbacks=callback_dispatcher(provider.config),
         )
 
     def start(self) -> None:

@@ -10,6 +10,7 @@ from faas_gpu import paths
 from faas_gpu.contract import env as env_vars
 from faas_gpu.contract.duration import parse_duration
 
+from .callbacks import parse_allow
 from .runtime.pins import parse_cpu_list
 
 __all__ = ["DEFAULT_NAMESPACE", "ProviderConfig", "parse_duration"]  # parse_duration: the contract's, for callers here
@@ -34,6 +35,11 @@ class ProviderConfig:
     home: Path = field(default_factory=paths.home)
     etcd_url: str | None = None
     redis_url: str | None = None
+    etcd_credentials: Path | None = None
+    """The daemons' etcd login file (user:password); None: secrets/etcd-credentials when it exists,
+    else the URL's userinfo (`faas_gpu.credentials.resolve_login`)."""
+    redis_credentials: Path | None = None
+    """The daemons' Redis login file; None: secrets/redis-credentials when it exists, else the URL's."""
     scheduler_url: str | None = None
     """The GPU scheduler the functions' GPU clients call (comma-separated replicas); None: models run locally."""
     basic_auth: bool = True
@@ -51,6 +57,11 @@ class ProviderConfig:
     """etcd bounds on the request path: a control-plane call answers 503 within about this long when
     etcd is away (then at once until it returns), and an invocation falls back to cached records."""
     async_workers: int = 4
+    callback_allow: tuple[str, ...] | None = None
+    """Host names, IPs and CIDRs async callbacks may reach although loopback, private or the
+    stack's own (`provider.callbacks`); None: $FAAS_GPU_CALLBACK_ALLOW, else none."""
+    callback_timeout_s: float | None = None
+    """One callback delivery's whole time (connect at most 3 s of it); None: $FAAS_GPU_CALLBACK_TIMEOUT, else 10 s."""
     threads: int = 64
     """Gateway request threads (one gthread worker). Invocations hold at most all but an eighth of
     them, one function at most `max_inflight_per_function`, unless its `max_inflight` allows fewer
@@ -81,6 +92,9 @@ class ProviderConfig:
     pin_cpus: tuple[int, ...] = ()
     """CPUs the gateway and the local runtime's replicas are kept on, each process on the fewest-held
     (`runtime.pins` says why); (): not pinned. From `--pin-cpus` or $FAAS_GPU_PIN_CPUS."""
+    isolation: str | None = None
+    """The local runtime's sandbox of replicas: auto, on or off; None: $FAAS_GPU_ISOLATION, else auto
+    (`runtime.isolation`)."""
     swarm_network: str | None = None
     """The swarm runtime's network for functions' services: None, the node's host network (replicas at
     <node address>:<their own port>); else an attachable overlay the gateway is on too (replicas at
@@ -94,6 +108,10 @@ class ProviderConfig:
             cfg.etcd_url = env["FAAS_GPU_ETCD"]
         if "FAAS_GPU_REDIS" in env and cfg.redis_url is None:
             cfg.redis_url = env["FAAS_GPU_REDIS"]
+        if cfg.etcd_credentials is None:
+            cfg.etcd_credentials = env_vars.ETCD_CREDENTIALS.read(env)
+        if cfg.redis_credentials is None:
+            cfg.redis_credentials = env_vars.REDIS_CREDENTIALS.read(env)
         if "FAAS_GPU_CPUS" in env:
             cfg.cpus = float(env["FAAS_GPU_CPUS"])
         if "FAAS_GPU_HARMONY_COEFFICIENTS" in env and cfg.harmony_coefficients is None:
@@ -112,6 +130,10 @@ class ProviderConfig:
             cfg.runtime = env_vars.runtime_name(cfg.runtime)
         if cfg.docker_host is None:
             cfg.docker_host = env_vars.DOCKER_HOST.read(env)
+        if cfg.isolation is None:
+            cfg.isolation = env_vars.ISOLATION.read(env)
+        else:
+            cfg.isolation = env_vars.isolation_name(cfg.isolation)
         if not cfg.pin_cpus and env_vars.PIN_CPUS.is_set(env):
             cfg.pin_cpus = parse_cpu_list(env_vars.PIN_CPUS.raw(env) or "", env_vars.PIN_CPUS.name)
         if cfg.pin_cpus and cfg.runtime != "local":
@@ -119,6 +141,14 @@ class ProviderConfig:
                 f"--pin-cpus ({env_vars.PIN_CPUS.name}): only the local runtime pins replicas, not {cfg.runtime} "
                 "(give containers a cpuset there)"
             )
+        if cfg.callback_allow is None:
+            cfg.callback_allow = env_vars.CALLBACK_ALLOW.read(env)
+        if cfg.callback_timeout_s is None:
+            cfg.callback_timeout_s = env_vars.CALLBACK_TIMEOUT.read(env)
+        if cfg.callback_timeout_s <= 0:
+            raise ValueError(f"--callback-timeout ({env_vars.CALLBACK_TIMEOUT.name}): must be more than 0")
+        # checked at start, not at the first callback
+        parse_allow(cfg.callback_allow, f"--callback-allow ({env_vars.CALLBACK_ALLOW.name})")
         if "upstream_timeout" in env:
             cfg.upstream_timeout_s = parse_duration(env["upstream_timeout"], "upstream_timeout")
         return cfg

@@ -29,6 +29,10 @@ from .validation import clamp_replicas, gateway_scale_bounds, scale_factor, zero
 
 log = logging.getLogger(__name__)
 
+ORCHESTRATION = {"local": "local-process", "docker": "docker", "swarm": "swarm"}
+"""ProviderInfo's `orchestration` by runtime: what runs the replicas, as each OpenFaaS provider names
+its own (faasd `containerd`, faas-netes `kubernetes`, faas-swarm `swarm`)."""
+
 
 class NotFoundError(LookupError):
     pass
@@ -78,7 +82,8 @@ class Provider:
             if update and existing is None:
                 raise NotFoundError(f"function {dep.service}.{ns} not found")
             if existing is not None:
-                record = FunctionRecord(dep, ns, max(existing.replicas, lo), existing.created_at)
+                previous = self._previous(existing, dep)
+                record = FunctionRecord(dep, ns, max(existing.replicas, lo), existing.created_at, previous)
             else:
                 record = FunctionRecord(dep, ns, lo)
             try:
@@ -94,6 +99,18 @@ class Provider:
             self.autoscaler.prepare(record)
         self.runtime.apply(record)
         return self.store.get(ns, dep.service) or record
+
+    def _previous(self, existing: FunctionRecord, new: FunctionDeployment) -> FunctionDeployment | None:
+        """The version `faas-gpu rollback` returns to once `new` replaces `existing`: the version
+        before it, skipping one that never served (a broken deploy over a good one, then another:
+        the good one stays the one to return to). None when that would be `new` itself."""
+        if existing.deployment.to_json() == new.to_json():
+            return existing.previous
+        served = self.runtime.version_served(existing.namespace, existing.name)
+        previous = existing.deployment if served else existing.previous
+        if previous is not None and previous.to_json() == new.to_json():
+            return None
+        return previous
 
     def delete(self, body: object, namespace_query: str | None) -> None:
         if not isinstance(body, dict):
@@ -210,12 +227,21 @@ class Provider:
         ns, name = self._name_and_ns(raw_name, namespace_query)
         record = self.store.get(ns, name)
         if record is None:
+            why = self.store.quarantine_reason(ns, name)
+            if why is not None:  # for the operator (/system/* wants the admin's credentials)
+                raise NotFoundError(
+                    f"function {name}.{ns} not found: its stored record is quarantined, never started, because "
+                    f"{why}; deploy it again to replace it, or remove it (README: 'Quarantined records')"
+                )
             raise NotFoundError(f"function {name}.{ns} not found")
         return record
 
-    def status(self, record: FunctionRecord, usage: bool = False) -> dict:
-        """OpenFaaS's FunctionStatus, plus `faasGpuStatus` ({state, message}) while the function
-        cannot serve for a reason of its own (faas-cli ignores fields it does not know)."""
+    def status(self, record: FunctionRecord, usage: bool = False, *, detail: bool = False) -> dict:
+        """OpenFaaS's FunctionStatus, plus faas-gpu's own fields (faas-cli ignores fields it does
+        not know): `faasGpuStatus` ({state, message}) while the function cannot serve for a
+        reason of its own, `faasGpuRollout` while a new version is on its way in (or stalled), and
+        with `detail` (one function's status) `faasGpuPrevious`, the deployment `faas-gpu rollback`
+        deploys again (through any gateway: it is a plain PUT /system/functions)."""
         key = record.key
         out = record.status(
             available=len(self.runtime.endpoints(*key)),
@@ -225,6 +251,11 @@ class Provider:
         problem = self.runtime.problem(*key)
         if problem is not None:
             out["faasGpuStatus"] = problem
+        rollout = self.runtime.rollout(*key)
+        if rollout is not None:
+            out["faasGpuRollout"] = rollout
+        if detail and record.previous is not None:
+            out["faasGpuPrevious"] = record.previous.to_json()
         return out
 
     def instances(self, record: FunctionRecord) -> dict:
@@ -262,8 +293,15 @@ class Provider:
         return started
 
     def info(self) -> dict:
-        """faas-provider's ProviderInfo."""
-        return {"provider": "faas-gpu", "orchestration": "local-process", "version": _version_info()}
+        """faas-provider's ProviderInfo, and (ours) whether functions are isolated from the stack
+        and each other (`faasGpuIsolation`; the local runtime's sandbox, `runtime.isolation`)."""
+        runtime = self.config.runtime or "local"
+        orchestration = ORCHESTRATION.get(runtime, runtime)
+        info = {"provider": "faas-gpu", "orchestration": orchestration, "version": _version_info()}
+        isolation = self.runtime.isolation() if self.runtime is not None else None
+        if isolation is not None:
+            info["faasGpuIsolation"] = isolation.describe()
+        return info
 
     def gateway_version(self) -> dict:
         """The gateway's own VersionInfo for the gateway's /system/info (CE builds it from the

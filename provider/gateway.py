@@ -12,16 +12,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from urllib.parse import urlsplit
-
-import requests
+from queue import Empty, Queue
 
 from faas_gpu import tracing
+from faas_gpu.async_queue import Delivery, QueueStorageFull, QueueUnavailable, call_key
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.annotations import RETRY_ON_RESET, is_true
+from faas_gpu.contract.http_status import status_line
 from faas_gpu.contract.slo import RequestClass, RequestSlo, parse_request
 from faas_gpu.datastore import DatastoreUnavailable
 
+from .callbacks import Callback, CallbackDispatcher, Outcome, parse_callback_url
 from .core import Provider
 from .inflight import TooManyInFlight
 from .invoke import (
@@ -41,20 +42,6 @@ log = logging.getLogger(__name__)
 
 ALLOWED_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"})
 INTERNAL = ("X-OpenFaaS-Internal", "gateway")
-STATUS_TEXT = {
-    200: "OK",
-    202: "Accepted",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Payload Too Large",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
 StartResponse = Callable[..., object]
 
 
@@ -87,14 +74,10 @@ def request_headers(environ: dict) -> dict[str, str]:
     return headers
 
 
-def _status_line(code: int) -> str:
-    return f"{code} {STATUS_TEXT.get(code, 'Unknown')}"
-
-
 def plain(start_response: StartResponse, code: int, message: str, extra=()) -> Iterable[bytes]:
     body = (message + "\n").encode()
     start_response(
-        _status_line(code),
+        status_line(code),
         [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), *extra],
     )
     return [body]
@@ -111,6 +94,11 @@ class InvocationApp:
         self.gateway = gateway
         self.max_body = provider.config.max_body_bytes
         self.recording = provider.config.metrics  # off: no per-call metrics or activity (`--no-metrics`)
+        # The gateway_* counters are the gateway's own (CE's gateway/metrics): calls that come in on
+        # the provider's port went through a gateway already (the CE gateway in front, which counts
+        # them itself), and faas-provider's proxy route is not instrumented (serve.go). Counted
+        # here again, a Prometheus scraping both would see every call twice.
+        self.gateway_counts = self.recording and gateway
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -142,7 +130,7 @@ class InvocationApp:
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
         out.append(("Content-Length", str(len(result.body))))
-        start_response(_status_line(result.status), out)
+        start_response(status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
 
     def call(
@@ -171,7 +159,7 @@ class InvocationApp:
         except ValueError as exc:
             return _error(400, str(exc))
         label = f"{key[1]}.{key[0]}"
-        if self.recording:
+        if self.gateway_counts:
             self.metrics.started(label)
         t0 = time.perf_counter()
         try:
@@ -206,7 +194,8 @@ class InvocationApp:
         """One call answered: OpenFaaS's metrics, and the status page's rate and SLO tally."""
         if not self.recording:
             return
-        self.metrics.finished(label, status, seconds)
+        if self.gateway_counts:
+            self.metrics.finished(label, status, seconds)
         if slo.request_class is RequestClass.BEST_EFFORT:
             slo_ms = None  # a best-effort call has no SLO to meet
         elif slo.slo_ms is not None:
@@ -334,11 +323,12 @@ class InvocationApp:
         except BodyTooLarge:
             return plain(start_response, 413, f"body: request body is larger than {limit} bytes")
         headers = request_headers(environ)
-        callback = headers.get(h.CALLBACK_URL)
+        callback = headers.get(h.CALLBACK_URL) or ""
         if callback:
-            parts = urlsplit(callback)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                return plain(start_response, 400, f"X-Callback-Url: {callback!r} is not an http(s) URL")
+            try:  # parsed now: anything but a plain http(s) URL is a 400 at once, never a 500 later
+                parse_callback_url(callback)
+            except ValueError as exc:
+                return plain(start_response, 400, str(exc))
         try:
             key = self.invoker.resolve(raw_name)
         except ValueError:
@@ -363,10 +353,17 @@ class InvocationApp:
             "QueryString": environ.get("QUERY_STRING", ""),
             "Function": raw_name,
             "QueueName": "",
-            "CallbackUrl": callback or "",
+            "CallbackUrl": callback,
         }
-        self.provider.queue.put(message)
-        start_response("202 Accepted", [(h.CALL_ID, call_id), ("Content-Length", "0")])
+        # the call id goes back on a refusal too: the caller retries with it and the call runs once
+        this_call = [(h.CALL_ID, call_id)]
+        try:
+            self.provider.queue.put(message, call_key(key[0], key[1], call_id))
+        except QueueStorageFull as exc:
+            return plain(start_response, 507, str(exc), [*this_call, ("Retry-After", "10")])
+        except QueueUnavailable as exc:
+            return plain(start_response, 503, str(exc), [*this_call, ("Retry-After", "1")])
+        start_response("202 Accepted", [*this_call, ("Content-Length", "0")])
         return []
 
 
@@ -399,42 +396,120 @@ def _error(code: int, message: str) -> Result:
 
 
 class AsyncWorker:
-    """The queue-worker: runs queued invocations and POSTs results to their callback URL."""
+    """The queue-worker: runs queued invocations and hands their results to the callback
+    dispatcher (`provider.callbacks`), which posts them apart from these threads.
 
-    def __init__(self, app: InvocationApp, workers: int, consumer: str):
+    A message stays claimed (renewed every third of the visibility timeout) until its callback
+    has ended, delivered or not, then is finished: marked done and acked together. So a gateway
+    killed meanwhile loses nothing (the message comes back and is run again: its first answer was
+    never sent), and a call finished once is not run again (`AsyncQueue.finish`). Finishes run
+    on a thread of their own, in order: one the queue cannot take now (Redis away, a full disk)
+    is tried again, never dropped, and blocks no worker or callback delivery meanwhile; the
+    message stays ours until then, so it is neither lost nor run twice."""
+
+    def __init__(self, app: InvocationApp, workers: int, consumer: str, callbacks: CallbackDispatcher):
         self.app = app
         self.queue = app.provider.queue
         self.consumer = consumer
+        self.callbacks = callbacks
         self._stop = threading.Event()
-        self.callbacks = requests.Session()
+        self._lock = threading.Lock()
+        self._held: dict[str, Delivery] = {}  # claimed and not yet finished
+        self._finishing: Queue[Delivery] = Queue()
+        self._closed = threading.Event()  # no callback will end any more: the finisher may stop
         self._threads = [threading.Thread(target=self._run, name=f"async-{i}", daemon=True) for i in range(workers)]
+        self._threads.append(threading.Thread(target=self._renew, name="async-renew", daemon=True))
+        self._finisher = threading.Thread(target=self._finish_all, name="async-finish", daemon=True)
 
     def start(self) -> None:
+        self.callbacks.start()
+        self._finisher.start()
         for t in self._threads:
             t.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Claims stop, deliveries under way end (a delivery's own timeout, by default), then the
+        finishes they leave are made if the queue takes them. A call whose callback was left
+        queued stays claimed: the next gateway runs it and calls back."""
+        timeout_s = self.callbacks.timeout_s + 5 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.callbacks.stop(max(0.0, deadline - time.monotonic()))
+        self._closed.set()
+        self._finisher.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 delivery = self.queue.claim(self.consumer, block_ms=500)
+            except QueueUnavailable as exc:  # a full disk: what is queued waits for space
+                log.warning("async queue unavailable (%s); retrying", exc)
+                self._stop.wait(1.0)
+                continue
             except Exception:  # the queue's server may be restarting
                 log.warning("async queue unavailable; retrying", exc_info=True)
                 self._stop.wait(1.0)
                 continue
             if delivery is None:
                 continue
+            with self._lock:
+                if delivery.id in self._held:  # still ours (a renewal came late): not run twice
+                    continue
+                self._held[delivery.id] = delivery
             try:
-                self.process(delivery.message)
+                if delivery.key is not None and self.queue.is_done(delivery.key):
+                    log.info("async call %s was finished before; not run again", delivery.id)
+                    self._finish(delivery)
+                    continue
+            except Exception:
+                log.warning("async queue unavailable; call %s is left for later", delivery.id, exc_info=True)
+                with self._lock:
+                    self._held.pop(delivery.id, None)
+                self._stop.wait(1.0)
+                continue
+            try:
+                self.process(delivery)
             except Exception:
                 log.exception("async invocation %s failed", delivery.id)
-            self.queue.ack(delivery.id)
+                self._finish(delivery)
 
-    def process(self, msg: dict) -> None:
+    def _renew(self) -> None:
+        """Keep held messages claimed while they run or their callbacks wait."""
+        period = max(0.1, getattr(self.queue, "visibility_s", 30.0) / 3)
+        while not self._stop.wait(period):
+            with self._lock:
+                ids = list(self._held)
+            try:
+                self.queue.touch(ids, self.consumer)
+            except Exception as exc:
+                log.warning("async queue: could not renew %d claimed calls (%s)", len(ids), exc)
+
+    def _finish(self, delivery: Delivery) -> None:
+        self._finishing.put(delivery)
+
+    def _finish_all(self) -> None:
+        while not (self._closed.is_set() and self._finishing.empty()):
+            try:
+                delivery = self._finishing.get(timeout=0.2)
+            except Empty:
+                continue
+            while True:
+                try:
+                    self.queue.finish(delivery.id, delivery.key)
+                    break
+                except Exception as exc:
+                    if self._closed.is_set():  # left claimed: the next gateway runs it again
+                        log.warning("async call %s not finished at shutdown (%s)", delivery.id, exc)
+                        break
+                    log.warning("async call %s: finishing it failed (%s); trying again", delivery.id, exc)
+                    self._closed.wait(1.0)
+            with self._lock:
+                self._held.pop(delivery.id, None)
+
+    def process(self, delivery: Delivery) -> None:
+        msg = delivery.message
         headers = {k: v[0] for k, v in (msg.get("Header") or {}).items() if v}
         body = base64.b64decode(msg.get("Body") or "")
         t0 = time.perf_counter()
@@ -448,19 +523,28 @@ class AsyncWorker:
             wait_for_slot=True,
         )
         duration = time.perf_counter() - t0
-        callback = msg.get("CallbackUrl")
-        if not callback:
+        call_id = headers.get(h.CALL_ID, "")
+        raw = msg.get("CallbackUrl")
+        if not raw:
+            self._finish(delivery)
             return
-        out = {k: v for k, v in result.headers if k.lower() not in ("content-length",)}
+        try:
+            url = parse_callback_url(raw)
+        except ValueError as exc:  # queued by a version that did not parse it
+            log.warning("callback of %s call %s not sent: %s", msg["Function"], call_id, exc)
+            self._finish(delivery)
+            return
+        out = {k: v for k, v in result.headers if k.lower() != "content-length"}
         out.update(
             {
                 h.DURATION_SECONDS: f"{duration:.6f}",
                 "X-Function-Status": str(result.status),
                 "X-Function-Name": msg["Function"],
-                h.CALL_ID: headers.get(h.CALL_ID, ""),
+                h.CALL_ID: call_id,
             }
         )
-        try:
-            self.callbacks.post(callback, data=result.body, headers=out, timeout=30)
-        except requests.RequestException as exc:
-            log.warning("callback to %s failed: %s", callback, exc)
+
+        def done(outcome: Outcome) -> None:
+            self._finish(delivery)
+
+        self.callbacks.submit(Callback(url, result.body, out, done, label=f"{msg['Function']} call {call_id}"))

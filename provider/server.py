@@ -53,6 +53,24 @@ class _Daemon:
             self.stack.close()
 
 
+def add_callback_flags(p: argparse.ArgumentParser) -> None:
+    """`--callback-allow` and `--callback-timeout`, the same on `serve` and `up` (which passes them on)."""
+    p.add_argument(
+        "--callback-allow",
+        action="append",
+        metavar="HOSTS",
+        help="host names, IPs or CIDRs (repeatable, or a comma list) async callbacks (X-Callback-Url) may reach "
+        "although loopback, private, link-local or the stack's own: e.g. 127.0.0.1 for a receiver on this host; "
+        "never the stack's etcd, Redis or scheduler ports (default $FAAS_GPU_CALLBACK_ALLOW, else none)",
+    )
+    p.add_argument(
+        "--callback-timeout",
+        metavar="DURATION",
+        help="one callback delivery's whole time, connect (at most 3 s) to the answer's status line; a later "
+        "answer is a failed callback, not retried (default $FAAS_GPU_CALLBACK_TIMEOUT, else 10s)",
+    )
+
+
 def parse_args(argv: list[str] | None) -> ProviderConfig:
     p = argparse.ArgumentParser(prog="faas-gpu serve", description=__doc__)
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -74,8 +92,21 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
     p.add_argument("--home", type=Path, help="state folder (default $FAAS_GPU_HOME or ./.faas-gpu)")
     p.add_argument("--etcd", help="etcd URL, e.g. http://127.0.0.1:2379 (default: embedded store)")
     p.add_argument("--redis", help="Redis URL for the async queue (default: embedded queue)")
+    p.add_argument(
+        "--etcd-credentials",
+        type=Path,
+        help="file with the etcd login, user:password (default $FAAS_GPU_ETCD_CREDENTIALS, else "
+        "secrets/etcd-credentials in the state folder when it exists, else the URL's user:password@)",
+    )
+    p.add_argument(
+        "--redis-credentials",
+        type=Path,
+        help="file with the Redis login, user:password (default $FAAS_GPU_REDIS_CREDENTIALS, else "
+        "secrets/redis-credentials in the state folder when it exists, else the URL's user:password@)",
+    )
     p.add_argument("--scheduler", help="GPU scheduler URL(s) for the functions' GPU client (comma-separated)")
     p.add_argument("--namespace", action="append", help="allowed namespace (repeatable)")
+    add_callback_flags(p)
     p.add_argument(
         "--runtime",
         choices=RUNTIMES,
@@ -123,6 +154,14 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         help="com.faas-gpu.scaling: protean stops containers only after they stayed surplus this long (default 10m)",
     )
     a = p.parse_args(argv)
+    overrides_callbacks: dict[str, object] = {}
+    if a.callback_allow is not None:
+        overrides_callbacks["callback_allow"] = tuple(a.callback_allow)
+    if a.callback_timeout is not None:
+        try:
+            overrides_callbacks["callback_timeout_s"] = parse_duration(a.callback_timeout, "--callback-timeout")
+        except ValueError as exc:
+            p.error(str(exc))
     if a.threads < 1:
         p.error(f"--threads: must be at least 1, got {a.threads}")
     if a.max_inflight_per_function is not None and a.max_inflight_per_function < 1:
@@ -141,6 +180,8 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "alert_rule": not a.no_alert_rule,
         "etcd_url": a.etcd,
         "redis_url": a.redis,
+        "etcd_credentials": a.etcd_credentials.resolve() if a.etcd_credentials else None,
+        "redis_credentials": a.redis_credentials.resolve() if a.redis_credentials else None,
         "scheduler_url": a.scheduler,
         "runtime": a.runtime,
         "docker_host": a.docker_host,
@@ -151,6 +192,7 @@ def parse_args(argv: list[str] | None) -> ProviderConfig:
         "autoscale_period_s": a.autoscale_period,
         "harmony_plan_period_s": a.harmony_plan_period,
         "protean_surplus_window_s": surplus_s,
+        **overrides_callbacks,
     }
     if a.no_metrics:
         overrides["metrics"] = False

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from faas_gpu.contract import keys
-from faas_gpu.datastore import Datastore
+from faas_gpu.datastore import Datastore, SealedDatastore
 
 from .types import FunctionRecord, ValidationError
 from .validation import validate_secret_name
@@ -25,7 +25,12 @@ class FunctionStore:
 
     Every record read or written is also kept in memory (`cached`), so the invocation path can go
     on from what it last knew while the datastore is unavailable; the control plane never reads
-    the cache (it answers 503 then: a stale deploy or list would be wrong, a stale route is not)."""
+    the cache (it answers 503 then: a stale deploy or list would be wrong, a stale route is not).
+
+    A stored record is used only when it is sealed by this cluster (the datastore the provider
+    opens checks every record's MAC: `faas_gpu.datastore.sealed`) and passes today's deploy
+    validation. Any other is quarantined: never started or served (it reads as absent), logged
+    once, left in the store, and named by `quarantined` (describe's 404 says why)."""
 
     def __init__(self, datastore: Datastore):
         self.ds = datastore
@@ -52,9 +57,27 @@ class FunctionStore:
         self.invalid.pop(key, None)
         return record
 
+    def quarantined(self, namespace: str | None = None) -> dict[str, str]:
+        """Stored records of `namespace` (None: all) that are not acted upon: key -> why, as found by
+        the latest read of each (a list, or a get of that function)."""
+        prefix = PREFIX + (f"{namespace}/" if namespace else "")
+        out = {}
+        if isinstance(self.ds, SealedDatastore):
+            for q in self.ds.quarantined(prefix):
+                out[q.key] = f"its MAC fails ({q.reason}): it was not written by this cluster's provider"
+        out.update(
+            {k: f"it fails today's deploy validation: {why}" for k, why in self.invalid.items() if k.startswith(prefix)}
+        )
+        return out
+
+    def quarantine_reason(self, namespace: str, name: str) -> str | None:
+        return self.quarantined(namespace).get(self._key(namespace, name))
+
     def get(self, namespace: str, name: str) -> FunctionRecord | None:
         key = self._key(namespace, name)
         kv = self.ds.get(key)
+        if kv is None:
+            self.invalid.pop(key, None)
         record = self._load(key, kv.value) if kv else None
         self._remember((namespace, name), record)
         return record
@@ -80,7 +103,11 @@ class FunctionStore:
 
     def list(self, namespace: str | None = None) -> list[FunctionRecord]:
         prefix = PREFIX + (f"{namespace}/" if namespace else "")
-        loaded = (self._load(kv.key, kv.value) for kv in self.ds.get_prefix(prefix))
+        stored = self.ds.get_prefix(prefix)
+        present = {kv.key for kv in stored}
+        for key in [k for k in self.invalid if k.startswith(prefix) and k not in present]:
+            self.invalid.pop(key, None)
+        loaded = (self._load(kv.key, kv.value) for kv in stored)
         records = [r for r in loaded if r is not None]
         listed = {r.key for r in records}
         for key in [k for k in self._cache if (namespace is None or k[0] == namespace) and k not in listed]:
@@ -137,10 +164,14 @@ class SecretStore:
     def write(self, namespace: str, name: str, value: bytes) -> None:
         path = self._dir(namespace) / name
         tmp = path.with_name(f".{name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(value)
-        os.replace(tmp, path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(value)
+            os.replace(tmp, path)
+        except OSError:  # a full disk: the old value stays whole, and the part written is given back
+            tmp.unlink(missing_ok=True)
+            raise
 
     def delete(self, namespace: str, name: str) -> bool:
         try:

@@ -146,14 +146,23 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def go_float(value: float) -> int | float:
+    """A float64 as Go's encoding/json writes it: a whole number without a fraction (`1`, not
+    Python's `1.0`; Go switches to an exponent only past 1e21, where an int is exact anyway)."""
+    number = float(value)
+    return int(number) if number.is_integer() and abs(number) < 1e21 else number
+
+
 @dataclass
 class FunctionRecord:
-    """What the provider persists per function: the deployment, desired replicas, creation time."""
+    """What the provider persists per function: the deployment, desired replicas, creation time,
+    and the version before this one (what `faas-gpu rollback` deploys again)."""
 
     deployment: FunctionDeployment
     namespace: str
     replicas: int
     created_at: str = field(default_factory=now_rfc3339)
+    previous: FunctionDeployment | None = None
 
     @property
     def name(self) -> str:
@@ -164,24 +173,32 @@ class FunctionRecord:
         return (self.namespace, self.name)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "deployment": self.deployment.to_json(),
             "namespace": self.namespace,
             "replicas": self.replicas,
             "createdAt": self.created_at,
         }
+        if self.previous is not None:
+            out["previous"] = self.previous.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FunctionRecord:
+        previous = data.get("previous")
         return cls(
             deployment=FunctionDeployment.from_json(data["deployment"]),
             namespace=data["namespace"],
             replicas=int(data["replicas"]),
             created_at=data["createdAt"],
+            previous=FunctionDeployment.from_json(previous) if previous is not None else None,
         )
 
     def status(self, available: int, invocations: float, usage: dict | None = None) -> dict[str, Any]:
-        """FunctionStatus JSON: omitempty everywhere but name and image, as function_status.go."""
+        """FunctionStatus JSON, typed as function_status.go: invocationCount and the usage figures
+        are float64 (written as Go writes them: `1`, `1.5`), replicas and availableReplicas uint64.
+        The deployment's own fields are omitempty; the status figures are always present (Go would
+        omit a 0, and every client reads a missing one as 0; ours read them without a default)."""
         dep = self.deployment.to_json()
         dep.pop("service")
         labels = dict(self.deployment.labels or {})
@@ -191,11 +208,11 @@ class FunctionRecord:
         out: dict[str, Any] = {"name": self.name, "annotations": {}, **dep, "namespace": self.namespace}
         out["labels"] = labels
         out.update(
-            invocationCount=float(invocations),
-            replicas=self.replicas,
-            availableReplicas=available,
+            invocationCount=go_float(invocations),
+            replicas=max(int(self.replicas), 0),
+            availableReplicas=max(int(available), 0),
             createdAt=self.created_at,
         )
         if usage is not None:
-            out["usage"] = usage
+            out["usage"] = {k: go_float(v) if isinstance(v, int | float) else v for k, v in usage.items()}
         return out

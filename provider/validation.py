@@ -89,6 +89,12 @@ ANNOTATIONS: dict[str, Check] = ann.CHECKS
 ENV_VARS: dict[str, Check] = ann.ENV_CHECKS
 """envVars the replica reads at start: the same rules as the annotations they override."""
 
+WATCHDOG_DURATIONS = ("read_timeout", "write_timeout", "exec_timeout", "healthcheck_interval", "upstream_timeout")
+"""The watchdogs' timeouts (of-watchdog's and the classic one's): Go durations, refused beyond Go's
+largest as `time.ParseDuration` refuses them (else stored, then every call failed in the replica)."""
+WATCHDOG_COUNTS = ("max_inflight", "max_body_bytes")
+"""The watchdogs' whole-number settings (0: none)."""
+
 
 def _zero_duration(where: str, raw: str) -> None:
     ann.duration(where, raw)
@@ -172,6 +178,13 @@ def _environment(env_vars: Mapping[str, str], env_process: str | None) -> None:
             raise ValidationError(f"{where} is {size} bytes; at most {MAX_ENV_ENTRY_BYTES} bytes per variable")
         if name in ENV_VARS:
             ENV_VARS[name](where, value)
+        elif name in WATCHDOG_DURATIONS:
+            try:
+                parse_duration(value, where)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+        elif name in WATCHDOG_COUNTS and not re.fullmatch(r"\d{1,18}", value.strip()):
+            raise ValidationError(f"{where}: {_show(value)} is not a whole number of at most 18 digits")
         total += size
     if env_process is not None:
         size = len(env_process.encode())

@@ -40,7 +40,7 @@ from faas_gpu.contract.wire import decode
 from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.fn_credentials import CredentialResolver
 from faas_gpu.policies import PlacementError
-from faas_gpu.serving import bearer_token
+from faas_gpu.serving import bearer_token, request_json
 
 from . import credentials
 from .core import Scheduler
@@ -177,8 +177,8 @@ def create_app(
         if refused is not None:
             return refused
         who = credentials.caller()
-        body = request.get_json(silent=True) if request.content_length else None
         try:
+            body = request_json()
             if isinstance(body, dict) and body.get("ran"):  # the batches it ran on its last lease
                 model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
                 scheduler.leased_ran(digest, model, None if who.cluster else who.label, body["ran"])

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from faas_gpu import paths, tracing
+from faas_gpu.contract.env import ETCD_CREDENTIALS
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
@@ -41,8 +42,14 @@ class _Daemon:
         from .leader import LeaderElection
 
         a = self.args
-        ds = open_datastore(a.etcd, paths.state_db(a.home))
         token = ensure_token(a.home / "secrets")
+        ds = open_datastore(
+            a.etcd,
+            paths.state_db(a.home),
+            cluster_token=token,  # records sealed and checked (`faas_gpu.datastore.sealed`)
+            credentials_file=a.etcd_credentials,
+            secrets_dir=a.home / "secrets",
+        )
         distributor = None
         if a.distribution == "protean":
             from faas_gpu.policies.protean.distribution import job_distributor
@@ -117,6 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8091)
     p.add_argument("--advertise")
     p.add_argument("--etcd", help="etcd URL (default: the embedded datastore in --home)")
+    p.add_argument("--etcd-credentials", type=Path, help=ETCD_CREDENTIALS.doc)
     p.add_argument("--policy", choices=["lb", "lalb", "lalb_o3"], default="lalb_o3")
     p.add_argument("--o3-limit", type=int, default=25)
     p.add_argument("--leader-ttl", type=int, default=3)
@@ -175,6 +183,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         args.home = paths.home()
     args.home = args.home.resolve()
+    args.etcd_credentials = args.etcd_credentials or ETCD_CREDENTIALS.read()
     return args
 
 

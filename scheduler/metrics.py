@@ -40,6 +40,11 @@ def _seconds(headers: dict[str, str], name: str) -> float:
         return 0.0
 
 
+
+MAX_REPORTED_EXEC_S = 3600.0
+"""A leased batch's execution time as its function reports it is learnt as a placed job's: a
+report beyond an hour (the policies' bound on any SLO), or not a number, is none a worker measured."""
+
 class SchedulerMetrics:
     def __init__(self, policy: str):
         self.metrics = DaemonMetrics(m.Daemon.SCHEDULER)
@@ -112,10 +117,10 @@ class SchedulerMetrics:
         for entry in ran[:most] if isinstance(ran, list) else []:
             try:
                 rows, status, exec_s, slo, app = entry
-                rows, status, exec_s = int(rows), int(status), max(0.0, float(exec_s))
+                rows, status, exec_s = int(rows), int(status), float(exec_s)
             except (TypeError, ValueError):
                 continue
-            if rows < 1 or rows > 1_000_000:
+            if rows < 1 or rows > 1_000_000 or not 0.0 <= exec_s <= MAX_REPORTED_EXEC_S:  # NaN and inf too
                 continue
             self._batch.labels(fn).observe(rows)
             if status != 200:

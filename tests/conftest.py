@@ -20,7 +20,7 @@ def pytest_configure(config):
     """No test reads or writes the user's own faas-gpu config (the running-stack record `up`
     writes): the session gets a folder of its own before any fixture starts a stack."""
     config._faas_gpu_config = tempfile.mkdtemp(prefix="faas-gpu-config-")
-    os.environ["FAAS_GPU_CONFIG"] = config._faas_gpu_config
+    os.environ["FAAS_GPU_CONFIG"] = os.path.join(config._faas_gpu_config, "config.yml")
     # stacks started by tests run side by side: none takes the fixed metrics port 8082 unless
     # the test gives it a free one (`--metrics-port`, as StackProcess does)
     os.environ.setdefault("FAAS_GPU_METRICS_PORT", "0")
@@ -51,14 +51,16 @@ def _weights_only_flags_restored():
 @pytest.fixture(autouse=True)
 def _own_faas_gpu_config(tmp_path_factory, monkeypatch):
     """Each test its own record, so a stack one test starts is never found by the next."""
-    monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path_factory.mktemp("faas-gpu-config")))
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path_factory.mktemp("faas-gpu-config") / "config.yml"))
 
 
 @pytest.fixture
 def cluster(tmp_path, etcd_server):
     """Returns a starter of scheduler and GPU Manager daemons on the session's etcd, and the
     cluster token's auth header; everything it started is killed at the end. Here, not in one
-    folder, because the scheduler, client and GPU-path tests all start such a cluster."""
+    folder, because the scheduler, client and GPU-path tests all start such a cluster. A test that
+    writes records the daemons act upon opens the store as they do: with the token in
+    `tmp_path / "secrets"` (`open_datastore(..., cluster_token=ensure_token(...))`)."""
     started: list[Daemon] = []
     prefix = "/faas-gpu/units/"
     ds = open_datastore(etcd_server.url)
@@ -67,7 +69,7 @@ def cluster(tmp_path, etcd_server):
     token = ensure_token(tmp_path / "secrets")
 
     def start(module: str, *args: str) -> Daemon:
-        d = Daemon(module, tmp_path, "--etcd", etcd_server.url, *args)
+        d = Daemon(module, tmp_path, *etcd_server.daemon_args(), *args)
         started.append(d)
         return d
 

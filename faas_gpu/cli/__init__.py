@@ -1,10 +1,11 @@
 """`faas-gpu`: the CLI. Reads the same stack file as faas-cli 0.18 and makes the same REST calls.
 
 One module per command (`build`, `deploy`, `listing` for list, `describe`, `invoke`, `logs`,
-`remove`, `secret`, `new`, `template`, `export`, `version`, `base-image`, `up`, `down`), each with its `add_parser` and
-its `cmd_*`; what they share (gateway, credentials, the HTTP client, stack loading) is in
-`common`. This module only assembles the parser and runs a command. Commands whose parsing lives
-elsewhere (`up`, `down`, `sim`, `serve`) get the rest of argv as it is.
+`remove`, `rollback`, `secret`, `new`, `template`, `export`, `version`, `base-image`, `up`,
+`down`), each with its `add_parser` and its `cmd_*`; what they share (gateway, credentials, the
+HTTP client, stack loading) is in `common`. This module only assembles the parser and runs a
+command. Commands whose parsing lives elsewhere (`up`, `down`, `sim`, `serve`,
+`datastore`) get the rest of argv as it is.
 
 The stack is found from any folder (`faas_gpu.running`): $FAAS_GPU_HOME > `.faas-gpu` beside the
 stack file, then in the current folder > the running stack `up` recorded in the per-user config
@@ -27,7 +28,22 @@ from faas_gpu import __version__, paths
 from faas_gpu.imagestore import BuildError
 from faas_gpu.stack import StackError
 
-from . import base_image, build, deploy, describe, export, invoke, listing, logs, new, remove, secret, template, version
+from . import (
+    base_image,
+    build,
+    deploy,
+    describe,
+    export,
+    invoke,
+    listing,
+    logs,
+    new,
+    remove,
+    rollback,
+    secret,
+    template,
+    version,
+)
 from .common import Client, CliError, credentials, gateway_url
 from .deploy import deploy_specs
 from .logs import parse_go_duration
@@ -53,6 +69,11 @@ DELEGATED = {
     "down": ("faas_gpu.cli.down", "main", "stop the stack"),
     "sim": ("faas_gpu.sim.cli", "main", "replay a trace against the placement policies"),
     "serve": ("provider.server", "main", "run the stack in the foreground (what `up` starts)"),
+    "datastore": (
+        "provider.datastore_cli",
+        "main",
+        "check the datastore's records, adopt an older version's, turn etcd's authentication on",
+    ),
 }
 """Commands that parse their own arguments: module, function, help."""
 
@@ -64,6 +85,7 @@ COMMANDS = (
     invoke,
     logs,
     remove,
+    rollback,
     secret,
     new,
     template,

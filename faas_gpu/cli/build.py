@@ -47,9 +47,13 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"Image: {spec.image} built ({image_id[:19]}).")
         else:
             print(f"Building: {spec.image} with {spec.lang} template. Please wait..", flush=True)
+            before = store.get(spec.image) if store is not None else None
             with BuildProgress(spec.name) as progress:
-                record = build_image(spec, store, stack_dir=stack.stack_dir, on_step=progress)
-            print(f"Image: {record.image} built.")
+                record = build_image(spec, store, stack_dir=stack.stack_dir, on_step=progress, reuse=not args.no_cache)
+            if before is not None and before.folder == record.folder:
+                print(f"Image: {record.image} is up to date (its handler, template and requirements are unchanged).")
+            else:
+                print(f"Image: {record.image} built.")
     return 0
 
 
@@ -110,6 +114,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
     p.add_argument("--filter", help="only this function")
     p.add_argument("--shrinkwrap", action="store_true", help="only write build/<fn>/, as faas-cli does")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="build again even when the image store's image was built from the same handler, template and "
+        "requirements (otherwise that one is kept, as Docker's layer cache keeps an unchanged build)",
+    )
     p.add_argument(
         "--docker",
         action="store_true",

@@ -55,6 +55,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
         rows.append(("CPU", f"{usage['cpu']:.0f} Mi"))
     for gap in usage.get("faasGpuUnmeasured") or []:  # the Swarm runtime: a replica whose node's engine it cannot read
         rows.append(("Not measured", f"{gap.get('instance')} on {gap.get('node')}: {gap.get('reason')}"))
+    rollout = f.get("faasGpuRollout")
+    if isinstance(rollout, dict) and rollout.get("state"):
+        rows.insert(2, ("Rollout", f"{rollout['state']} ({rollout.get('message', '')})"))
     for k, v in rows:
         print(f"{k + ':':<20} {v}")
     ns_only = {"namespace": args.namespace} if args.namespace else {}
@@ -65,11 +68,14 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _status_text(f: dict) -> str:
-    """Ready / Not Ready as faas-cli, or faas-gpu's state of a function that cannot serve."""
+    """Ready / Not Ready as faas-cli, faas-gpu's state of a function that cannot serve, or Idle for
+    one asked to run no replica (scaled to zero: its next call starts one)."""
     problem = f.get("faasGpuStatus")
     if isinstance(problem, dict) and problem.get("state"):
         return f"{problem['state']} ({problem.get('message', '')})"
-    return "Ready" if (f.get("availableReplicas") or 0) > 0 else "Not Ready"
+    if (f.get("availableReplicas") or 0) > 0:
+        return "Ready"
+    return "Idle (scaled to zero: its next call starts a replica)" if f.get("replicas") == 0 else "Not Ready"
 
 
 def _print_instances(d: dict) -> None:

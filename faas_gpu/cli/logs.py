@@ -44,7 +44,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         timeout=(CONNECT_TIMEOUT_S, None if args.follow else TIMEOUT_S),
     )
     if resp.status_code in (404, 501):
-        raise CliError(f"logs {args.name}: the provider does not serve logs ({resp.status_code}: {message_of(resp)})")
+        raise CliError(_not_served(client, args, resp))
     check(resp, (200,), f"logs {args.name}")
     try:
         for line in resp.iter_lines():
@@ -58,6 +58,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except requests.RequestException as exc:
         raise CliError(f"logs {args.name}: the stream broke: {exc}") from None
     return 0
+
+
+def _not_served(client, args: argparse.Namespace, resp: requests.Response) -> str:
+    """Why /system/logs answered 404 or 501. The CE gateway (and ours, as it) answers 501 with an
+    empty body both for a function that does not exist and for a provider without logs
+    (gateway/handlers/logs.go), so the function is looked up to tell the two apart."""
+    params = {"namespace": args.namespace} if args.namespace else {}
+    found = client.request("GET", f"/system/function/{args.name}", params=params)
+    if found.status_code == 404:
+        where = f" in namespace {args.namespace}" if args.namespace else ""
+        return f"logs {args.name}: no such function{where}: {args.name} (see `faas-gpu list`)"
+    said = message_of(resp)
+    return f"logs {args.name}: the provider does not serve logs ({resp.status_code}{': ' + said if said else ''})"
 
 
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")

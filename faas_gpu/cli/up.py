@@ -21,7 +21,9 @@ from faas_gpu import paths, running
 from faas_gpu.build import build as build_image
 from faas_gpu.build import docker_build
 from faas_gpu.contract import env as env_vars
-from faas_gpu.stack import find_stack_file, load_stack
+from faas_gpu.credentials import ETCD_CREDENTIALS_FILE, REDIS_CREDENTIALS_FILE, resolve_login, write_login
+from faas_gpu.imagestore import BuildError, ImageStore
+from faas_gpu.stack import FunctionSpec, Stack, StackError, find_stack_file, load_stack
 from faas_gpu.supervise import Daemon, start_stack, supervisor_pid
 
 from .build import BuildProgress, build_args_of
@@ -58,6 +60,10 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--docker-host", args.docker_host]
     for namespace in args.namespace or ():
         stack_args += ["--namespace", namespace]
+    for allowed in args.callback_allow or ():
+        stack_args += ["--callback-allow", allowed]
+    if args.callback_timeout:
+        stack_args += ["--callback-timeout", args.callback_timeout]
     if not args.no_gpu:
         out.append(
             Daemon(
@@ -86,6 +92,22 @@ def daemons(args: argparse.Namespace) -> list[Daemon]:
         stack_args += ["--scheduler", ",".join(urls)]  # every replica: the GPU client fails over
     out.append(Daemon("faas-gpu", "provider.server", tuple(stack_args), f"http://{host}:{args.gateway_port}/healthz"))
     return out
+
+
+def keep_logins(args: argparse.Namespace, secrets: Path) -> None:
+    """etcd's and Redis's logins into the state folder's secrets/ (0600), where every daemon finds
+    them, and the URLs the daemons get without them: no password on a command line (`ps` shows
+    those to every user and every replica), in stack.json or in a log."""
+    for server, file_name in (("etcd", ETCD_CREDENTIALS_FILE), ("redis", REDIS_CREDENTIALS_FILE)):
+        url, given = getattr(args, server), getattr(args, f"{server}_credentials")
+        if not url:
+            if given is not None:
+                raise ValueError(f"--{server}-credentials: needs --{server} (the embedded store has no login)")
+            continue
+        plain, login = resolve_login(url, given, None, file_name)
+        if login is not None:
+            write_login(secrets / file_name, login)
+        setattr(args, server, plain)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,8 +151,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-units", type=int, default=2, help="emulated units of the cpu back end")
     p.add_argument("--unit-memory-mb", type=float, default=1024)
     p.add_argument("--no-gpu", action="store_true", help="no GPU Manager or scheduler: models run in the instances")
-    p.add_argument("--etcd", help="etcd URL (default: embedded datastore)")
-    p.add_argument("--redis", help="Redis URL for async invocations (default: embedded queue)")
+    p.add_argument(
+        "--etcd",
+        help="etcd URL (default: embedded datastore); a user:password@ in it is moved to secrets/etcd-credentials",
+    )
+    p.add_argument(
+        "--redis",
+        help="Redis URL for async invocations (default: embedded queue); a user:password@ in it is moved to "
+        "secrets/redis-credentials",
+    )
+    p.add_argument(
+        "--etcd-credentials",
+        type=Path,
+        help="file with etcd's login for the daemons (user:password), copied to secrets/etcd-credentials (0600)",
+    )
+    p.add_argument(
+        "--redis-credentials",
+        type=Path,
+        help="file with Redis's login for the daemons (user:password), copied to secrets/redis-credentials (0600)",
+    )
     p.add_argument(
         "--runtime",
         choices=env_vars.RUNTIMES,
@@ -152,6 +191,19 @@ def _parser() -> argparse.ArgumentParser:
         help="a namespace functions may be deployed to (repeatable; the list replaces the default openfaas-fn, "
         "as the provider's --namespace: the certifier's CERTIFIER_NAMESPACES runs need openfaas-fn and theirs)",
     )
+    p.add_argument(
+        "--callback-allow",
+        action="append",
+        metavar="HOSTS",
+        help="host names, IPs or CIDRs (repeatable, or a comma list) async callbacks may reach although loopback, "
+        "private or the stack's own, e.g. 127.0.0.1 for a receiver on this host (default "
+        "$FAAS_GPU_CALLBACK_ALLOW, else none; README: Limits and security)",
+    )
+    p.add_argument(
+        "--callback-timeout",
+        metavar="DURATION",
+        help="one callback delivery's whole time (default $FAAS_GPU_CALLBACK_TIMEOUT, else 10s)",
+    )
     p.add_argument("--no-deploy", action="store_true", help="only start the stack")
     p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
     p.add_argument(
@@ -168,17 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedulers < 1:
         parser.error("--schedulers: must be at least 1")
     home = paths.home()
+    try:
+        keep_logins(args, paths.secrets_dir(home))
+    except ValueError as exc:
+        parser.error(str(exc))
     started = start_stack(home, daemons(args))
     host = "127.0.0.1" if args.bind in ("0.0.0.0", "::") else args.bind
     gateway_url = f"http://{host}:{args.gateway_port}"
     record = running.record_stack(home, gateway_url, f"http://{host}:{args.provider_port}")
     deployed: list[str] = []
+    incomplete: UpIncomplete | None = None
     if not args.no_deploy:
         runtime = args.runtime or env_vars.RUNTIME.read()
         docker = None
         if runtime in ("docker", "swarm"):  # swarm: pushed too, so every node can pull it
             docker = DockerBuild(args.docker_host, build_args_of(args.build_arg or []), push=runtime == "swarm")
-        deployed = up_deploy(args.yaml, gateway_url, docker=docker, progress=not args.no_progress)
+        try:
+            deployed = up_deploy(args.yaml, gateway_url, docker=docker, progress=not args.no_progress)
+        except UpIncomplete as exc:  # the stack serves what deployed; say so, then fail with the rest
+            deployed, incomplete = exc.deployed, exc
     secrets = paths.secrets_dir()
     print(f"faas-gpu is serving (pids {', '.join(f'{n} {p}' for n, p in started.items())}; logs in {home})")
     print(f"  gateway:      {gateway_url}")
@@ -194,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"  credentials:  {secrets / 'basic-auth-user'} and {secrets / 'basic-auth-password'}")
     print(f"  recorded in:  {record} (faas-gpu finds this stack from any folder)")
+    isolation = functions_isolation(gateway_url)
+    if isolation is not None:
+        print(f"  functions:    {isolation}")
     for name in deployed:
         print(f"  function:     {gateway_url}/function/{name}")
     if deployed and not args.no_gpu:
@@ -205,13 +268,29 @@ def main(argv: list[str] | None = None) -> int:
             "unit: seconds, X-Faas-Gpu-Cache: miss); later calls reuse it (hit)"
         )
     print("Try: echo hello | .venv/bin/faas-gpu invoke echo    Stop: .venv/bin/faas-gpu down")
+    if incomplete is not None:
+        print(f"faas-gpu: up: the stack serves, but not every function: {incomplete}", file=sys.stderr, flush=True)
     if args.foreground:
         try:
             while supervisor_pid(home) is not None:
                 time.sleep(1)
         except KeyboardInterrupt:
             down_main([])
-    return 0
+    return 1 if incomplete is not None else 0
+
+
+def functions_isolation(gateway: str) -> str | None:
+    """What the stack says of its functions' isolation (/system/info's `faasGpuIsolation`, the
+    local runtime's sandbox), in words; None where it says nothing (containers: the engine's)."""
+    client = Client(gateway, credentials(argparse.Namespace(), gateway, paths.home()))
+    try:
+        resp = client.request("GET", "/system/info")
+        said = (resp.json().get("provider") or {}).get("faasGpuIsolation") if resp.status_code == 200 else None
+    except (CliError, ValueError, AttributeError):
+        return None
+    if not isinstance(said, dict) or not said.get("message"):
+        return None
+    return str(said["message"]) if said.get("isolated") else f"WARNING: {said['message']}"
 
 
 # -- what `up` runs once the daemons serve ------------------------------------------------
@@ -257,28 +336,61 @@ def up_deploy(
         return []
     stack = load_stack(path)
     client = Client(gateway, credentials(argparse.Namespace(), gateway, paths.home()))
-    for spec in stack.functions.values():
-        if not spec.skip_build:
-            print(f"Building {spec.name} ({spec.image})", flush=True)
-            if docker is not None:
-                docker_build(
-                    spec,
-                    stack_dir=stack.stack_dir,
-                    build_args=docker.build_args,
-                    docker_host=docker.docker_host,
-                    push=docker.push,
-                )
-                continue
-            with BuildProgress(spec.name, enabled=progress) as step:
-                build_image(spec, stack_dir=stack.stack_dir, on_step=step)
-    names = deploy_specs(client, stack.functions.values())
-    for spec in stack.functions.values():
-        if not wait_ready(client, spec.name, spec.namespace, ready_timeout_s, progress=progress):
-            raise CliError(
-                f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu logs {spec.name}`"
+    failed: list[str] = []
+    built = [spec for spec in stack.functions.values() if _build(spec, stack, docker, progress, failed)]
+    names: list[str] = []
+    try:
+        names = deploy_specs(client, built)
+    except CliError as exc:  # each failure was printed; the functions that did deploy are waited for
+        failed.append(str(exc))
+    for spec in built:
+        if spec.name in names and not wait_ready(client, spec.name, spec.namespace, ready_timeout_s, progress=progress):
+            failed.append(
+                f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu describe "
+                f"{spec.name}` and `faas-gpu logs {spec.name}`"
             )
-    _profile_missing(path, stack)
+    _profile_missing(path, stack)  # in the background: the functions serve on a conservative plan meanwhile
+    if failed:
+        raise UpIncomplete(names, failed)
     return names
+
+
+class UpIncomplete(CliError):
+    """`up` deployed what it could (`deployed`) but not everything (`failures`, one line each)."""
+
+    def __init__(self, deployed: list[str], failures: list[str]):
+        self.deployed, self.failures = deployed, failures
+        super().__init__("; ".join(failures))
+
+
+def _build(spec: FunctionSpec, stack: Stack, docker: DockerBuild | None, progress: bool, failed: list[str]) -> bool:
+    """Build one function for `up` (not when its inputs are what the image store's image was built
+    from: `build(reuse=True)`); a failure is printed and noted in `failed`, and the other
+    functions still build and deploy. False: do not deploy it."""
+    if spec.skip_build:
+        return True
+    print(f"Building {spec.name} ({spec.image})", flush=True)
+    try:
+        if docker is not None:
+            docker_build(
+                spec,
+                stack_dir=stack.stack_dir,
+                build_args=docker.build_args,
+                docker_host=docker.docker_host,
+                push=docker.push,
+            )
+            return True
+        store = ImageStore()
+        before = store.get(spec.image)
+        with BuildProgress(spec.name, enabled=progress) as step:
+            record = build_image(spec, store, stack_dir=stack.stack_dir, on_step=step, reuse=True)
+        if before is not None and before.folder == record.folder:
+            print(f"  {spec.image} is up to date: {spec.name}'s handler, template and requirements are unchanged")
+        return True
+    except (BuildError, StackError) as exc:
+        print(f"faas-gpu: up: {spec.name} not deployed: its build failed: {exc}", file=sys.stderr, flush=True)
+        failed.append(f"{spec.name}'s build failed")
+        return False
 
 
 def _profile_missing(path: Path, stack) -> None:

@@ -12,7 +12,9 @@ other, and this imports nothing of theirs (only the standard library; `wire` add
 - `slo`: the request class and the SLO (a budget in milliseconds on the wire), parsed once;
 - `annotations`: every `com.faas-gpu.*` key with its rule (deploy-time validation uses the table);
 - `env`: every `FAAS_GPU_*` variable with its one default and parser;
+- `replica`: the paths inside a replica (its secrets, its token, HOME, PATH);
 - `keys`: datastore keys and prefixes;
+- `records`: the MAC every datastore record carries, keyed from the cluster token;
 - `wire`: the job API's binary tensor format;
 - `errors`: typed errors that cross processes, each with its HTTP status and code;
 - `duration`: the one Go-style duration parser;

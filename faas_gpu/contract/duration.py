@@ -17,22 +17,30 @@ import re
 _BARE = re.compile(r"\d+(\.\d+)?")
 _PAIR = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_S = (2**63 - 1) / 1e9
+"""Go's largest `time.Duration` (2562047h47m16.854775807s): `time.ParseDuration` refuses a longer
+one, so OpenFaaS never runs with it; here it would overflow a socket's or a poll's timeout in the
+replica (`exec_timeout: 99999999999h` was accepted at deploy, then every call failed)."""
 
 
 def parse_duration(value: str | int | float, field_name: str = "duration") -> float:
     """Seconds from an int or float (seconds) or a Go duration ("10s", "1m30s", "500ms");
     ValueError naming `field_name` for anything else."""
     if isinstance(value, int | float):
-        return float(value)
-    text = str(value).strip()
-    if _BARE.fullmatch(text):
-        return float(text)
-    pos, total = 0, 0.0
-    for m in _PAIR.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * UNIT_S[m.group(2)]
-        pos = m.end()
-    if not text or pos != len(text):
-        raise ValueError(f"{field_name}: {value!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
+        total = float(value)
+    else:
+        text = str(value).strip()
+        if _BARE.fullmatch(text):
+            total = float(text)
+        else:
+            pos, total = 0, 0.0
+            for m in _PAIR.finditer(text):
+                if m.start() != pos:
+                    break
+                total += float(m.group(1)) * UNIT_S[m.group(2)]
+                pos = m.end()
+            if not text or pos != len(text):
+                raise ValueError(f"{field_name}: {str(value)[:80]!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
+    if not 0 <= total <= MAX_S:  # NaN too
+        raise ValueError(f"{field_name}: {str(value)[:80]!r} is not a duration from 0 to Go's largest, 2562047h")
     return total

@@ -77,6 +77,20 @@ def app_timeouts_ms(raw: str) -> dict[str, float]:
 HOME: Var[Path | None] = Var("FAAS_GPU_HOME", None, Path, "state folder (default ./.faas-gpu; `faas_gpu.paths`)")
 ETCD: Var[str | None] = Var("FAAS_GPU_ETCD", None, _text, "etcd URL (default: the embedded datastore)")
 REDIS: Var[str | None] = Var("FAAS_GPU_REDIS", None, _text, "Redis URL of the async queue (default: embedded)")
+ETCD_CREDENTIALS: Var[Path | None] = Var(
+    "FAAS_GPU_ETCD_CREDENTIALS",
+    None,
+    Path,
+    "a file holding the daemons' etcd login, user:password (`--etcd-credentials`; default the state "
+    "folder's secrets/etcd-credentials when it exists, else the URL's userinfo)",
+)
+REDIS_CREDENTIALS: Var[Path | None] = Var(
+    "FAAS_GPU_REDIS_CREDENTIALS",
+    None,
+    Path,
+    "a file holding the daemons' Redis login, user:password or a password alone (`--redis-credentials`; "
+    "default the state folder's secrets/redis-credentials when it exists, else the URL's userinfo)",
+)
 
 TRACES_FILE: Var[Path | None] = Var(
     "FAAS_GPU_TRACES_FILE",
@@ -95,6 +109,21 @@ INFLESS_DATA: Var[Path | None] = Var("FAAS_GPU_INFLESS_DATA", None, Path, "INFle
 SPOT_PRICES: Var[Path | None] = Var("FAAS_GPU_SPOT_PRICES", None, Path, "spot price CSV (procurer)")
 METRICS_PORT: Var[int] = Var(
     "FAAS_GPU_METRICS_PORT", 8082, int, "the gateway's metrics port (/metrics, /healthz; CE's :8082); 0: none"
+)
+
+CALLBACK_ALLOW: Var[tuple[str, ...]] = Var(
+    "FAAS_GPU_CALLBACK_ALLOW",
+    (),
+    lambda raw: tuple(item.strip() for item in raw.split(",") if item.strip()),
+    "host names, IP addresses and CIDRs (comma-separated) that async callbacks (X-Callback-Url) may reach "
+    "although they are loopback, private, link-local or the stack's own (`provider.callbacks`); default none",
+)
+CALLBACK_TIMEOUT: Var[float] = Var(
+    "FAAS_GPU_CALLBACK_TIMEOUT",
+    10.0,
+    lambda raw: parse_duration(raw, "FAAS_GPU_CALLBACK_TIMEOUT"),
+    "how long one callback delivery may take in all (connect: at most 3 s of it, then the request and the "
+    "answer's status line); a target that answers later is a failed callback, never retried",
 )
 
 RUNTIMES = ("local", "docker", "swarm")
@@ -123,6 +152,26 @@ DOCKER_HOST: Var[str | None] = Var(
     "default: DOCKER_HOST, else the engine's default socket",
 )
 
+ISOLATIONS = ("auto", "on", "off")
+
+
+def isolation_name(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ISOLATIONS:
+        raise ValueError(f"expected one of {', '.join(ISOLATIONS)}, got {raw!r}")
+    return value
+
+
+ISOLATION: Var[str] = Var(
+    "FAAS_GPU_ISOLATION",
+    "auto",
+    isolation_name,
+    "the local runtime's sandbox of each replica (`faas_gpu.sandbox`: its own uid, mount, PID and IPC "
+    "namespaces, a clean environment): auto, where the kernel allows it (else replicas run unisolated and "
+    "the stack says so); on, or the stack does not start; off, never (replicas then share the stack's "
+    "user and view of the host)",
+)
+
 PIN_CPUS: Var[str | None] = Var(
     "FAAS_GPU_PIN_CPUS",
     None,
@@ -145,10 +194,23 @@ METRICS: Var[bool] = Var(
 SCHEDULER_URL: Var[tuple[str, ...]] = Var(
     "FAAS_GPU_SCHEDULER_URL", (), _urls, "the schedulers, comma-separated; none: models run in the instance"
 )
-TOKEN: Var[str] = Var("FAAS_GPU_TOKEN", "", str, "the function's own token for the scheduler")
+TOKEN_FILE: Var[Path | None] = Var(
+    "FAAS_GPU_TOKEN_FILE",
+    None,
+    Path,
+    "the file holding the function's own token for the scheduler and the GPU Managers: a file in the "
+    "replica's sandbox (/var/openfaas/faas-gpu/token), never an environment variable, which anyone the "
+    "function shows its environment to would read",
+)
+TOKEN: Var[str] = Var(
+    "FAAS_GPU_TOKEN",
+    "",
+    str,
+    "the function's token itself: read only where FAAS_GPU_TOKEN_FILE is not set (an instance started "
+    "by something other than faas-gpu's runtimes, a benchmark); no runtime of ours sets it",
+)
 FUNCTION: Var[str | None] = Var("FAAS_GPU_FUNCTION", None, _text, "the function's name")
 NAMESPACE: Var[str | None] = Var("FAAS_GPU_NAMESPACE", None, _text, "the function's namespace")
-PARENT_PID: Var[int | None] = Var("FAAS_GPU_PARENT_PID", None, int, "the provider: the watchdog dies with it")
 MAX_BATCH: Var[int] = Var(
     "FAAS_GPU_MAX_BATCH",
     8,

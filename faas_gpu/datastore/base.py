@@ -18,6 +18,17 @@ class DatastoreUnavailable(DatastoreError):
     """The back end could not be reached after retries."""
 
 
+class DatastoreFull(DatastoreUnavailable):
+    """The back end has no room to write (the embedded store's disk, etcd's space quota): reads
+    still work and nothing half-written is kept; its message names where space is missing. The
+    provider answers 507 Insufficient Storage for it."""
+
+
+class DatastoreDenied(DatastoreUnavailable):
+    """The back end refused our login or a permission: unavailable to us until an operator fixes
+    the credentials (callers answer 503 as for an outage), and never retried."""
+
+
 @dataclass(frozen=True)
 class KV:
     key: str

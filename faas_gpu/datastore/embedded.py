@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from .base import KV, Datastore, DatastoreUnavailable, Event, Lease, Watch, lease_id, to_bytes
+from .base import KV, Datastore, DatastoreFull, DatastoreUnavailable, Event, Lease, Watch, lease_id, to_bytes
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,13 +33,21 @@ CREATE TABLE IF NOT EXISTS history (rev INTEGER PRIMARY KEY, type TEXT NOT NULL,
 
 def _unavailable_on_sqlite_error(method: Callable[P, R]) -> Callable[P, R]:
     """SQLite failing (disk full or gone, a file locked past its timeout) is the store being
-    unavailable, the same typed error the etcd back end raises, so callers handle one error."""
+    unavailable, the same typed error the etcd back end raises, so callers handle one error. A full
+    disk is `DatastoreFull`, naming the folder (the state folder: `paths.state_db`): the transaction
+    was rolled back, so nothing stored before is lost."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(*args, **kwargs)
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc):
+                folder = getattr(args[0], "path", Path("?")).parent
+                raise DatastoreFull(
+                    f"the state folder {folder} is out of disk space: the datastore (embedded SQLite) cannot "
+                    f"write ({exc}); nothing was changed, and what it held is kept: free space there, then retry"
+                ) from exc
             raise DatastoreUnavailable(f"datastore (embedded SQLite) is unavailable: {exc}") from exc
 
     return wrapper

@@ -34,8 +34,15 @@ only formats whose loading is data, not code, and checks each of them before tor
   the first call, any operator outside the tensor namespaces, file and RPC operators, Python
   ops, and calls it cannot see into.
 
+Every check reads the archive through `archive.Archive`, the one strict reader (no duplicate or
+ambiguous names, declared sizes and ratios within limits before anything is inflated), and what
+the store keeps and the workers load is that archive's canonical copy (`archive.write_canonical`):
+the bytes checked here are the bytes torch reads. JSON and code are read up to a bound each
+(`PROGRAM_JSON_BYTES`, `TEXT_BYTES`), whatever the archive declares.
+
 What remains is torch's kernels' own memory safety on hostile shapes; the worker is one process
-per model, so such a bug is contained to it, not to the manager.
+per model, so such a bug is contained to it, not to the manager, and the worker runs behind the
+walls of `gpu_manager/isolation.py` (an unprivileged uid, no network, nothing of the state folder).
 """
 
 from __future__ import annotations
@@ -43,11 +50,12 @@ from __future__ import annotations
 import ast
 import json
 import re
-import zipfile
 from collections.abc import Collection, Iterator
 from typing import Any
 
 from faas_gpu.contract.errors import ArtifactError
+
+from .archive import Archive
 
 PICKLE_REFUSED = (
     "artifact: a torch.save pickle is refused (loading one runs any code it names). Send a "
@@ -56,6 +64,9 @@ PICKLE_REFUSED = (
     "handler, build the module from a state dict or safetensors and call faas_gpu.remote(module), which "
     "exports it in the instance"
 )
+
+PROGRAM_JSON_BYTES = 64 << 20  # models/model.json: ~1.2 KB a graph node (566 nodes: 669 KB)
+TEXT_BYTES = 16 << 20  # any other entry a check reads: configs, TorchScript code, a pickle's opcodes
 
 _DOTTED = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")  # "layer1.0.weight": FX quotes "0" safely
 _SYMBOL = re.compile(r"^[a-z]+[0-9]*$")  # s0, u3, ...: the names export gives shape symbols
@@ -110,10 +121,10 @@ TORCHSCRIPT_DENIED = {
 }
 
 
-def detect_format(z: zipfile.ZipFile) -> str:
+def detect_format(z: Archive) -> str:
     """torchscript or export, from the archive's layout; ArtifactError (naming what to send
     instead) for a pickle or anything else, and for an archive that fails its format's checks."""
-    names = z.namelist()
+    names = z.names()
     roots = {n.split("/", 1)[0] for n in names}
     if len(roots) != 1 or any("/" not in n for n in names):
         raise ArtifactError("artifact: a torch archive has every entry under one folder")
@@ -132,35 +143,35 @@ def detect_format(z: zipfile.ZipFile) -> str:
     raise ArtifactError("artifact: a zip archive, but not TorchScript or a torch.export program")
 
 
-def pickled_class(z: zipfile.ZipFile) -> str | None:
+def pickled_class(z: Archive) -> str | None:
     """The dotted name of the class a `torch.save` pickle's top object is made from (`model.Net`,
     `collections.OrderedDict` for a state dict), read from the opcodes without unpickling; None when
     the archive holds no pickle or names none. Only to word an error: nothing is imported or run."""
     import pickletools
 
-    pkl = [n for n in z.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+    pkl = [n for n in z.names() if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pkl) != 1:
         return None
     strings: list[str] = []
     try:
-        for op, arg, _ in pickletools.genops(z.read(pkl[0])):
+        for op, arg, _ in pickletools.genops(z.read(pkl[0], TEXT_BYTES)):
             if op.name == "GLOBAL" and isinstance(arg, str):
                 return ".".join(arg.split(" ", 1))
             if op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 return f"{strings[-2]}.{strings[-1]}"
             if isinstance(arg, str):
                 strings.append(arg)
-    except (ValueError, EOFError, KeyError, UnicodeDecodeError):
+    except (ValueError, EOFError, KeyError, UnicodeDecodeError):  # ArtifactError too: a ValueError
         return None
     return None
 
 
 # -- TorchScript ---------------------------------------------------------------------------------
-def check_torchscript_archive(z: zipfile.ZipFile, parts: dict[str, str]) -> None:
+def check_torchscript_archive(z: Archive, parts: dict[str, str]) -> None:
     for part, name in parts.items():
         if not (part.startswith("code/") and part.endswith(".py")):
             continue
-        source = z.read(name)
+        source = z.read(name, TEXT_BYTES)
         try:
             text = source.decode("ascii")
         except UnicodeDecodeError:
@@ -203,12 +214,12 @@ def _ts_nodes(graph) -> Iterator[Any]:
 
 
 # -- torch.export --------------------------------------------------------------------------------
-def check_export(z: zipfile.ZipFile, parts: dict[str, str]) -> None:
+def check_export(z: Archive, parts: dict[str, str]) -> None:
     for part in parts:
         if part in EXPORT_FILES or part.startswith(EXPORT_DIRS):
             continue
         raise ArtifactError(f"artifact: {part} has no place in a torch.export program (AOTInductor code is refused)")
-    if "archive_format" not in parts or z.read(parts["archive_format"]).strip() != b"pt2":
+    if "archive_format" not in parts or z.read(parts["archive_format"], 64).strip() != b"pt2":
         raise ArtifactError("artifact: a torch.export program says archive_format pt2")
     models = [p for p in parts if p.startswith("models/")]
     if models != ["models/model.json"]:
@@ -223,13 +234,14 @@ def check_export(z: zipfile.ZipFile, parts: dict[str, str]) -> None:
         ("data/constants/model_constants_config.json", "constants"),
     ):
         if config in parts:
-            _check_payloads(_json(z, parts[config], config), dir_)
-    _check_program(_json(z, parts["models/model.json"], "models/model.json"))
+            _check_payloads(_json(z, parts[config], config, TEXT_BYTES), dir_)
+    _check_program(_json(z, parts["models/model.json"], "models/model.json", PROGRAM_JSON_BYTES))
 
 
-def _json(z: zipfile.ZipFile, name: str, part: str) -> Any:
+def _json(z: Archive, name: str, part: str, limit: int) -> Any:
+    data = z.read(name, limit)
     try:
-        return json.loads(z.read(name))
+        return json.loads(data)
     except (ValueError, RecursionError):
         raise ArtifactError(f"artifact: {part} is not JSON") from None
 

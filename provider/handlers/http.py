@@ -6,9 +6,9 @@ helpers keep every verb's replies the same shape.
 
 from __future__ import annotations
 
-import json
-
 from flask import Response, request
+
+from faas_gpu.serving import parse_json_body
 
 from ..types import ValidationError
 
@@ -25,15 +25,13 @@ def accepted() -> Response:
 
 def json_body() -> object:
     """The request's JSON: every /system/* route reads its body here, so bad JSON is one 400."""
-    raw = request.get_data(cache=False)
+    raw = request.get_data(cache=False)  # within the app's MAX_CONTENT_LENGTH (413 beyond)
     if not raw:
         raise ValidationError("body: is required")
     try:
-        return json.loads(raw)
+        return parse_json_body(raw, max_bytes=len(raw))
     except ValueError as exc:
-        raise ValidationError(f"body: invalid JSON ({exc})") from None
-    except RecursionError:  # json's decoder recurses once per nesting level
-        raise ValidationError("body: invalid JSON (nested too deeply)") from None
+        raise ValidationError(str(exc)) from None
 
 
 def namespace_query() -> str | None:

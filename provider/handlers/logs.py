@@ -46,7 +46,7 @@ def make_logs_handler(
         try:
             name = validate_name(args.get("name"), "name")
             ns = namespace(args.get("namespace") or None)
-            tail = int(args.get("tail") or 0)
+            tail = parse_tail(args.get("tail"))
             follow = (args.get("follow") or "false").lower() in ("1", "true")
             since: datetime | None = parse_time(args["since"]) if args.get("since") else None
         except ValueError as exc:
@@ -80,6 +80,24 @@ def make_logs_handler(
         return Response(stream(), content_type=GATEWAY_CONTENT_TYPE if gateway else PROVIDER_CONTENT_TYPE)
 
     return handle
+
+
+MAX_TAIL = 2**63 - 1
+"""Go's largest int: faas-provider reads `tail` with `strconv.Atoi`, which refuses anything larger."""
+
+
+def parse_tail(raw: str | None) -> int:
+    """`tail` as faas-provider reads it: a whole number (at most Go's largest int; 0 or less: all
+    lines); ValueError naming the field otherwise."""
+    if not raw:
+        return 0
+    try:
+        tail = int(raw)
+    except ValueError:
+        raise ValueError(f"tail: {raw[:40]!r} is not a whole number") from None
+    if tail > MAX_TAIL:
+        raise ValueError(f"tail: {raw[:40]!r} is larger than {MAX_TAIL}")
+    return tail
 
 
 def disconnect_watcher(sock: socket.socket, stop: threading.Event) -> threading.Thread:

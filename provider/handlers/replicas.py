@@ -15,11 +15,12 @@ def make_replica_reader(
     status: Callable[..., dict],
 ) -> Callable[[str], Response]:
     """`get` is Provider.get (404 when unknown; `name.namespace` accepted), `status` is
-    Provider.status (`usage=True` adds CPU/memory, as `?usage=1` asks)."""
+    Provider.status (`usage=True` adds CPU/memory, as `?usage=1` asks; `detail=True` the previous
+    version, which `faas-gpu rollback` deploys again)."""
 
     def handle(name: str) -> Response:
         record = get(name, namespace_query())
         usage = request.args.get("usage", "").lower() in ("1", "true")
-        return jsonify(status(record, usage=usage))
+        return jsonify(status(record, usage=usage, detail=True))
 
     return handle

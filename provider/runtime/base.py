@@ -11,20 +11,46 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from faas_gpu.contract import readiness
+
 from ..types import FunctionRecord
 
 
-def watchdog_ready(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    """Whether a replica's watchdog answers `/_/ready` (it does once its function serves): the
-    readiness every runtime probes, whatever runs the replica."""
+@dataclass(frozen=True)
+class Readiness:
+    """One answer of a replica's `/_/ready` (`faas_gpu.contract.readiness`): ready, not yet
+    (`failed` None), or never: its function's own check said why it cannot serve."""
+
+    ready: bool
+    failed: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ready
+
+
+NOT_YET = Readiness(False)
+
+
+def probe_readiness(host: str, port: int, timeout_s: float = 0.5) -> Readiness:
+    """A replica's watchdog's `/_/ready`: the readiness every runtime probes, whatever runs it."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        conn.request("GET", "/_/ready")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
+        conn.request("GET", readiness.PATH)
+        resp = conn.getresponse()
+        if resp.status == readiness.READY:
+            return Readiness(True)
+        if resp.status == readiness.FAILED:
+            return Readiness(False, readiness.failure_reason(resp.read(4 * readiness.REASON_LIMIT)))
+        return NOT_YET
+    except (OSError, http.client.HTTPException):
+        return NOT_YET
     finally:
         conn.close()
+
+
+def watchdog_ready(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether a replica's watchdog answers `/_/ready` with 200 (it does once its function serves)."""
+    return probe_readiness(host, port, timeout_s).ready
 
 
 class LaunchError(Exception):
@@ -69,10 +95,25 @@ class Runtime(ABC):
     def usage(self, namespace: str, name: str) -> dict | None:
         return None
 
+    def isolation(self) -> Any:
+        """How replicas are kept apart from the stack and each other, where the runtime does it
+        itself (the local runtime's `isolation.Isolation`); None where an engine does (containers)."""
+        return None
+
     def problem(self, namespace: str, name: str) -> dict[str, str] | None:
         """Why the function cannot serve, when the reason is its own ({"state", "message"}):
         requests answer 503 with the message at once and describe shows it."""
         return None
+
+    def rollout(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A new version on its way in while the previous one serves ({"state": "Progressing" or
+        "Stalled", "message", ...}, faas-gpu's `faasGpuRollout`); None once settled."""
+        return None
+
+    def version_served(self, namespace: str, name: str) -> bool:
+        """Whether the version last applied has served (a replica of it was ready): a version that
+        never did is not the one `faas-gpu rollback` goes back to. True where a runtime cannot tell."""
+        return True
 
     def ready_instances(self, namespace: str, name: str) -> list[tuple[str, str]]:
         """(instance id, base URL) of the ready replicas, for a dispatcher that weighs instances."""

@@ -13,10 +13,14 @@ What a replica gets, and why:
   watchdog's `port` — containers run on the host network, so every replica listens on a port of
   its own, and its http-mode upstream too (`upstream_url`); `metrics_port=0`, since of-watchdog's
   fixed 8081 would clash on a shared network — plus the GPU client's settings (from annotations),
-  how it reaches the scheduler and the function's own scoped token (`FAAS_GPU_TOKEN`, never the
-  cluster's), and an INFless instance's own env on top.
+  how it reaches the scheduler and where its function's own scoped token is
+  (`FAAS_GPU_TOKEN_FILE`), and an INFless instance's own env on top. Nothing of the provider's own
+  environment or credentials: no state folder, no cluster token, no datastore address.
 - Secrets: one read-only bind mount of a folder holding only this function's secrets, at
-  `/var/openfaas/secrets` (OpenFaaS's path; the certifier `cat`s it).
+  `/var/openfaas/secrets` (OpenFaaS's path; the certifier `cat`s it). The function's token is a
+  file too, in a folder of its own mounted read-only at `/var/openfaas/faas-gpu` (never an
+  environment variable: a function that shows its environment, as `printenv` does to anyone,
+  would show it).
 - `limits`/`requests` in OpenFaaS's (Kubernetes') quantities: memory as the container's memory
   limit (no swap beyond it, so over the limit is an OOM kill), `requests.memory` as its
   reservation, `limits.cpu` as nano-CPUs, `requests.cpu` as CPU shares.
@@ -31,13 +35,16 @@ from decimal import Decimal
 
 from faas_gpu.contract import env as contract_env
 from faas_gpu.contract import labels as runtime_labels
+from faas_gpu.contract import replica as where
 
 from ..types import FunctionRecord
 from ..validation import ValidationError, parse_quantity
 from .base import InstanceSpec, LaunchError
 from .launch import gpu_settings
 
-SECRETS_PATH = "/var/openfaas/secrets"
+SECRETS_PATH = where.SECRETS_PATH
+TOKEN_DIR = where.FAAS_GPU_DIR
+TOKEN_NAME = "token"
 ANNOTATION_LABEL_PREFIX = "com.openfaas.annotations."
 LABEL_FUNCTION = "com.openfaas.function"
 LABEL_FAAS_FUNCTION = "faas_function"
@@ -76,6 +83,8 @@ class ContainerPlan:
     read_only_rootfs: bool
     stop_timeout_s: float
     digest: str
+    token: str | None = field(default=None, repr=False)
+    """The function's own token, for the file each replica finds at `TOKEN_DIR`/token."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +212,9 @@ def plan_container(
         **(dep.envVars or {}),
     }
     if gpu_env and token:
-        env[contract_env.TOKEN.name] = token
+        env[contract_env.TOKEN_FILE.name] = f"{TOKEN_DIR}/{TOKEN_NAME}"
+    else:
+        token = None
     if dep.envProcess:
         env["fprocess"] = dep.envProcess
     identity = json.dumps([dep.to_json(), image_id], sort_keys=True).encode()
@@ -216,6 +227,7 @@ def plan_container(
         read_only_rootfs=bool(dep.readOnlyRootFilesystem),
         stop_timeout_s=stop_timeout_s,
         digest=hashlib.sha256(identity).hexdigest()[:16],
+        token=token,
     )
 
 
@@ -228,11 +240,13 @@ def replica_container(
     digest: str | None = None,
     instance: InstanceSpec | None = None,
     secrets_source: str | None = None,
+    token_source: str | None = None,
     bind_address: str = "127.0.0.1",
     extra_env: dict[str, str] | None = None,
 ) -> ContainerSpec:
     """One replica of `plan`: its ports (host network), its instance's env, its secrets folder
-    (`secrets_source`, on the engine's host, mounted read-only at /var/openfaas/secrets).
+    (`secrets_source`, on the engine's host, mounted read-only at /var/openfaas/secrets) and the
+    folder of its token file (`token_source`, mounted read-only at /var/openfaas/faas-gpu).
     `bind_address`: 127.0.0.1 where the provider is on the same host (Docker), 0.0.0.0 where the
     gateway reaches replicas on other hosts (Swarm)."""
     env = dict(plan.env)
@@ -253,7 +267,11 @@ def replica_container(
     }
     if instance is not None:
         labels_[LABEL_SLOT] = instance.id
-    mounts = (Mount(secrets_source, SECRETS_PATH),) if secrets_source is not None and plan.secrets else ()
+    mounts: tuple[Mount, ...] = ()
+    if secrets_source is not None and plan.secrets:
+        mounts += (Mount(secrets_source, SECRETS_PATH),)
+    if token_source is not None and plan.token:
+        mounts += (Mount(token_source, TOKEN_DIR),)
     return ContainerSpec(
         name=replica_id,
         image=plan.image,

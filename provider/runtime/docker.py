@@ -22,9 +22,11 @@ Decisions:
   replicas again from it (`Provider.restore`), so a crash leaves no replica nobody supervises.
 - Secrets: the function's secrets are copied from the SecretStore into a folder per replica
   (`<home>/containers/<namespace>/<replica>/secrets`, files 0644 so the image's non-root user
-  reads them) and bind-mounted read-only at /var/openfaas/secrets. The engine must see the same
-  path as the provider: run the provider on the engine's host, or mount its state folder at the
-  same path (as faasd's /var/lib/faasd-provider).
+  reads them) and bind-mounted read-only at /var/openfaas/secrets; its token likewise, in a folder
+  of its own (`.../faas-gpu/token`) mounted read-only at /var/openfaas/faas-gpu, never in its
+  environment. Nothing else of the host is mounted. The engine must see the same path as the
+  provider: run the provider on the engine's host, or mount its state folder at the same path (as
+  faasd's /var/lib/faasd-provider).
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ from faas_gpu.schedulers import merge as merge_schedulers
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import InstanceSpec, LaunchError, watchdog_ready
-from .containers import LABEL_OWNER, ContainerPlan, plan_container, replica_container
+from .base import InstanceSpec, LaunchError, Readiness, probe_readiness
+from .containers import LABEL_OWNER, TOKEN_NAME, ContainerPlan, plan_container, replica_container
 from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
 from .output import note
@@ -245,13 +247,18 @@ class DockerRuntime(SupervisedRuntime):
         rid = f"{record.name}-{inst.id + '-' if inst else ''}{uuid.uuid4().hex[:8]}"[:120]
         run_dir = self.run_root / record.namespace / rid
         secrets_dir = run_dir / "secrets"
-        secrets_dir.mkdir(parents=True)
-        os.chmod(secrets_dir, 0o755)  # whatever the provider's umask: the mount's root, read by the image's user
+        token_dir = run_dir / "faas-gpu"
+        for folder in (secrets_dir, token_dir):
+            folder.mkdir(parents=True)
+            os.chmod(folder, 0o755)  # whatever the provider's umask: the mount's root, read by the image's user
         try:
             for secret in plan.secrets:
                 dest = secrets_dir / secret
                 shutil.copyfile(self.secrets.path(record.namespace, secret), dest)
                 os.chmod(dest, 0o644)  # the image's user (app) reads it; the state folder above is 0700
+            if plan.token:
+                (token_dir / TOKEN_NAME).write_text(plan.token)
+                os.chmod(token_dir / TOKEN_NAME, 0o644)
             extra: dict[str, str] = {}
             url = contract_env.SCHEDULER_URL.name
             if plan.env.get(url) and self.schedulers is not None:  # every scheduler
@@ -264,6 +271,7 @@ class DockerRuntime(SupervisedRuntime):
                 digest=digest,
                 instance=inst,
                 secrets_source=str(secrets_dir.resolve()),
+                token_source=str(token_dir.resolve()),
                 extra_env=extra,
             )
             container = self.client.containers.create(**spec.create_kwargs())
@@ -315,8 +323,8 @@ class DockerRuntime(SupervisedRuntime):
         self._remove_container(replica.container_id)
         shutil.rmtree(replica.run_dir, ignore_errors=True)
 
-    def _probe(self, replica: ContainerReplica) -> bool:
-        return watchdog_ready("127.0.0.1", replica.port)
+    def _probe(self, replica: ContainerReplica) -> Readiness:
+        return probe_readiness("127.0.0.1", replica.port)
 
     def _stop_all(self, replicas: list[ContainerReplica], timeout_s: float) -> None:
         """SIGTERM each (the watchdog drains), the engine kills what is left after timeout_s."""

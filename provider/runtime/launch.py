@@ -2,6 +2,12 @@
 
 Apart from the supervisor so what a replica runs with (and why a record cannot run at all) is
 read in one place; the supervisor only starts, watches and stops what this plans.
+
+The env is clean, as faasd gives a function: a standard PATH (with the function's environment's
+`bin` first), `fprocess`, the watchdog's variables, the GPU client's, and the function's own
+`envVars`; nothing of the stack's environment but the few settings its instances run with on
+purpose (`STACK_ENV`: the import path of the stack's own code, OpenMP's threads, OpenTelemetry's
+exporter). The runtime adds what depends on the replica (its port, HOME, where its token is).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 
 from faas_gpu import paths
 from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract.replica import STANDARD_PATH
 from faas_gpu.imagestore import ImageStore
 
 from ..config import parse_duration
@@ -25,8 +32,12 @@ from ..types import FunctionRecord
 from .base import LaunchError
 
 CLASSIC_WATCHDOG = paths.TEMPLATES_DIR / "python3-gpu" / "fwatchdog.py"
-PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "OMP_NUM_THREADS", "PYTHONPATH")
-PASS_ENV_PREFIXES = ("OTEL_", "FAAS_GPU_TRACES_FILE")
+STACK_ENV = ("PYTHONPATH", "OMP_NUM_THREADS")
+"""The stack's settings its instances run with: where the stack's own code is imported from (a
+checkout's), and OpenMP's threads. Nothing else of the stack's environment reaches a replica."""
+STACK_ENV_PREFIXES = ("OTEL_",)
+"""The stack's tracing reaches its instances (`faas_gpu.tracing`), under their own service name
+(the traces file, FAAS_GPU_TRACES_FILE, is opened for them by the runtime)."""
 MAX_ARG_STRLEN = 131072  # Linux: one exec argument or environment string (`fprocess=...`)
 
 SCRIPT_SUFFIXES = (".py", ".js", ".mjs", ".ts", ".rb", ".pl", ".php", ".sh", ".jar")
@@ -40,27 +51,27 @@ GPU_ANNOTATIONS = annotation_keys.TO_ENV  # the annotations an instance gets as 
 @dataclass
 class LaunchSpec:
     argv: list[str]
-    cwd: Path
+    cwd: Path | None
+    """The image's context; None: no image (the runtime gives the replica its HOME)."""
     env: dict[str, str]
     http_mode: bool
     stop_timeout_s: float
     digest: str
+    image: Path | None = None
+    """The image's folder in the image store (its context and its environment), None without one:
+    what a sandboxed replica sees of the state folder, read-only."""
 
 
 def plan_launch(
-    record: FunctionRecord, *, images: ImageStore, secrets: SecretStore, gpu_env: dict[str, str], run_root: Path
+    record: FunctionRecord, *, images: ImageStore, secrets: SecretStore, gpu_env: dict[str, str]
 ) -> LaunchSpec:
     """The launch of `record`'s replicas; LaunchError names what keeps it from running here."""
     dep = record.deployment
     check_env_process(record)
     env_vars = dict(dep.envVars or {})
-    base_env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-    # the stack's tracing reaches its instances (`faas_gpu.tracing`), under their own service name;
-    # a function's own env wins
-    base_env.update(
-        {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV_PREFIXES) and k != "OTEL_SERVICE_NAME"}
-    )
+    base_env = stack_env()
     image = images.get(dep.image)
+    folder = None
     if image is not None:
         fprocess = dep.envProcess or image.fprocess
         watchdog = Path(image.context) / "fwatchdog.py"
@@ -71,27 +82,32 @@ def plan_launch(
         python = Path(image.python)
         argv = [str(python) if python.exists() else sys.executable, str(watchdog)]
         cwd = Path(image.context)
-        base_env["PATH"] = str(python.parent) + os.pathsep + base_env.get("PATH", os.defpath)
-        base_env["VIRTUAL_ENV"] = str(python.parent.parent)
-        mode = env_vars.get("mode") or dockerfile_env(cwd / "Dockerfile").get("mode") or "http"
+        folder = Path(image.folder)
+        base_env["PATH"] = replica_path(python.parent)
+        image_env = dockerfile_env(cwd / "Dockerfile")
+        mode = env_vars.get("mode") or image_env.get("mode") or "http"
+        if "ready_path" in image_env:  # the template's readiness check (python3-gpu: handler loaded)
+            base_env["ready_path"] = image_env["ready_path"]
         image_id = f"{image.image}@{getattr(image, 'created', '')}"
     elif dep.envProcess:
         try:
             words = shlex.split(dep.envProcess)
         except ValueError as exc:
             raise LaunchError(f"envProcess: {dep.envProcess[:80]!r} is not a command line ({exc})") from None
-        if not words or shutil.which(words[0]) is None:
+        path = replica_path(Path(sys.executable).parent)
+        if not words or shutil.which(words[0], path=path) is None:
             raise LaunchError(
                 f"image: {dep.image!r} is not in the image store {images.root} and envProcess "
-                f"{dep.envProcess[:80]!r} is not runnable on this host; {BUILD_HINT}"
+                f"{dep.envProcess[:80]!r} is not runnable on this host (a replica's PATH is {path}); {BUILD_HINT}"
             )
-        script = _missing_script(words, run_root)
+        script = _missing_script(words)
         if script is not None:  # e.g. the template's `python index.py`: its code is in the image
             raise LaunchError(
                 f"image: {dep.image!r} is not in the image store {images.root}, and envProcess "
                 f"{dep.envProcess[:80]!r} runs {script!r}, which only a built image holds; {BUILD_HINT}"
             )
         fprocess, argv, cwd = dep.envProcess, [sys.executable, str(CLASSIC_WATCHDOG)], None
+        base_env["PATH"] = replica_path(Path(sys.executable).parent)  # the environment its watchdog runs in
         mode = env_vars.get("mode", "classic")
         image_id = dep.image
     else:
@@ -114,7 +130,21 @@ def plan_launch(
     }
     identity = json.dumps([record.deployment.to_json(), image_id], sort_keys=True).encode()
     digest = hashlib.sha256(identity).hexdigest()[:16]
-    return LaunchSpec(argv, cwd or run_root, env, mode == "http", stop_timeout, digest)
+    return LaunchSpec(argv, cwd, env, mode == "http", stop_timeout, digest, folder)
+
+
+def replica_path(bin_dir: Path) -> str:
+    """A replica's PATH: its environment's `bin` (the function's venv; the stack's for a function
+    without an image, whose classic watchdog runs there), then a standard one."""
+    return f"{bin_dir}{os.pathsep}{STANDARD_PATH}"
+
+
+def stack_env() -> dict[str, str]:
+    """What a replica's env starts from: a standard PATH and `STACK_ENV` (a function's own wins)."""
+    env = {"PATH": STANDARD_PATH}
+    env.update({k: os.environ[k] for k in STACK_ENV if os.environ.get(k)})
+    env.update({k: v for k, v in os.environ.items() if k.startswith(STACK_ENV_PREFIXES) and k != "OTEL_SERVICE_NAME"})
+    return env
 
 
 def dockerfile_env(path: Path) -> dict[str, str]:
@@ -179,11 +209,12 @@ def gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
     return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
 
 
-def _missing_script(words: list[str], cwd: Path) -> str | None:
-    """The relative script an interpreter command runs that is not in `cwd` (where an image-less
-    replica starts), or None. `python index.py` is what faas-cli sends for a python3-gpu function
-    (the template's fprocess): without the built image, every invocation would answer 500 "can't
-    open file .../index.py"; refused at deploy instead. `-c` / `-m` run no file."""
+def _missing_script(words: list[str]) -> str | None:
+    """The relative script an interpreter command runs, or None: an image-less replica starts in
+    an empty HOME of its own, where no script is. `python index.py` is what faas-cli sends for a
+    python3-gpu function (the template's fprocess): without the built image, every invocation
+    would answer 500 "can't open file .../index.py"; refused at deploy instead. `-c` / `-m` run
+    no file."""
     for arg in words[1:]:
         if arg in ("-c", "-m", "-e", "--eval"):
             return None
@@ -192,5 +223,5 @@ def _missing_script(words: list[str], cwd: Path) -> str | None:
         path = Path(arg)
         if path.is_absolute() or not (arg.endswith(SCRIPT_SUFFIXES) or "/" in arg):
             return None
-        return None if (cwd / path).exists() else arg
+        return arg
     return None

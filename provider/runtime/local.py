@@ -2,13 +2,13 @@
 
 The supervision (restart with back-off, readiness, rolling replacement, crash-loop state) is
 `supervisor.SupervisedRuntime`'s, shared with the Docker runtime; this module says how a replica
-is a process: `launch` (a record as a command line and env), `processes` (start, probe, stop,
-measure, reap) and `output` (the function's log).
+is a process: `launch` (a record as a command line and env), `isolation` (the sandbox it runs in:
+its own uid and namespaces, its secrets at /var/openfaas/secrets, nothing of the state folder),
+`processes` (start, probe, stop, measure, reap) and `output` (the function's log).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import threading
@@ -26,8 +26,9 @@ from faas_gpu.schedulers import merge as merge_schedulers
 from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
-from .base import InstanceSpec
+from .base import InstanceSpec, Readiness, probe_readiness
 from .cpu_usage import CpuRate
+from .isolation import Isolation, ReplicaFolders, Walls
 from .launch import LaunchSpec, plan_launch
 from .output import pump
 from .pins import CpuPins, pin_tree
@@ -35,7 +36,6 @@ from .processes import (
     Replica,
     cpu_seconds,
     popen,
-    probe,
     reap_stale,
     rss_bytes,
     signal_group,
@@ -58,12 +58,15 @@ class LocalRuntime(SupervisedRuntime):
         schedulers: Directory | None = None,
         credentials: FunctionCredentials | None = None,
         pins: CpuPins | None = None,
+        isolation: str = "auto",
     ):
         """`gpu_env`: how replicas reach the scheduler (GPU client); `credentials`: each function's
-        own token for it (FAAS_GPU_TOKEN), never the cluster token, which stays with the daemons;
-        `pins`: the CPUs replicas are kept on (`pins`), None: not pinned."""
+        own token for it (a file in its sandbox, FAAS_GPU_TOKEN_FILE), never the cluster token,
+        which stays with the daemons; `pins`: the CPUs replicas are kept on (`pins`), None: not
+        pinned; `isolation`: auto, on or off (FAAS_GPU_ISOLATION: `isolation.Walls.choose`)."""
         super().__init__(logs)
         self.home = home
+        self.walls = Walls.choose(home, isolation)
         self.gpu_env = dict(gpu_env or {})  # how replicas reach the scheduler (GPU client)
         self.schedulers = schedulers  # the replicas announced in the datastore, beside gpu_env's
         self.credentials = credentials
@@ -77,9 +80,10 @@ class LocalRuntime(SupervisedRuntime):
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, record: FunctionRecord) -> LaunchSpec:
-        return plan_launch(
-            record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env, run_root=self.run_root
-        )
+        return plan_launch(record, images=self.images, secrets=self.secrets, gpu_env=self.gpu_env)
+
+    def isolation(self) -> Isolation:
+        return self.walls.isolation
 
     def usage(self, namespace: str, name: str) -> dict | None:
         fn = self._fns.get((namespace, name))
@@ -114,8 +118,8 @@ class LocalRuntime(SupervisedRuntime):
         if replica.cpus is not None:  # threads started before `_popen` pinned the leader
             pin_tree(replica.proc.pid, replica.cpus)
 
-    def _probe(self, replica: Replica) -> bool:
-        return probe(replica)
+    def _probe(self, replica: Replica) -> Readiness:
+        return probe_readiness("127.0.0.1", replica.port)
 
     def _stop_all(self, replicas: list[Replica], timeout_s: float) -> None:
         self._unpin(replicas)  # now: a replica started while these drain may take their CPUs
@@ -141,37 +145,32 @@ class LocalRuntime(SupervisedRuntime):
         inst: InstanceSpec | None,
         digest: str | None,
     ) -> Replica:
-        tmp = run_dir / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        secrets_dir = run_dir / "secrets"
-        secrets_dir.mkdir(mode=0o700)
+        uid = self.walls.uid_of(record.namespace, record.name)
+        folders = ReplicaFolders.make(run_dir, uid)
         for secret in record.deployment.secrets or ():
-            dest = secrets_dir / secret
-            shutil.copyfile(self.secrets.path(record.namespace, secret), dest)
-            os.chmod(dest, 0o600)
+            data = self.secrets.path(record.namespace, secret).read_bytes()
+            folders.put(folders.secrets, secret, data, uid)
+        token = bool(self.gpu_env and self.credentials is not None)
+        if token:
+            value = self.credentials.token(record.namespace, record.name)
+            folders.put(folders.faas_gpu, "token", value.encode(), uid)
         port = free_port()
-        env = dict(spec.env)
+        env = self.walls.replica_env(folders, token)  # HOME, the token's file: the function's env may change HOME
+        env.update(spec.env)
         if inst is not None:
             env.update(inst.env)
-        env.update(
-            port=str(port),
-            TMPDIR=str(tmp),
-            HOSTNAME=rid,
-            secret_mount_path=str(secrets_dir),
-        )
+        env.update(port=str(port), HOSTNAME=rid)
         env[contract_env.FUNCTION.name] = record.name
-        env[contract_env.PARENT_PID.name] = str(os.getpid())  # the watchdog dies with this provider
         env[contract_env.NAMESPACE.name] = record.namespace
         url = contract_env.SCHEDULER_URL.name
         if env.get(url) and self.schedulers is not None:  # every scheduler
             env[url] = merge_schedulers(env[url], self.schedulers.urls())
-        if self.gpu_env and self.credentials is not None:
-            env[contract_env.TOKEN.name] = self.credentials.token(record.namespace, record.name)
         if spec.http_mode and "upstream_url" not in spec.env:
             env["upstream_url"] = f"http://127.0.0.1:{free_port()}"
+        box = self.walls.sandbox_of(spec.argv, env, spec.cwd, folders, uid, spec.image)
         cpus = self.pins.take(_threads(env)) if self.pins is not None else None
         try:
-            proc = popen(spec.argv, spec.cwd, env, run_dir, port)
+            proc = popen(box, run_dir, port)
             if cpus is not None:
                 pin_tree(proc.pid, cpus)  # it inherited the gateway's CPU; again once ready (`_became_ready`)
         except BaseException:

@@ -1,8 +1,9 @@
 """A replica as an operating-system process: start it, probe it, stop it, measure it, reap it.
 
-Each replica is a watchdog leading its own process group (`start_new_session`), so stopping it
-reaches the function's children too; the pid files under `run/` let a restarted provider kill
-what a crashed one left running.
+Each replica is a launcher (`faas_gpu.sandbox`, which dies with the provider) leading its own
+process group (`start_new_session`), with the watchdog under it in the replica's sandbox, so
+stopping it reaches the function's children too; the pid files under `run/` let a restarted
+provider kill what a crashed one left running.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from faas_gpu.sandbox import LAUNCHER, Sandbox, launcher_argv
 
 from .base import watchdog_ready
 
@@ -37,18 +40,25 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
 
-def popen(argv: list[str], cwd: Path, env: dict[str, str], run_dir: Path, port: int) -> subprocess.Popen:
-    """The watchdog in its own session, its output piped (to the function's log), its pid and
-    port written beside it (the pid for `reap_stale`; the port lets benchmarks reach it)."""
+def popen(box: Sandbox, run_dir: Path, port: int) -> subprocess.Popen:
+    """The watchdog in its sandbox, through the launcher in its own session: its output piped (to
+    the function's log), its pid and port written beside it (the pid for `reap_stale`; the port
+    lets benchmarks reach it). The sandbox's description goes on the launcher's stdin (not its
+    command line, which every user of the host may read)."""
     proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
+        launcher_argv(),
+        cwd="/",
+        env={},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    try:
+        with proc.stdin:
+            proc.stdin.write(box.encode())
+    except BrokenPipeError:  # the launcher is gone: its exit status says so
+        pass
     (run_dir / "pid").write_text(str(proc.pid))
     (run_dir / "port").write_text(str(port))
     return proc
@@ -86,7 +96,7 @@ def reap_stale(run_root: Path) -> None:
         try:
             pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"fwatchdog" in cmdline:
+            if os.fsencode(LAUNCHER) in cmdline or b"fwatchdog" in cmdline:
                 os.killpg(pid, signal.SIGKILL)
         except (OSError, ValueError):
             pass

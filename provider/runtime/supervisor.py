@@ -2,9 +2,12 @@
 
 A supervisor thread restarts replicas that exited (with back-off), probes the watchdog's
 `/_/ready` until a new replica serves, and keeps the count at the record's desired replicas (or
-at the per-instance plan). Whatever goes wrong with one function (a spec that no longer plans, a
-start that raises, replicas that crash-loop) is that function's state, backed off and shown by
-`describe`; the others keep starting and serving.
+at the per-instance plan), rolling a new version out as a Kubernetes Deployment does
+(`replicas.reconcile_count`). Whatever goes wrong with one function (a spec that no longer plans,
+a start that raises, replicas that crash-loop or whose handler cannot load) is that function's
+state, backed off and shown by `describe`; the others keep starting and serving. A new version
+that goes wrong while an older one serves is its rollout's state instead: the older replicas
+serve on, and describe says the rollout stalled and why.
 
 Why a base class: the rules (rolling replacement, back-off, crash-loop state, one replica per
 planned instance) are the same whether a replica is a process (`local`) or a container
@@ -21,9 +24,18 @@ from typing import Any
 
 from ..logs import LogStore
 from ..types import FunctionRecord
-from .base import InstanceSpec, LaunchError, WatchedRuntime
+from .base import InstanceSpec, LaunchError, Readiness, WatchedRuntime
 from .output import note
-from .replicas import CRASH_LOOP_EXITS, FunctionReplicas, backoff_s, reason, reconcile_count, reconcile_plan
+from .replicas import (
+    CRASH_LOOP_EXITS,
+    FunctionReplicas,
+    backoff_s,
+    deployment_key,
+    detach,
+    reason,
+    reconcile_count,
+    reconcile_plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +79,8 @@ class SupervisedRuntime(WatchedRuntime):
         """Release what an exited replica leaves behind (its process group, its container)."""
 
     @abstractmethod
-    def _probe(self, replica: Any) -> bool:
-        """Whether the replica's watchdog answers `/_/ready`."""
+    def _probe(self, replica: Any) -> Readiness:
+        """The replica's watchdog's answer to `/_/ready` (`base.probe_readiness`)."""
 
     @abstractmethod
     def _stop_all(self, replicas: list[Any], timeout_s: float) -> None:
@@ -99,10 +111,13 @@ class SupervisedRuntime(WatchedRuntime):
             if fn is None:
                 fn = self._fns[record.key] = FunctionReplicas(record, spec, plan=self._plans.get(record.key))
             else:
-                changed = spec is None or fn.spec is None or any(r.digest != spec.digest for r in fn.replicas)
+                spec = self._served_spec(fn, record, spec)
+                changed = spec is None or fn.spec is None or fn.digests_of(spec) != fn.digests_of(fn.spec)
                 fn.record, fn.spec = record, spec
                 if changed:
                     fn.failures, fn.exits, fn.next_start = 0, 0, 0.0
+                    fn.load_error = None
+                    fn.served = any(r.ready for r in fn.current())
             if error is not None:
                 self._failed(fn, error, time.monotonic())
             else:
@@ -110,6 +125,29 @@ class SupervisedRuntime(WatchedRuntime):
             self._changed.notify_all()
         if error is not None:
             raise LaunchError(error)
+
+    @staticmethod
+    def _served_spec(fn: FunctionReplicas, record: FunctionRecord, planned: Any) -> Any:
+        """`planned`, or the spec a previous deployment's replicas still run with when `record`
+        goes back to that deployment (a rollback): its replicas are then the current version at
+        once, even where the image's tag now names another build. Not for the deployment already
+        current: deploying the same spec again after a rebuild rolls the new build out."""
+        if planned is None or deployment_key(record) == deployment_key(fn.record):
+            return planned
+        served = fn.served_specs.get(deployment_key(record))
+        if served is None or served.digest == planned.digest:
+            return planned
+        running = fn.digests_of(served)
+        return served if any(r.digest in running and r.ready for r in fn.replicas) else planned
+
+    def rollout(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            fn = self._fns.get((namespace, name))
+            return fn.rollout(time.monotonic()) if fn is not None else None
+
+    def version_served(self, namespace: str, name: str) -> bool:
+        fn = self._fns.get((namespace, name))
+        return fn is not None and fn.served
 
     def set_plan(self, namespace: str, name: str, plan: list[InstanceSpec] | None) -> None:
         """Run exactly these instances (None: back to record.replicas identical replicas)."""
@@ -222,6 +260,10 @@ class SupervisedRuntime(WatchedRuntime):
                     to_stop += reconcile_plan(fn, now, start)
                 else:
                     to_stop += reconcile_count(fn, now, start)
+                if not fn.stale():
+                    fn.rollout_started = None
+                elif fn.rollout_started is None:
+                    fn.rollout_started = now
                 if to_stop:
                     self._changed.notify_all()
         for r in exited:
@@ -232,12 +274,39 @@ class SupervisedRuntime(WatchedRuntime):
             stop_timeout = fn.stop_timeout_s
             threading.Thread(target=self._stop_all, args=(to_stop, stop_timeout), daemon=True).start()
         for r in [r for r in fn.replicas if not r.ready and not r.stopping]:
-            if self._exit_status(r) is None and self._probe(r):
+            if self._exit_status(r) is not None:
+                continue
+            answer = self._probe(r)
+            if answer.ready:
                 self._became_ready(r)
                 with self._lock:
                     r.ready = True
                     fn.failures = fn.exits = 0
+                    if r.digest in fn.digests_of(fn.spec):
+                        fn.load_error = None
+                        fn.remember_served()
                     self._changed.notify_all()
+            elif answer.failed is not None:
+                self._not_ready(fn, r, answer.failed, time.monotonic())
+
+    def _not_ready(self, fn: FunctionReplicas, replica: Any, why: str, now: float) -> None:
+        """The replica's own readiness check says it cannot serve (a handler that raised at
+        import): it is stopped and, after a back-off, started again (a cause that passes heals);
+        meanwhile the function, or its rollout, says why."""
+        with self._lock:
+            if replica not in fn.replicas:
+                return
+            detach(fn, [replica])
+            fn.failures += 1
+            fn.next_start = now + backoff_s(fn.failures)
+            if why != fn.load_error:
+                ref = f"{fn.record.name[:80]}.{fn.record.namespace}"
+                log.error("%s replica %s is not ready: %s", ref, replica.id, why)
+                note(self.logs, fn.record, replica.id, f"replica not ready, restarting with back-off: {why}")
+            if replica.digest in fn.digests_of(fn.spec):
+                fn.load_error = why
+            self._changed.notify_all()
+        threading.Thread(target=self._stop_all, args=([replica], fn.stop_timeout_s), daemon=True).start()
 
     def _failed(self, fn: FunctionReplicas, error: str, now: float) -> None:
         """A plan or start of `fn` failed: back off, and say so once per change of reason."""

@@ -51,7 +51,7 @@ from ..logs import LogStore
 from ..store import SecretStore
 from ..types import FunctionRecord
 from . import containers
-from .base import InstanceSpec, LaunchError, WatchedRuntime, watchdog_ready
+from .base import InstanceSpec, LaunchError, Readiness, WatchedRuntime, probe_readiness
 from .containers import LABEL_DIGEST, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_OWNER, LABEL_PORT, SECRETS_PATH
 from .cpu_usage import CpuRate, container_cpu_seconds
 from .launch import check_record
@@ -78,6 +78,22 @@ class _Function:
     plan: list[InstanceSpec] | None = None
     problem: dict[str, str] | None = None
     ready: dict[str, str] = field(default_factory=dict)  # instance id -> URL of a ready replica
+    rollout: dict[str, Any] | None = None
+
+
+def _rollout(name: str, want: int, rolling: int, ready: int, problem: dict[str, str] | None) -> dict[str, Any]:
+    """faasGpuRollout while instances still run an older spec (one is replaced at a time, and only
+    once its successor serves): Stalled with the new replicas' trouble, else Progressing."""
+    out: dict[str, Any] = {"state": "Stalled" if problem else "Progressing", "replicas": want, "oldReplicas": rolling}
+    if problem:
+        out["message"] = (
+            f"the new version's replicas are not ready: {problem.get('message', '')}; {ready} of {want} "
+            f"instances serve, the previous version's where not replaced; `faas-gpu rollback {name}` "
+            "(or deploying the previous spec again) restores it"
+        )
+    else:
+        out["message"] = f"{want - rolling} of {want} instances on the new version; {ready} serving"
+    return out
 
 
 def swarm_resources(record: FunctionRecord) -> dict[str, int]:
@@ -128,9 +144,10 @@ def node_address(node: dict) -> str | None:
     return addr or None
 
 
-def probe(url: str, timeout_s: float = 0.5) -> bool:
+def probe(url: str, timeout_s: float = 0.5) -> Readiness:
+    """The replica's `/_/ready` (true when ready; `failed` says why it never will be)."""
     host, _, port = url.removeprefix("http://").partition(":")
-    return watchdog_ready(host, int(port), timeout_s)
+    return probe_readiness(host, int(port), timeout_s)
 
 
 def engine_client(base_url: str) -> Any:
@@ -159,7 +176,7 @@ class SwarmRuntime(WatchedRuntime):
     ):
         """`client`: a docker SDK DockerClient on a Swarm manager. `gpu_env`: how replicas reach
         the scheduler (an address every node can reach, not loopback); `credentials`: each
-        function's own token (FAAS_GPU_TOKEN). `stack` labels this provider's services, so two
+        function's own token (a Swarm secret, FAAS_GPU_TOKEN_FILE). `stack` labels this provider's services, so two
         stacks on one swarm keep apart. `engines`: a client on a node's own engine, given the
         address its `com.faas-gpu.engine` label names (usage of the tasks on that node)."""
         self.client, self.api = client, client.api
@@ -390,10 +407,19 @@ class SwarmRuntime(WatchedRuntime):
     def _secret(self, namespace: str, name: str) -> Any:
         """A Swarm secret holding the provider's secret `name` (by content: a changed value is a
         new Swarm secret, and so a new spec digest and a rolling update)."""
+        data = self.secrets.path(namespace, name).read_bytes()
+        return self._swarm_secret(f"faas-gpu-{namespace}-{name}", data, f"{SECRETS_PATH}/{name}")
+
+    def _token_secret(self, record: FunctionRecord, token: str) -> Any:
+        """The function's own token as a Swarm secret, a file in its tasks (never their env: a
+        function may show its environment to anyone, as `printenv` does)."""
+        filename = f"{containers.TOKEN_DIR}/{containers.TOKEN_NAME}"
+        return self._swarm_secret(f"faas-gpu-token-{record.namespace}-{record.name}", token.encode(), filename)
+
+    def _swarm_secret(self, prefix: str, data: bytes, filename: str) -> Any:
         from docker.types import SecretReference
 
-        data = self.secrets.path(namespace, name).read_bytes()
-        sname = f"faas-gpu-{namespace}-{name}-{hashlib.sha256(data).hexdigest()[:12]}"[:64]
+        sname = f"{prefix[:51]}-{hashlib.sha256(data).hexdigest()[:12]}"  # Swarm's 64 characters, the digest kept
         sid = self._secret_ids.get(sname)
         if sid is None:
             found = self.api.secrets(filters={"name": sname})
@@ -402,7 +428,7 @@ class SwarmRuntime(WatchedRuntime):
                 found[0]["ID"] if found else self.api.create_secret(sname, data, labels={LABEL_OWNER: self.stack})["ID"]
             )
             self._secret_ids[sname] = sid
-        return SecretReference(sid, sname, filename=f"{SECRETS_PATH}/{name}", uid="0", gid="0", mode=0o444)
+        return SecretReference(sid, sname, filename=filename, uid="0", gid="0", mode=0o444)
 
     def _instance_specs(self, fn: _Function) -> list[tuple[str, dict[str, str]]]:
         if fn.plan is not None:
@@ -465,7 +491,8 @@ class SwarmRuntime(WatchedRuntime):
             spec.image,
             env=spec.env,
             labels=spec.labels,
-            secrets=[self._secret(record.namespace, s) for s in plan.secrets],
+            secrets=[self._secret(record.namespace, s) for s in plan.secrets]
+            + ([self._token_secret(record, plan.token)] if plan.token else []),
             read_only=spec.read_only_rootfs,
             hostname=f"{record.name}-{instance}"[:63],
             # the watchdog drains its in-flight calls on SIGTERM for up to write_timeout
@@ -554,8 +581,11 @@ class SwarmRuntime(WatchedRuntime):
             for s in current + old:
                 url, trouble = self._task_state(s, tasks.get(s["ID"], []), nodes)
                 if url is not None and inst not in ready:
-                    if url in fn.ready.values() or probe(url):
+                    answer = True if url in fn.ready.values() else probe(url)
+                    if answer:
                         ready[inst] = url
+                    elif s in current and getattr(answer, "failed", None):  # its handler cannot load
+                        trouble = {"state": "StartFailed", "message": f"replica not ready: {answer.failed}"}
                 if trouble is not None and s in current:
                     problem = trouble
             if current and old and inst in ready and ready[inst] in self._urls(current, tasks, nodes):
@@ -575,10 +605,16 @@ class SwarmRuntime(WatchedRuntime):
         for inst, (env, digest) in want.items():
             if inst not in have:
                 self._create(record, inst, env, digest, self._port(used))
+        rolling = [i for i in want if any(s["Spec"]["Labels"].get(LABEL_DIGEST) != want[i][1] for s in have.get(i, []))]
         with self._lock:
             fn.ready = ready
             fn.problem = None if ready else problem
+            fn.rollout = _rollout(record.name, len(want), len(rolling), len(ready), problem) if rolling else None
             self._changed.notify_all()
+
+    def rollout(self, namespace: str, name: str) -> dict[str, Any] | None:
+        fn = self._fns.get((namespace, name))
+        return fn.rollout if fn is not None else None
 
     def _urls(self, svcs: list[dict], tasks: dict[str, list[dict]], nodes: dict[str, dict]) -> set[str]:
         return {u for s in svcs if (u := self._task_state(s, tasks.get(s["ID"], []), nodes)[0])}

@@ -124,6 +124,7 @@ class StatusCollector:
             seen = p.activity.view(record.key)
             met, missed = seen["slo"]["met"], seen["slo"]["missed"]
             problem = status.get("faasGpuStatus") or {}
+            rollout = status.get("faasGpuRollout") or {}
             available = int(status.get("availableReplicas") or 0)
             suffix = "" if record.namespace == default_ns else f".{record.namespace}"
             items.append(
@@ -141,8 +142,9 @@ class StatusCollector:
                         "missed": missed,
                         "attainment": round(met / (met + missed), 4) if met + missed else None,
                     },
-                    "state": _str(problem.get("state")) if problem else ("Ready" if available else "Not Ready"),
-                    "message": _str(problem.get("message", ""), 500) if problem else "",
+                    "state": function_state(problem, available, record.replicas),
+                    "message": _str((problem or rollout).get("message", ""), 500),
+                    "rollout": _str(rollout.get("state", "")),
                     "invokeName": record.name + suffix,
                 }
             )
@@ -191,6 +193,17 @@ class StatusCollector:
 
     def procurement_file(self) -> Path:
         return self.provider.config.home / "procurement.json"
+
+
+def function_state(problem: dict, available: int, desired: int) -> str:
+    """What the status page's badge says: faas-gpu's state of a function that cannot serve, else
+    Ready, else Idle for one that runs no replica on purpose (scaled to zero: its next call starts
+    one), else Not Ready (replicas asked for and none ready yet)."""
+    if problem:
+        return _str(problem.get("state"))
+    if available:
+        return "Ready"
+    return "Idle" if desired == 0 else "Not Ready"
 
 
 class Cluster:

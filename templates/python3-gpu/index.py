@@ -35,17 +35,31 @@ if gpu_client is not None:
 else:
     print("faas-gpu: no scheduler configured; models run locally on the CPU", flush=True)
 
+READY_PATH = "/_/ready"
+"""The template's readiness check (its Dockerfile's `ready_path`): the watchdog asks it before the
+replica is Ready (faas_gpu.contract.readiness). The watchdog routes `/_/ready` itself, so no call
+from outside reaches this path of the handler."""
+
 try:
     from function import handler  # noqa: E402 — after the loaders are swapped
 except Exception as exc:  # noqa: BLE001 — the handler's import-time code: any failure
-    # Serve the failure instead of exiting: a replica that exits is restarted and fails again (a
-    # crash loop whose reason is buried in restarts); this one answers every call 500 with what
-    # went wrong and what to do (the GPU client's errors say how to save a model), as AWS Lambda
-    # answers an init error on each invoke.
+    # Say why instead of exiting: a replica that exits is restarted and fails again (a crash loop
+    # whose reason is buried in restarts). The readiness check answers 500 with what went wrong
+    # and what to do (the GPU client's errors say how to save a model), so the replica is never
+    # Ready (describe shows the reason, a rollout to it stalls while the old version serves), and
+    # a call that reaches it anyway is answered 500 with the same words, as AWS Lambda answers an
+    # init error on each invoke.
     traceback.print_exc()
     handler = None
     _import_error = f"the handler failed to load: {type(exc).__name__}: {exc}\n"
     print(f"python3-gpu: {_import_error}", flush=True)
+
+
+def _ready():
+    """The readiness check: 200 once the handler has loaded, 500 with the reason when it cannot."""
+    if handler is None:
+        return 500, [("Content-Type", "text/plain")], _import_error.encode()
+    return 200, [("Content-Type", "text/plain")], b"OK"
 
 
 def _apply_instance_resources():
@@ -215,6 +229,8 @@ def _flask_answer(rv):
 def handle_http(method, path, query, headers, body):
     """One call, from the watchdog's `mode=inproc`: `headers` as the watchdog parsed them;
     (status, [(header, value)], body bytes)."""
+    if path == READY_PATH and method == "GET":
+        return _ready()
     event = Event(
         body,
         _Headers.from_items(headers.items()),
@@ -223,6 +239,12 @@ def handle_http(method, path, query, headers, body):
         unquote(path, errors="replace"),
     )
     return _call(event)
+
+
+@app.route(READY_PATH, methods=["GET"])
+def ready_check():
+    status, headers, data = _ready()
+    return app.response_class(data, status=status, headers=headers)
 
 
 @app.route("/", defaults={"path": ""}, methods=["GET", "PUT", "POST", "PATCH", "DELETE"])

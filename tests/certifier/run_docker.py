@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     # FAAS_GPU_CONFIG: the stack's record stays in its own folder, never the user's ~/.config
     env = {**os.environ, "FAAS_GPU_HOME": str(home), "FAAS_GPU_RUNTIME": "docker",
            "FAAS_GPU_DOCKER_HOST": host.base_url, "OPENFAAS_CONFIG": str(home / "faas-cli"),
-           "FAAS_GPU_CONFIG": str(home / "config")}  # fmt: skip
+           "FAAS_GPU_CONFIG": str(home / "config.yml")}  # fmt: skip
     env.pop("CI", None)  # faas-cli: CI=true reads ./.openfaas instead of OPENFAAS_CONFIG
     try:
         result = base_image.build(host.client, log=log)

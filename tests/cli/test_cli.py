@@ -257,6 +257,18 @@ def test_logs_query_and_format(project, stub, capsys):
     assert run("logs", "echo") == 1
 
 
+def test_logs_of_a_function_that_does_not_exist_say_so(project, stub, capsys):
+    """The CE gateway answers /system/logs of an unknown function 501 with an empty body, the same
+    as for a provider without logs; the CLI looks the function up to tell which."""
+    stub.answers[("GET", "/system/logs")] = (501, "")
+    assert run("logs", "nosuch", "--no-follow") == 1
+    err = capsys.readouterr().err
+    assert "no such function: nosuch" in err and "does not serve logs" not in err
+    stub.functions["echo"] = stub._status({"service": "echo", "image": "me/echo:latest"})
+    assert run("logs", "echo", "--no-follow") == 1  # it exists: then the logs are what is missing
+    assert "the provider does not serve logs (501" in capsys.readouterr().err
+
+
 def test_go_durations():
     assert cli.parse_go_duration("1h30m") == 5400
     assert cli.parse_go_duration("1.5s") == 1.5 and cli.parse_go_duration("250ms") == 0.25
@@ -375,6 +387,31 @@ def test_new_writes_stack_yaml_handler_and_gitignore(env, capsys):
     assert run("new", "fourth", "--lang", "no-such-lang", "--append", "stack.yaml") == 1
     err = capsys.readouterr().err
     assert "template 'no-such-lang' not found" in err and str(TEMPLATES_DIR) in err
+
+
+def test_new_names_the_stack_file_it_writes(env, capsys):
+    """faas-cli 0.18's `new` writes stack.yaml, and so does ours: what it prints says that file,
+    never stack.yml."""
+    assert run("new", "fn-one") == 0
+    out = capsys.readouterr().out
+    assert "Stack file written: stack.yaml" in out and "stack.yml" not in out
+    assert run("new", "fn-two", "--append", "stack.yaml") == 0
+    out = capsys.readouterr().out
+    assert "Stack file updated: stack.yaml" in out and "stack.yml" not in out
+
+
+def test_rollback_deploys_the_previous_version_with_faas_clis_put(project, stub, capsys):
+    previous = {"service": "echo", "image": "me/echo:1", "envVars": {"V": "1"}}
+    stub.functions["echo"] = {**stub._status({"service": "echo", "image": "me/echo:2"}), "faasGpuPrevious": previous}
+    assert run("rollback", "echo") == 0
+    put = stub.calls[-1]
+    assert (put["method"], put["path"]) == ("PUT", "/system/functions")
+    assert put["json"] == previous and "Rolled back echo" in capsys.readouterr().out
+    assert "faasGpuPrevious" not in stub.functions["echo"]  # what the stub keeps after the PUT
+    assert run("rollback", "echo") == 1
+    assert "no earlier version to roll back to" in capsys.readouterr().err
+    assert run("rollback", "nosuch") == 1
+    assert "no such function: nosuch" in capsys.readouterr().err
 
 
 def test_new_prefers_the_pulled_template(env):

@@ -107,7 +107,7 @@ def test_up_records_newest_first_and_down_forgets(outside, tmp_path, monkeypatch
     monkeypatch.setattr(running, "runs", lambda home: True)
     running.record_stack(a, "http://127.0.0.1:1/")
     path = running.record_stack(b, "http://127.0.0.1:2")
-    assert path == running.record_file() and path.parent == Path(os.environ["FAAS_GPU_CONFIG"]).resolve()
+    assert path == running.record_file() == Path(os.environ["FAAS_GPU_CONFIG"]).resolve()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [(r.home, r.gateway) for r in running.read_records()] == [
         (b, "http://127.0.0.1:2"),
@@ -125,17 +125,31 @@ def test_up_records_newest_first_and_down_forgets(outside, tmp_path, monkeypatch
     assert [r.home for r in running.read_records()] == [a]
 
 
-def test_config_folder_follows_xdg_unless_faas_gpu_config(monkeypatch, tmp_path):
+def test_config_file_follows_xdg_unless_faas_gpu_config(monkeypatch, tmp_path):
     from faas_gpu import paths
 
     monkeypatch.delenv("FAAS_GPU_CONFIG")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    assert paths.config_dir() == tmp_path / "xdg" / "faas-gpu"
+    assert paths.config_file() == tmp_path / "xdg" / "faas-gpu" / "config.yml"
     monkeypatch.setenv("XDG_CONFIG_HOME", "relative")  # the XDG spec: ignored
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert paths.config_dir() == tmp_path / "home" / ".config" / "faas-gpu"
-    monkeypatch.setenv("FAAS_GPU_CONFIG", str(tmp_path / "mine"))
-    assert paths.config_dir() == tmp_path / "mine"
+    assert paths.config_file() == tmp_path / "home" / ".config" / "faas-gpu" / "config.yml"
+
+
+def test_faas_gpu_config_names_the_file_itself_and_an_old_folder_value_still_reads(monkeypatch, tmp_path, capsys):
+    """$FAAS_GPU_CONFIG names the config file, as its name says (before: the folder holding it)."""
+    mine = tmp_path / "mine.yml"
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(mine))
+    monkeypatch.setattr(running, "runs", lambda home: True)
+    written = running.record_stack(tmp_path / "a" / ".faas-gpu", "http://127.0.0.1:1")
+    assert written == mine and mine.is_file() and "http://127.0.0.1:1" in mine.read_text()
+    assert capsys.readouterr().err == ""
+    folder = tmp_path / "old-style"
+    folder.mkdir()
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(folder))
+    assert running.record_stack(tmp_path / "b" / ".faas-gpu", "http://127.0.0.1:2") == folder / "config.yml"
+    err = capsys.readouterr().err
+    assert "FAAS_GPU_CONFIG names a file now" in err and str(folder / "config.yml") in err
 
 
 # -- commands outside the repository, against the stub ---------------------------------------

@@ -157,8 +157,9 @@ def test_a_killed_gpu_manager_is_restarted_and_its_workers_die_with_it(tmp_path)
         argv = procs.cmdline(stack.pid("faas-gpu"))
         assert argv[argv.index("--scheduler") + 1] == ",".join(sched)
         _deploy_cat(stack, "env-check")
-        (replica,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
-        environ = Path(f"/proc/{replica}/environ").read_bytes().split(b"\0")
+        (launcher,) = [int(p.read_text()) for p in (stack.home / "run").glob("*/*/pid")]
+        watchdog = _descendants(launcher)[0]  # the launcher's one child, in the replica's sandbox
+        environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
         assert f"FAAS_GPU_SCHEDULER_URL={','.join(sched)}".encode() in environ
         assert all(_healthy(u) for u in sched)
 
@@ -238,3 +239,56 @@ def test_a_killed_gateway_is_restarted_by_the_supervisor(tmp_path):
     finally:
         stack.down()
     assert stack.leftovers() == []
+
+
+def test_up_moves_the_datastore_logins_into_secrets_and_no_daemon_command_line_holds_them(
+    tmp_path, etcd_server, redis_server
+):
+    """`up --etcd http://user:pass@... --redis redis://user:pass@...`: the logins land in the
+    state folder's secrets/ (0600), the daemons run with the bare URLs (their command lines, which
+    `ps` shows everyone, and stack.json hold no password), and the stack works on both servers."""
+    from faas_gpu.credentials import read_login
+
+    stack = Up(tmp_path / "home", "--no-gpu", "--etcd", etcd_server.url, "--redis", redis_server.url)
+    stack.up()
+    try:
+        secrets = stack.home / "secrets"
+        for name, server in (("etcd-credentials", etcd_server), ("redis-credentials", redis_server)):
+            assert read_login(secrets / name).password == server.login.password
+            assert (secrets / name).stat().st_mode & 0o777 == 0o600
+        passwords = (etcd_server.login.password, redis_server.login.password)
+        assert not any(p in (stack.home / "stack.json").read_text() for p in passwords)
+        pid = stack.pid("faas-gpu")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        assert etcd_server.address in cmdline and not any(p in cmdline for p in passwords)
+        _deploy_cat(stack, "through-etcd")
+        r = requests.post(f"{stack.url('gateway')}/async-function/through-etcd", data=b"q", timeout=10)
+        assert r.status_code == 202, r.text  # queued in the authenticated Redis
+        log = (stack.home / "faas-gpu.log").read_text()
+        assert not any(p in log for p in passwords)
+    finally:
+        stack.down()
+
+
+def test_up_says_plainly_whether_functions_are_isolated(tmp_path, monkeypatch):
+    """Where replicas cannot be walled off (here: FAAS_GPU_ISOLATION=off, as where the kernel
+    refuses namespaces), `up` says so; where they are, it says how."""
+    monkeypatch.setenv("FAAS_GPU_ISOLATION", "off")
+    stack = Up(tmp_path / "off", "--no-gpu")
+    try:
+        out = stack.up().stdout
+    finally:
+        stack.down()
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert "WARNING: functions are NOT isolated" in line and "FAAS_GPU_ISOLATION=off" in line, out
+    monkeypatch.delenv("FAAS_GPU_ISOLATION")
+    stack = Up(tmp_path / "auto", "--no-gpu")
+    try:
+        out = stack.up().stdout
+        info = requests.get(f"{stack.url('gateway')}/system/info", auth=stack.auth(), timeout=10).json()
+    finally:
+        stack.down()
+    said = info["provider"]["faasGpuIsolation"]
+    line = next(line for line in out.splitlines() if line.strip().startswith("functions:"))
+    assert line.split("functions:", 1)[1].strip() == said["message"], out
+    assert said["isolated"] == ("NOT" not in said["message"]) and said["mode"] in ("uid", "userns", "none")

@@ -22,17 +22,30 @@ from tests.torchscript import save_torchscript
 
 
 @pytest.fixture
-def remote_env(cluster, monkeypatch):
+def remote_env(cluster, monkeypatch, tmp_path):
     start, auth = cluster
     start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "8")
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
     monkeypatch.setenv("FAAS_GPU_SCHEDULER_URL", sched.url)
-    monkeypatch.setenv("FAAS_GPU_TOKEN", auth["Authorization"][7:])
+    token = tmp_path / "token"  # as the runtimes give it: a file in the replica, not its env
+    token.write_text(auth["Authorization"][7:] + "\n")
+    monkeypatch.setenv("FAAS_GPU_TOKEN_FILE", str(token))
+    monkeypatch.delenv("FAAS_GPU_TOKEN", raising=False)
     monkeypatch.setenv("FAAS_GPU_MAX_BATCH", "8")
     monkeypatch.setenv("FAAS_GPU_BATCH_TIMEOUT_MS", "50")
     yield sched
     client.uninstall()
+
+
+def test_the_token_is_read_from_its_file_else_from_the_env(tmp_path):
+    (tmp_path / "token").write_text("from-the-file\n")
+    url = {"FAAS_GPU_SCHEDULER_URL": "http://127.0.0.1:9"}
+    both = {**url, "FAAS_GPU_TOKEN_FILE": str(tmp_path / "token"), "FAAS_GPU_TOKEN": "from-the-env"}
+    assert client.ClientConfig.from_env(both).token == "from-the-file"
+    assert client.ClientConfig.from_env({**url, "FAAS_GPU_TOKEN": "from-the-env"}).token == "from-the-env"
+    with pytest.raises(RuntimeError, match="FAAS_GPU_TOKEN_FILE: cannot read the function's token"):
+        client.ClientConfig.from_env({**url, "FAAS_GPU_TOKEN_FILE": str(tmp_path / "absent")})
 
 
 def _old_torchscript(module: torch.nn.Module, path) -> None:
@@ -91,7 +104,6 @@ def test_concurrent_calls_are_coalesced_into_batches(remote_env):
 def test_a_strict_batch_whose_slo_ran_out_in_the_instance_is_a_miss_not_run_or_retried(remote_env):
     """The client sends the budget left (from the call's arrival), not the whole SLO again; the
     scheduler reports the miss (504) without running it, and the client does not retry a miss."""
-    import os
     import time
 
     import requests
@@ -102,7 +114,7 @@ def test_a_strict_batch_whose_slo_ran_out_in_the_instance_is_a_miss_not_run_or_r
     with pytest.raises(client.RemoteError, match="missed its deadline") as err:
         model._run(x, ("strict", 50.0, time.monotonic() - 1.0))  # arrived 1 s ago with a 50 ms SLO
     assert err.value.status == 504
-    auth = {"Authorization": f"Bearer {os.environ['FAAS_GPU_TOKEN']}"}
+    auth = {"Authorization": f"Bearer {client.read_token()}"}
     status = requests.get(f"{remote_env.url}/v1/status", headers=auth, timeout=10).json()
     assert status["late_dropped"] == 1 and status["deadline_misses"] == 1  # sent once, never run
 
@@ -127,16 +139,16 @@ def test_without_a_scheduler_models_stay_local(monkeypatch, caplog):
 
 
 def test_save_model_writes_a_program_with_a_dynamic_batch_the_managers_accept(tmp_path):
-    import zipfile
-
     from faas_gpu import save_model
+    from faas_gpu.models.archive import Archive
     from faas_gpu.models.safe_formats import detect_format
 
     torch.manual_seed(3)
     local = ResNetMini().eval()
     path = save_model(local, torch.randn(1, 3, 32, 32), tmp_path / "model.pt2")
-    with zipfile.ZipFile(path) as z:
-        assert detect_format(z) == "export"
+    with open(path, "rb") as fh:
+        archive = Archive(fh)
+        assert detect_format(archive) == "export" and archive.canonical  # kept as it is: its digest is its hash
     loaded = torch.export.load(path).module()
     for batch in (1, 5):
         x = torch.randn(batch, 3, 32, 32)

@@ -93,8 +93,8 @@ def test_keys_are_under_one_root():
         assert value.startswith(keys.ROOT) and value.endswith("/")
 
 
-DURATIONS = ["30", "1.5", "10s", "1m30s", "500ms", "1h30m", "1.5h", ".5s", "1.s", "2us", "3µs", "4ns"]
-NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S"]
+DURATIONS = ["30", "1.5", "10s", "1m30s", "500ms", "1h30m", "1.5h", ".5s", "1.s", "2us", "3µs", "4ns", "2562047h"]
+NOT_DURATIONS = ["", "soon", "1x", "s", "1m 30s", "-1s", "1.", "10S", "99999999999h", "2562048h", "9999999999"]
 
 
 def _watchdog_parser():
@@ -112,6 +112,25 @@ def test_one_duration_grammar_and_the_watchdogs_copy_agrees():
         with pytest.raises(SystemExit):
             watchdog(text, "t")
     assert parse_duration("1h30m") == 5400 and parse_duration(7) == 7.0
+
+
+def test_one_table_of_gos_reason_phrases_and_the_watchdogs_copy_agrees():
+    """Every status line we write by hand (the gateway's proxied answers, Flask's routes, the
+    watchdog) takes its reason from one table of Go's (`http_status`); the watchdog keeps a copy."""
+    from faas_gpu.contract import http_status
+
+    copy = load("fwatchdog_status_copy", TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "status.py")
+    assert copy.REASONS == http_status.REASONS
+    assert http_status.status_line(401) == "401 Unauthorized" and copy.reason(401) == "Unauthorized"
+    assert http_status.status_line(599) == "599 status code 599" == f"599 {copy.reason(599)}"
+    status = re.compile(r"(\d{3}) ([A-Z][A-Za-z' -]+)")
+    for path in [*REPO_ROOT.glob("provider/**/*.py"), *TEMPLATES_DIR.glob("python3-gpu/**/*.py")]:
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                if found := status.fullmatch(node.value):
+                    assert http_status.reason(int(found[1])) == found[2], f"{path}: {node.value!r} is not Go's"
 
 
 # -- metrics -------------------------------------------------------------------------------------

@@ -11,20 +11,24 @@ from faas_gpu.datastore import open_datastore
 from faas_gpu.datastore.embedded import EmbeddedDatastore
 
 
-@pytest.fixture(params=["embedded", "etcd"])
+@pytest.fixture(params=["embedded", "etcd", "embedded-sealed", "etcd-sealed"])
 def ds(request, tmp_path):
-    if request.param == "embedded":
-        store = open_datastore(None, tmp_path / "state.db")
+    """Each back end raw, and as the daemons open it (sealed with a cluster token: the contract
+    holds through the MAC, `faas_gpu.datastore.sealed`). etcd with the daemons' login."""
+    token = "cluster-token" if request.param.endswith("-sealed") else None
+    if request.param.startswith("embedded"):
+        store = open_datastore(None, tmp_path / "state.db", cluster_token=token)
     else:
-        store = open_datastore(request.getfixturevalue("etcd_server").url)
+        store = open_datastore(request.getfixturevalue("etcd_server").url, cluster_token=token)
     yield store
     store.close()
 
 
 @pytest.fixture
 def p() -> str:
-    """A key prefix of this test's own: etcd is shared by the whole session."""
-    return f"/test/{uuid.uuid4().hex[:8]}/"
+    """A key prefix of this test's own (etcd is shared by the whole session), under /faas-gpu/,
+    where the daemons' etcd role may read and write."""
+    return f"/faas-gpu/test/{uuid.uuid4().hex[:8]}/"
 
 
 def test_put_get_and_revisions(ds, p):
@@ -170,12 +174,12 @@ def test_unknown_datastore_url_is_refused():
 def test_etcd_client_rides_out_an_etcd_restart(etcd_server):
     ds = open_datastore(etcd_server.url)
     try:
-        ds.put("/restart/k", "before")
-        watch = ds.watch_prefix("/restart/")
+        ds.put("/faas-gpu/restart/k", "before")
+        watch = ds.watch_prefix("/faas-gpu/restart/")
         time.sleep(0.2)
         etcd_server.restart()
-        assert ds.get("/restart/k").value == b"before"
-        ds.put("/restart/k", "after")
+        assert ds.get("/faas-gpu/restart/k").value == b"before"
+        ds.put("/faas-gpu/restart/k", "after")
         _wait_for_value(watch, b"after")
         watch.cancel()
     finally:
@@ -227,19 +231,19 @@ def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
         ready = time.monotonic() + 30
         while True:  # a fresh etcd on a loaded machine may take longer than one call's retries
             try:
-                ds.put("/down/k", "before")
+                ds.put("/faas-gpu/down/k", "before")
                 break
             except DatastoreUnavailable:
                 assert time.monotonic() < ready, "etcd did not start"
-        watch = ds.watch_prefix("/down/")
+        watch = ds.watch_prefix("/faas-gpu/down/")
         server.stop()
         t0 = time.monotonic()
         with pytest.raises(DatastoreUnavailable, match="etcd"):
-            ds.get("/down/k")
+            ds.get("/faas-gpu/down/k")
         first_s = time.monotonic() - t0
         t1 = time.monotonic()
         with pytest.raises(DatastoreUnavailable, match="datastore"):
-            ds.get_prefix("/down/")
+            ds.get_prefix("/faas-gpu/down/")
         assert time.monotonic() - t1 <= first_s  # known down: no second wait for retries
         assert first_s < 10  # bounded by retry_s and the call timeout, not the old 30 s
         time.sleep(3)  # long enough for gRPC's default backoff to grow
@@ -247,12 +251,12 @@ def test_etcd_down_raises_datastore_unavailable_fast_then_recovers(tmp_path):
         deadline = time.monotonic() + 20
         while True:
             try:
-                ds.put("/down/k", "after")
+                ds.put("/faas-gpu/down/k", "after")
                 break
             except DatastoreUnavailable:
                 assert time.monotonic() < deadline, "etcd came back but the client never reconnected"
                 time.sleep(0.1)
-        assert ds.get("/down/k").value == b"after"
+        assert ds.get("/faas-gpu/down/k").value == b"after"
         _wait_for_value(watch, b"after")
         watch.cancel()
     finally:

@@ -8,6 +8,9 @@ benchmarks/cluster.py stand on.
   the node's host network, announcing the node's 10.77 address in etcd; the cluster token a Swarm
   secret. `manager_mode="process"` runs the same daemon as a process in the worker's namespace
   instead (the benchmark's 1-host / 2-host comparison starts the second one mid-run).
+- etcd with its authentication on (`faas-gpu datastore enable-auth`, run on the manager once etcd
+  answers): the daemons' login is a file in each one's secrets/ (the GPU Managers' service: a
+  Swarm secret beside the cluster token), as deploy/ hands it; no daemon's command line holds it.
 
 Why the stack's own daemons (etcd, scheduler, gateway) stay processes: the gateway needs the
 manager's engine socket and the checkout's code under test, and etcd has no image here; the GPU
@@ -41,6 +44,7 @@ SCHEDULER = f"http://{MANAGER_ADDR}:8091"
 ETCD = f"http://{MANAGER_ADDR}:2379"
 GPU_MANAGER_SERVICE = "faas-gpu-gpu-manager"
 TOKEN_SECRET = "faas-gpu-cluster-token"
+ETCD_LOGIN_SECRET = "faas-gpu-etcd-credentials"
 BASE_IMAGE = "faas-gpu/base:latest"
 
 # The node's own address, as the scheduler reaches it: the source address of a route to the manager.
@@ -82,6 +86,7 @@ class ClusterStack:
         self.call_log: list[tuple] = []  # calls_through_node_loss's (sent at s, took s, outcome, why not 200)
         self.root = Path(tempfile.mkdtemp(prefix="fgs-"))
         self.token = secrets.token_urlsafe(32)
+        self.etcd_login = f"faas-gpu:{secrets.token_urlsafe(24)}"  # the daemons' etcd user
         self.backend, self.units, self.manager_args = backend, units, manager_args
         self.procs: list[subprocess.Popen] = []
         self.managers: dict[str, subprocess.Popen] = {}
@@ -93,6 +98,12 @@ class ClusterStack:
                 "--advertise-client-urls", ETCD, "--listen-peer-urls", f"http://{MANAGER_ADDR}:2380",
             ])  # fmt: skip
             wait_http(m, f"{ETCD}/health", self.root / "etcd.log")
+            auth_env = {**os.environ, "FAAS_GPU_HOME": str(self._home("etcd-auth")), "PYTHONPATH": str(REPO)}
+            m.run(
+                [PYTHON, "-m", "faas_gpu.cli", "datastore", "enable-auth", "--etcd", ETCD,
+                 "--credentials", str(self.home / "secrets" / "etcd-credentials")],
+                cwd=REPO, timeout=180, env=auth_env,
+            )  # fmt: skip
             self.scheduler_log = self._start(m, "scheduler", [
                 PYTHON, "-m", "scheduler", "--home", str(self._home("scheduler")), "--bind", MANAGER_ADDR,
                 "--port", "8091", "--etcd", ETCD, "--leader-ttl", "2",
@@ -119,9 +130,10 @@ class ClusterStack:
     def _home(self, name: str) -> Path:
         home = self.root / name
         (home / "secrets").mkdir(parents=True, exist_ok=True)
-        token = home / "secrets" / "gpu-manager-token"
-        token.write_text(self.token)
-        os.chmod(token, 0o600)
+        for name, value in (("gpu-manager-token", self.token), ("etcd-credentials", self.etcd_login)):
+            path = home / "secrets" / name
+            path.write_text(value)
+            os.chmod(path, 0o600)
         return home
 
     def _start(self, host: DockerHost, name: str, argv: list[str], env: dict[str, str] | None = None) -> Path:
@@ -177,15 +189,20 @@ class ClusterStack:
         image = image or getattr(self.swarm, "base_image", None) or f"{REGISTRY}/{BASE_IMAGE}"
         api = m.client.api
         secret = api.create_secret(TOKEN_SECRET, self.token.encode())
+        login = api.create_secret(ETCD_LOGIN_SECRET, self.etcd_login.encode())
         argv = self._gpu_manager_argv("$NODE", "$(" + _SELF_ADDRESS + ")")
         script = (
             'mkdir -p "$FAAS_GPU_HOME/secrets" && cp /run/secrets/gpu-manager-token "$FAAS_GPU_HOME/secrets/" && '
+            'cp /run/secrets/etcd-credentials "$FAAS_GPU_HOME/secrets/" && '
             "exec " + " ".join(a if a.startswith("$") else f"'{a}'" for a in argv)
         )
         container = ContainerSpec(
             image, ["sh", "-c", script],
             env={"NODE": "{{.Node.Hostname}}", "FAAS_GPU_HOME": "/tmp/faas-gpu", "PYTHONUNBUFFERED": "1"},
-            secrets=[SecretReference(secret["ID"], TOKEN_SECRET, filename="gpu-manager-token")],
+            secrets=[
+                SecretReference(secret["ID"], TOKEN_SECRET, filename="gpu-manager-token"),
+                SecretReference(login["ID"], ETCD_LOGIN_SECRET, filename="etcd-credentials"),
+            ],
             stop_grace_period=int(2e9),
         )  # fmt: skip
         api.create_service(

@@ -148,6 +148,8 @@ class Stack:
             "2",
             "--unit-memory-mb",
             "256",
+            "--callback-allow",
+            "127.0.0.1",  # the test's callback receiver is on loopback
         )
         assert r.returncode == 0, r.stdout + r.stderr
 

@@ -5,7 +5,9 @@ next job unpickled it in the GPU Manager (`torch.load(weights_only=False)`) as r
 
 The stack: a provider with `--scheduler`, the scheduler and a GPU Manager (cpu back end), all
 on the embedded datastore of one state folder, as `make up` runs them. The functions are
-classic-watchdog `env` (the `printenv` example), so no build is needed.
+classic-watchdog `sh`, so no build is needed: each call runs the body as the function's own code,
+which reads its own token from its file (issue 41: never from its environment, which `printenv`
+shows anyone).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import torch
 
 from faas_gpu.contract.wire import decode, encode
 from tests.daemon_process import Daemon
-from tests.malicious import SavesAFile, malicious_pickle, torchscript
+from tests.malicious import (
+    SavesAFile,
+    exported_linear,
+    hostile_program,
+    hostile_torchscript,
+    malicious_pickle,
+    torchscript,
+    zip_bomb,
+)
 from tests.stack_process import StackProcess
 
 
@@ -39,20 +49,25 @@ def gpu_stack(tmp_path_factory):
     manager.kill()
 
 
-def deploy_printenv(stack, name: str) -> None:
-    body = {"service": name, "image": f"functions/{name}:latest", "envProcess": "env"}
+def deploy_printenv(stack, name: str, fprocess: str = "sh") -> None:
+    body = {"service": name, "image": f"functions/{name}:latest", "envProcess": fprocess}
     r = requests.post(f"{stack.url}/system/functions", json=body, auth=stack.auth, timeout=10)
     assert r.status_code == 202, r.text
     stack.wait_ready(name)
 
 
-def stolen(stack, name: str) -> dict[str, str]:
-    """What the function hands to anyone who calls it: its whole environment, and its files."""
-    r = requests.post(f"{stack.url}/function/{name}", data=b"", timeout=30)
+def run(stack, name: str, script: str) -> str:
+    """What the function's own code (`sh` running the body) prints."""
+    r = requests.post(f"{stack.url}/function/{name}", data=script.encode(), timeout=30)
     assert r.status_code == 200, r.text
-    env = dict(line.split("=", 1) for line in r.text.splitlines() if "=" in line)
-    files = {p.name: p.read_text(errors="replace") for p in Path(env["secret_mount_path"]).glob("*")}
-    return {**env, **files}
+    return r.text
+
+
+def stolen(stack, name: str) -> str:
+    """The token a function's own code holds: its token file (the attacker controls that code)."""
+    token = run(stack, name, 'cat "$FAAS_GPU_TOKEN_FILE"').strip()
+    assert token and " " not in token, token
+    return token
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -69,15 +84,19 @@ def job(stack, token: str, digest: str, x: torch.Tensor | None = None) -> reques
 
 
 def test_no_replica_environment_holds_the_cluster_token(gpu_stack):
+    deploy_printenv(gpu_stack, "env-only", "env")  # the printenv example: its env, to anyone
+    shown = requests.post(f"{gpu_stack.url}/function/env-only", data=b"", timeout=30).text
+    env = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    assert gpu_stack.cluster_token not in shown and "FAAS_GPU_TOKEN" not in env
+    assert env["FAAS_GPU_SCHEDULER_URL"] == gpu_stack.scheduler.url
     deploy_printenv(gpu_stack, "printenv")
-    loot = stolen(gpu_stack, "printenv")
-    assert gpu_stack.cluster_token not in "\n".join(f"{k}={v}" for k, v in loot.items())
-    assert loot["FAAS_GPU_TOKEN"] and loot["FAAS_GPU_SCHEDULER_URL"] == gpu_stack.scheduler.url
+    mine = stolen(gpu_stack, "printenv")  # its own code reads its own token, never the cluster's
+    assert mine != gpu_stack.cluster_token and mine not in shown
 
 
 def test_the_malicious_pickle_attack_is_refused_and_nothing_runs(gpu_stack, tmp_path):
     deploy_printenv(gpu_stack, "printenv")
-    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    token = stolen(gpu_stack, "printenv")
     marker = tmp_path / "pwned"
     payload = malicious_pickle(marker)
     r = upload(gpu_stack, token, payload)
@@ -111,7 +130,7 @@ def test_a_pickle_is_refused_even_with_the_cluster_token(gpu_stack, tmp_path):
 def test_a_functions_credential_cannot_run_another_functions_model(gpu_stack):
     deploy_printenv(gpu_stack, "printenv")
     deploy_printenv(gpu_stack, "owner")
-    mine, theirs = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"], stolen(gpu_stack, "owner")["FAAS_GPU_TOKEN"]
+    mine, theirs = stolen(gpu_stack, "printenv"), stolen(gpu_stack, "owner")
     assert mine != theirs
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 3).eval()
@@ -139,7 +158,7 @@ def test_a_functions_credential_cannot_run_another_functions_model(gpu_stack):
 
 def test_a_removed_functions_credential_stops_working(gpu_stack):
     deploy_printenv(gpu_stack, "doomed")
-    token = stolen(gpu_stack, "doomed")["FAAS_GPU_TOKEN"]
+    token = stolen(gpu_stack, "doomed")
     assert upload(gpu_stack, token, torchscript(torch.nn.Linear(2, 2))).status_code == 201
     r = requests.delete(
         f"{gpu_stack.url}/system/functions", json={"functionName": "doomed"}, auth=gpu_stack.auth, timeout=30
@@ -157,3 +176,56 @@ def test_a_non_ascii_bearer_token_is_401_not_500(gpu_stack, daemon, path):
     url = getattr(gpu_stack, daemon).url
     r = requests.get(f"{url}{path}", headers={"Authorization": "Bearer ä".encode()}, timeout=10)
     assert r.status_code == 401 and "invalid token" in r.text
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The largest peak resident memory (VmHWM) of `pid` and its children (gunicorn's worker)."""
+    pids = [pid] + [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+    peaks = []
+    for p in pids:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return max(peaks)
+
+
+def test_archives_two_readers_would_read_apart_are_refused_and_nothing_runs(gpu_stack, tmp_path):
+    """Issue 41, finding 2, as it was done: a function's token, an archive whose hostile entry only
+    torch's reader takes (a .pt2 whose shape expression is a command; TorchScript whose __setstate__
+    writes a file), uploaded to the scheduler, and to a manager with the cluster token."""
+    deploy_printenv(gpu_stack, "printenv")
+    token = stolen(gpu_stack, "printenv")
+    marker = tmp_path / "pwned"
+    for payload in (hostile_program(exported_linear(), marker), hostile_torchscript(marker)):
+        r = upload(gpu_stack, token, payload)
+        assert r.status_code == 400 and "appears twice" in r.text, r.text
+        r = job(gpu_stack, token, hashlib.sha256(payload).hexdigest())
+        assert r.status_code == 403
+        r = requests.put(
+            f"{gpu_stack.manager.url}/v1/models", data=payload, headers=bearer(gpu_stack.cluster_token), timeout=60
+        )
+        assert r.status_code == 400 and "appears twice" in r.text, r.text
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_a_zip_bomb_is_refused_and_no_daemon_inflates_it(gpu_stack):
+    """Issue 41, finding 3: 298 KiB declaring 300 MiB of model.json was stored (201) and took the
+    scheduler to 866 MB and the manager from 248 to 859 MB. Refused now from the archive's directory:
+    neither daemon's peak memory moves by more than the upload's own size."""
+    deploy_printenv(gpu_stack, "printenv")
+    token = stolen(gpu_stack, "printenv")
+    bomb = zip_bomb(exported_linear())
+    for daemon, send in (
+        (gpu_stack.scheduler, lambda: upload(gpu_stack, token, bomb)),
+        (
+            gpu_stack.manager,
+            lambda: requests.put(
+                f"{gpu_stack.manager.url}/v1/models", data=bomb, headers=bearer(gpu_stack.cluster_token), timeout=60
+            ),
+        ),
+    ):
+        before = peak_rss_mb(daemon.proc.pid)
+        r = send()
+        assert r.status_code == 400 and "zip bomb" in r.text, r.text
+        assert peak_rss_mb(daemon.proc.pid) - before < 50

@@ -14,6 +14,7 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.ports import free_port
@@ -50,8 +51,7 @@ def daemon(tmp_path_factory, etcd_server):
             "2",
             "--max-model-bytes",
             "5000000",
-            "--etcd",
-            etcd_server.url,
+            *etcd_server.daemon_args(),
             "--node",
             "n1",
         ],
@@ -130,8 +130,8 @@ def test_model_larger_than_the_unit_is_507(tmp_path, artifact):
 
 
 def test_unit_status_is_reported_into_the_datastore(daemon):
-    _, _, _, etcd = daemon
-    ds = open_datastore(etcd.url)
+    _, _, home, etcd = daemon
+    ds = open_datastore(etcd.url, cluster_token=ensure_token(home / "secrets"))  # sealed: read as the scheduler does
     try:
         deadline = time.monotonic() + 10
         units = []
@@ -143,3 +143,21 @@ def test_unit_status_is_reported_into_the_datastore(daemon):
         assert all(kv.lease for kv in ds.get_prefix("/faas-gpu/units/n1/"))
     finally:
         ds.close()
+
+
+def test_the_daemon_says_what_walls_its_workers_run_behind(daemon, artifact):
+    """Issue 41: the manager probes its workers' walls at start and says what they are (or, where
+    the kernel allows none, that they are not isolated); its workers run behind them."""
+    url, auth, home, _ = daemon
+    log = (home / "gm.log").read_text()
+    if os.geteuid() == 0:
+        assert "model workers isolated: uid 64999, namespaces mnt+net+ipc, no_new_privs, seccomp" in log, log[-2000:]
+    else:
+        assert "model workers isolated" in log or "model workers are NOT isolated" in log
+    digest = requests.put(f"{url}/v1/models", data=artifact, headers=auth, timeout=30).json()["digest"]
+    x = encode(torch.randn(1, 3, 32, 32))
+    r = requests.post(f"{url}/v1/jobs/{digest}?unit=cpu-1", data=x, headers=auth, timeout=60)
+    assert r.status_code == 200, r.text
+    if os.geteuid() == 0:  # the store is given to the workers' group, and to no one else
+        st = (home / "models").stat()
+        assert (st.st_gid, st.st_mode & 0o777) == (64999, 0o750)

@@ -13,6 +13,8 @@ from tests.malicious import (
     SavesAFileOnLoad,
     edit_json,
     exported_linear,
+    hostile_program,
+    hostile_torchscript,
     malicious_pickle,
     tampered,
     torchscript,
@@ -165,3 +167,20 @@ def test_a_loaded_graph_calling_the_fused_convolutions_is_refused_unless_the_wor
     check_graph(calling(), rewritten_with=fused_ops())  # the worker's own rewrite of a checked graph
     with pytest.raises(ArtifactError, match="is not allowed"):  # and nothing else is let through with it
         check_graph(calling((torch.ops.aten.from_file.default, ("/etc/passwd",))), rewritten_with=fused_ops())
+
+
+# -- issue 41: what is checked is what torch loads ---------------------------------------------------
+def test_a_program_whose_hostile_entry_only_torch_reads_is_refused_at_upload(tmp_path, program):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ArtifactError, match="models/model.json appears twice"):
+        ModelStore(tmp_path / "store").put(hostile_program(program, marker))
+    assert list((tmp_path / "store").iterdir()) == []
+    assert not marker.exists()
+
+
+def test_torchscript_whose_hidden_setstate_only_torch_reads_is_refused_at_upload(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ArtifactError, match="appears twice"):
+        ModelStore(tmp_path / "store").put(hostile_torchscript(marker))
+    assert list((tmp_path / "store").iterdir()) == []
+    assert not marker.exists()

@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from tests.harmony_models import VGG19
 from tests.stack_process import StackProcess
@@ -64,6 +65,9 @@ def assert_400(r: requests.Response, field: str) -> None:
         ({"requests": {"cpu": "fast"}}, "requests.cpu"),
         ({"secrets": ["s" * 300]}, "secrets:"),
         ({"envVars": {"FAAS_GPU_MAX_BATCH": "0"}}, "envVars.FAAS_GPU_MAX_BATCH"),
+        ({"envVars": {"exec_timeout": "99999999999h"}}, "envVars.exec_timeout"),  # issue 41: an OverflowError a call
+        ({"envVars": {"read_timeout": "1e3s"}}, "envVars.read_timeout"),
+        ({"envVars": {"max_inflight": "lots"}}, "envVars.max_inflight"),
     ],
 )
 def test_bad_deploy_is_400_naming_the_field_and_nothing_is_stored(stack, extra, field):
@@ -111,6 +115,25 @@ def test_json_nested_100000_deep_is_400(stack, method, route):
     r = requests.request(method, stack.url + route, data=DEEP, auth=stack.auth, timeout=30)
     assert_400(r, "body:")
     assert "nested too deeply" in r.text
+
+
+@pytest.mark.parametrize("port", ["url", "provider_url"])
+@pytest.mark.parametrize("tail", ["99999999999999999999", "ten"])
+def test_logs_tail_beyond_a_whole_number_is_422_naming_tail(stack, cat_fn, port, tail):
+    r = requests.get(
+        f"{getattr(stack, port)}/system/logs", params={"name": cat_fn, "tail": tail}, auth=stack.auth, timeout=10
+    )
+    assert r.status_code == 422, (r.status_code, r.text[:300])
+    assert "tail:" in r.text
+
+
+def test_a_watchdog_timeout_of_years_is_served_not_overflowed(stack):
+    """Go's largest durations are accepted (as OpenFaaS does) and waited as the longest a poll can."""
+    years = {"exec_timeout": "2000000h", "write_timeout": "2000000h"}
+    assert deploy(stack, "years-fn", envVars=years).status_code == 202
+    stack.wait_ready("years-fn", timeout_s=30)
+    r = requests.post(f"{stack.url}/function/years-fn", data=b"still here", timeout=10)
+    assert (r.status_code, r.content) == (200, b"still here")
 
 
 @pytest.mark.parametrize("port", ["url", "provider_url"])
@@ -173,7 +196,7 @@ def test_async_app_header_naming_no_app_is_400(stack):
 def test_bad_records_stored_before_do_not_stop_the_stack(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    ds = open_datastore(None, home / "state.db")
+    ds = open_datastore(None, home / "state.db", cluster_token=ensure_token(home / "secrets"))  # the provider's seal
 
     def record(service: str, **extra) -> str:
         deployment = {"service": service, "image": f"functions/{service}:latest", "envProcess": "cat", **extra}

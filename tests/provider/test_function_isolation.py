@@ -12,6 +12,7 @@ import time
 
 import requests
 
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from tests.stack_process import StackProcess
 
@@ -27,7 +28,7 @@ def _deploy(s: StackProcess, name: str, **extra) -> requests.Response:
 
 def _write_record(home, service: str, **deployment) -> None:
     """Straight into the datastore, as a record that got in before deploy-time validation."""
-    ds = open_datastore(None, home / "state.db")
+    ds = open_datastore(None, home / "state.db", cluster_token=ensure_token(home / "secrets"))  # the provider's seal
     try:
         dep = {"service": service, "image": f"functions/{service}:latest", **deployment}
         record = {"deployment": dep, "namespace": NS, "replicas": 1, "createdAt": "2026-01-01T00:00:00Z"}

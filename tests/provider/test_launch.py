@@ -35,13 +35,19 @@ def _image(tmp_path: Path, dockerfile: str | None, python: bool = True) -> Image
 
 def _plan(tmp_path: Path, image: ImageRecord, **deployment):
     record = FunctionRecord(FunctionDeployment(service="fn", image="fn:latest", **deployment), "openfaas-fn", 1)
-    return plan_launch(
-        record, images=OneImage(image), secrets=SecretStore(tmp_path / "secrets"), gpu_env={}, run_root=tmp_path
-    )
+    return plan_launch(record, images=OneImage(image), secrets=SecretStore(tmp_path / "secrets"), gpu_env={})
 
 
 def test_the_python3_gpu_template_runs_its_handler_in_the_watchdogs_process():
     assert dockerfile_env(TEMPLATES_DIR / "python3-gpu" / "Dockerfile")["mode"] == "inproc"
+
+
+def test_a_process_replica_gets_its_images_readiness_check(tmp_path):
+    """python3-gpu's Dockerfile names its readiness check (`ready_path`, of-watchdog's): a process
+    replica gets it as a container of the image would, unless the function sets its own."""
+    image = _image(tmp_path, (TEMPLATES_DIR / "python3-gpu" / "Dockerfile").read_text())
+    assert _plan(tmp_path, image).env["ready_path"] == "/_/ready"
+    assert _plan(tmp_path, image, envVars={"ready_path": "/mine"}).env["ready_path"] == "/mine"
 
 
 def test_dockerfile_env_reads_both_forms_and_continued_lines(tmp_path):

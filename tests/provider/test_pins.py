@@ -18,7 +18,7 @@ from provider.runtime.pins import CpuPins, parse_cpu_list, pin_tree
 from provider.server import parse_args
 from tests.stack_process import StackProcess
 
-from .test_process_groups import LISTENER, children, replica_pids
+from .test_process_groups import LISTENER, children, replica_pids, tree
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -135,7 +135,7 @@ def test_the_gateway_and_each_replica_are_kept_on_cpus_of_the_list(tmp_path):
         assert s.request("POST", "/system/scale-function/holder", json=scale).status_code == 202
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (
-            len(replica_pids(home)) == 2 and all(children(p) for p in replica_pids(home))
+            len(replica_pids(home)) == 2 and all(len(tree(p)) == 3 for p in replica_pids(home))
         ):
             time.sleep(0.1)
         # the gateway holds cpus[0]: the first replica goes to the other, the second back to it
@@ -147,7 +147,7 @@ def test_the_gateway_and_each_replica_are_kept_on_cpus_of_the_list(tmp_path):
             assert s.request("POST", "/system/scale-function/holder", json=scale).status_code == 202
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not (
-                len(replica_pids(home)) == replicas and all(children(p) for p in replica_pids(home))
+                len(replica_pids(home)) == replicas and all(len(tree(p)) == 3 for p in replica_pids(home))
             ):
                 time.sleep(0.1)
         assert replica_cpus(home) == sorted([[cpus[0]], [cpus[-1]]])

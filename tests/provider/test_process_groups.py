@@ -30,7 +30,16 @@ def children(pid: int) -> list[int]:
 
 
 def replica_pids(home: Path) -> list[int]:
+    """Each replica's launcher (`faas_gpu.sandbox`): its one child is the watchdog, PID 1 of the
+    replica's PID namespace; killing either ends the replica."""
     return [int(p.read_text()) for p in (home / "run").glob("*/*/pid")]
+
+
+def tree(pid: int) -> list[int]:
+    out = [pid]
+    for child in children(pid):
+        out += tree(child)
+    return out
 
 
 def test_kill_9_of_a_watchdog_takes_its_handler_with_it(tmp_path):
@@ -40,9 +49,10 @@ def test_kill_9_of_a_watchdog_takes_its_handler_with_it(tmp_path):
         body = {"service": "holder", "image": "x", "envProcess": LISTENER, "envVars": {"mode": "http"}}
         assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (replica_pids(home) and children(replica_pids(home)[0])):
+        while time.monotonic() < deadline and not (replica_pids(home) and len(tree(replica_pids(home)[0])) == 3):
             time.sleep(0.1)
-        (watchdog,) = replica_pids(home)
+        (launcher,) = replica_pids(home)
+        (watchdog,) = children(launcher)
         (handler,) = children(watchdog)
         # a child seen between its fork and the end of its exec reads an empty or the parent's
         # cmdline (a CI run caught b""): wait for the handler's own
@@ -56,13 +66,13 @@ def test_kill_9_of_a_watchdog_takes_its_handler_with_it(tmp_path):
         assert not alive(handler), "the handler outlived its watchdog"
         # the supervisor replaces the replica; stopping the stack leaves no replica process
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not [p for p in replica_pids(home) if p != watchdog]:
+        while time.monotonic() < deadline and not [p for p in replica_pids(home) if p != launcher]:
             time.sleep(0.1)
-        (new_watchdog,) = replica_pids(home)
-        new_handlers = children(new_watchdog)
+        (new_launcher,) = replica_pids(home)
+        new_group = tree(new_launcher)
     finally:
         s.stop()
-    for pid in (new_watchdog, *new_handlers):
+    for pid in new_group:
         assert not alive(pid)
 
 
@@ -116,9 +126,9 @@ def test_kill_9_of_the_provider_leaves_no_replica_process(tmp_path):
         body = {"service": "orphan", "image": "x", "envProcess": LISTENER, "envVars": {"mode": "http"}}
         assert requests.post(f"{s.url}/system/functions", json=body, auth=s.auth, timeout=10).status_code == 202
         s.wait_ready("orphan")
-        (watchdog,) = replica_pids(home)
-        group = [watchdog, *children(watchdog)]
-        assert len(group) == 2
+        (launcher,) = replica_pids(home)
+        group = tree(launcher)
+        assert len(group) == 3  # the launcher, the watchdog, the handler
     finally:
         s.stop(signal.SIGKILL)  # the provider's own group: replicas run in sessions of their own
     deadline = time.monotonic() + 10

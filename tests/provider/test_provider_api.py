@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +25,8 @@ NS = "openfaas-fn"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = StackProcess(tmp_path_factory.mktemp("stack")).start()
+    # the callback receivers of these tests listen on loopback, which callbacks may reach only when allowed
+    s = StackProcess(tmp_path_factory.mktemp("stack"), "--callback-allow", "127.0.0.1").start()
     yield s
     s.stop()
 
@@ -91,7 +93,7 @@ def test_status_echoes_the_deployment(stack, cat_fn):
     assert st["annotations"] == {"com.faas-gpu.slo-ms": "100"}
     assert "envVars" not in st
     assert st["replicas"] == 1 and st["availableReplicas"] == 1
-    assert isinstance(st["invocationCount"], float)
+    assert isinstance(st["invocationCount"], int)  # a float64 Go writes without a fraction when whole
     assert st["createdAt"].endswith("Z")
     listed = requests.get(f"{stack.url}/system/functions", auth=stack.auth, timeout=5).json()
     assert cat_fn in [f["name"] for f in listed]
@@ -162,7 +164,7 @@ def test_namespaces_and_info(stack):
     assert set(gw["version"]) == {"sha", "release"}  # commit_message is omitempty in Go, and empty here
     assert gw["arch"] == go_arch() and gw["arch"] in ("amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv64")
     pv = requests.get(f"{stack.provider_url}/system/info", auth=stack.auth, timeout=5).json()
-    assert pv["provider"] == "faas-gpu" and "orchestration" in pv and "sha" in pv["version"]
+    assert pv["provider"] == "faas-gpu" and pv["orchestration"] == "local-process" and "sha" in pv["version"]
     r = requests.get(f"{stack.url}/system/namespace/{NS}", auth=stack.auth, timeout=5)
     assert r.status_code == 501
 
@@ -350,6 +352,44 @@ def test_invocation_counts_and_metrics(stack, cat_fn):
     assert "provider_http_requests_total" in requests.get(f"{stack.provider_url}/metrics", timeout=5).text
 
 
+def test_invocation_count_and_replicas_are_written_as_go_writes_them(stack, cat_fn):
+    """function_status.go: invocationCount is a float64, which Go's encoding/json writes `3` when
+    whole; replicas and availableReplicas are uint64."""
+    import re
+
+    requests.post(f"{stack.url}/function/{cat_fn}", data=b"x", timeout=10)
+    for path in ("/system/functions", f"/system/function/{cat_fn}"):
+        raw = requests.get(f"{stack.url}{path}", auth=stack.auth, timeout=5).text
+        counts = re.findall(r'"invocationCount":\s*([0-9.eE+-]+)', raw)
+        assert counts and all(re.fullmatch(r"\d+", c) for c in counts), raw[:300]
+        assert re.search(r'"availableReplicas":\s*\d+[,}]', raw) and re.search(r'"replicas":\s*\d+[,}]', raw)
+
+
+def test_calls_through_the_provider_port_are_not_counted_again_as_the_gateways(stack, cat_fn):
+    """Behind the CE gateway (which counts its calls in its own gateway_* metrics), calls reach
+    the provider's port; faas-provider's proxy route exports nothing for them (serve.go), so ours
+    must not count them in gateway_* again. The provider's own counts (invocationCount, the
+    autoscaler's) still see them."""
+    import re
+
+    def started() -> float:
+        text = requests.get(f"{stack.metrics_url}/metrics", timeout=5).text
+        found = re.search(rf'gateway_function_invocation_started{{function_name="{cat_fn}.{NS}"}} (\S+)', text)
+        return float(found[1]) if found else 0.0
+
+    def count() -> int:
+        return requests.get(f"{stack.url}/system/function/{cat_fn}", auth=stack.auth, timeout=5).json()[
+            "invocationCount"
+        ]
+
+    before, calls = started(), count()
+    for _ in range(3):
+        assert requests.post(f"{stack.provider_url}/function/{cat_fn}.{NS}", data=b"x", timeout=10).status_code == 200
+    assert started() == before and count() == calls + 3
+    assert requests.post(f"{stack.url}/function/{cat_fn}", data=b"x", timeout=10).status_code == 200
+    assert started() == before + 1  # the gateway's own calls still count
+
+
 # -- logs --------------------------------------------------------------------------------
 def test_logs_stream_ndjson_with_classic_lines(stack, cat_fn):
     requests.post(f"{stack.url}/function/{cat_fn}", data=b"12345", timeout=10)
@@ -417,7 +457,7 @@ def test_secrets_lifecycle_and_delivery(stack):
     assert requests.get(url, auth=a, timeout=5).json() == [{"name": "api-key", "namespace": NS}]
     path = stack.home / "function-secrets" / NS / "api-key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"v2"
-    r = deploy(stack, "read-secret", envProcess='sh -c "cat $secret_mount_path/api-key"', secrets=["api-key"])
+    r = deploy(stack, "read-secret", envProcess="cat /var/openfaas/secrets/api-key", secrets=["api-key"])
     assert r.status_code == 202
     stack.wait_ready("read-secret")
     assert requests.post(f"{stack.url}/function/read-secret", data=b"", timeout=10).content == b"v2"
@@ -511,6 +551,42 @@ def test_status_lines_carry_gos_reason_phrases(stack):
     r.read()
     assert (r.status, r.reason) == (404, "Not Found")
     conn.close()
+
+
+STATUS_SERVER = """
+import http.server, sys
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(int(self.path.rsplit("/", 1)[1]), "Whatever The Function Says")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+def test_a_functions_own_status_reaches_the_caller_with_gos_reason_phrase(stack):
+    """The gateway writes the status line of a function's answer as Go's gateway does (`401
+    Unauthorized`), from one table of Go's phrases, for every code (not `401 Unknown`)."""
+    import http.client
+    import sys
+
+    upstream = free_port()
+    env = {"mode": "http", "upstream_url": f"http://127.0.0.1:{upstream}"}
+    # inline: the replica's sandbox has a /tmp of its own, where the test's files are not
+    process = f"{sys.executable} -c {shlex.quote(STATUS_SERVER)} {upstream}"
+    assert deploy(stack, "status-fn", envProcess=process, envVars=env).status_code == 202
+    stack.wait_ready("status-fn")
+    host, port = stack.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    for code, reason in ((401, "Unauthorized"), (418, "I'm a teapot"), (451, "Unavailable For Legal Reasons")):
+        conn.request("GET", f"/function/status-fn/{code}")
+        r = conn.getresponse()
+        r.read()
+        assert (r.status, r.reason) == (code, reason)
+    conn.close()
+    requests.delete(f"{stack.url}/system/functions", json={"functionName": "status-fn"}, auth=stack.auth, timeout=30)
 
 
 def test_replica_answers_carry_one_date_and_one_server_header(stack):

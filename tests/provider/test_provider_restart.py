@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
@@ -10,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from faas_gpu.credentials import TOKEN_FILE
 from tests.stack_process import StackProcess
 
 
@@ -58,8 +60,8 @@ def test_async_work_accepted_before_a_crash_is_done_after_restart(tmp_path, requ
     _Sink.got.clear()
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    extra = ["--redis", request.getfixturevalue("redis_server").url] if queue == "redis" else []
-    s = StackProcess(tmp_path / "home", *extra).start()
+    extra = request.getfixturevalue("redis_server").daemon_args() if queue == "redis" else []
+    s = StackProcess(tmp_path / "home", "--callback-allow", "127.0.0.1", *extra).start()
     try:
         _deploy(s, "slow", envProcess="sh -c 'sleep 3; cat'")
         s.wait_ready("slow")
@@ -77,15 +79,18 @@ def test_async_work_accepted_before_a_crash_is_done_after_restart(tmp_path, requ
 
 
 def test_stack_runs_on_etcd(tmp_path, etcd_server):
-    s = StackProcess(tmp_path / "home", "--etcd", etcd_server.url).start()
+    s = StackProcess(tmp_path / "home", *etcd_server.daemon_args()).start()
     try:
         _deploy(s, "on-etcd")
         s.wait_ready("on-etcd")
         assert requests.post(f"{s.url}/function/on-etcd", data=b"e", timeout=10).content == b"e"
     finally:
         s.stop()
-    s2 = StackProcess(tmp_path / "home2", "--etcd", etcd_server.url).start()
-    try:  # another provider process on the same etcd sees the function
+    # another provider process of the same cluster (its cluster token: records are sealed with it)
+    (tmp_path / "home2" / "secrets").mkdir(parents=True)
+    shutil.copy(tmp_path / "home" / "secrets" / TOKEN_FILE, tmp_path / "home2" / "secrets" / TOKEN_FILE)
+    s2 = StackProcess(tmp_path / "home2", *etcd_server.daemon_args()).start()
+    try:  # on the same etcd sees the function
         assert s2.wait_ready("on-etcd")["name"] == "on-etcd"
     finally:
         s2.stop()
@@ -93,7 +98,7 @@ def test_stack_runs_on_etcd(tmp_path, etcd_server):
 
 def test_stack_rides_out_etcd_and_redis_restarts(tmp_path, etcd_server, redis_server):
     """Peers restart under the stack: it keeps serving and accepting work afterwards."""
-    s = StackProcess(tmp_path / "home", "--etcd", etcd_server.url, "--redis", redis_server.url).start()
+    s = StackProcess(tmp_path / "home", *etcd_server.daemon_args(), *redis_server.daemon_args()).start()
     try:
         _deploy(s, "peer-restart")
         s.wait_ready("peer-restart")

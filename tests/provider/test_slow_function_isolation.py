@@ -24,7 +24,9 @@ def _deploy(s: StackProcess, name: str, process: str, **extra) -> requests.Respo
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = StackProcess(tmp_path_factory.mktemp("slow") / "home", "--threads", str(THREADS)).start()
+    s = StackProcess(
+        tmp_path_factory.mktemp("slow") / "home", "--threads", str(THREADS), "--callback-allow", "127.0.0.1"
+    ).start()
     try:
         assert _deploy(s, "sleeper", f"sh -c 'sleep {SLEEP_S}; cat'").status_code == 202
         assert _deploy(s, "quick", "cat").status_code == 202

@@ -165,14 +165,18 @@ def test_a_function_is_a_service_with_the_shared_container_spec(rt):
     assert env["port"] == str(port) and env["upstream_url"] == f"http://127.0.0.1:{port + 1}"
     assert env["bind_address"] == "0.0.0.0"  # the gateway is on another node
     assert env["fprocess"] == "python index.py" and env["metrics_port"] == "0"
-    assert env["FAAS_GPU_TOKEN"] == "token-of-classify"  # the function's own, never the cluster's
+    # the function's own token, never the cluster's, and as a file: never in the env a function may print
+    assert "FAAS_GPU_TOKEN" not in env and env["FAAS_GPU_TOKEN_FILE"] == "/var/openfaas/faas-gpu/token"
+    assert not {"FAAS_GPU_HOME", "FAAS_GPU_ETCD", "FAAS_GPU_REDIS", "HOME", "PATH"} & set(env)
     assert env["FAAS_GPU_SCHEDULER_URL"] == "http://10.0.0.9:8091"
     assert cs["Labels"]["com.openfaas.function"] == "classify"
     assert cs["StopGracePeriod"] == 15 * 10**9  # write_timeout + 5 s to drain
     assert cs["Healthcheck"]["Interval"] == 250_000_000
-    [secret] = cs["Secrets"]
+    secret, token = cs["Secrets"]
     assert secret["File"]["Name"] == "/var/openfaas/secrets/api-key"
     assert rt.fake.secrets_[secret["SecretID"]]["data"] == b"s3cret"
+    assert token["File"]["Name"] == "/var/openfaas/faas-gpu/token" and token["File"]["Mode"] == 0o444
+    assert rt.fake.secrets_[token["SecretID"]]["data"] == b"token-of-classify"
     res = task["Resources"]
     assert res["Limits"] == {"MemoryBytes": 256 * 2**20, "NanoCPUs": 500_000_000}
     assert res["Reservations"] == {"MemoryBytes": 128 * 2**20, "NanoCPUs": 250_000_000}
@@ -286,6 +290,31 @@ def test_a_new_spec_rolls_and_remove_removes(rt):
     wait_for(lambda: [s for s in rt.fake.services() if s["ID"] != first["ID"]] and first["ID"] not in rt.fake.services_)
     rt.remove("openfaas-fn", "classify")
     assert rt.fake.services() == []
+
+
+def test_a_new_spec_whose_handler_cannot_load_stalls_while_the_old_service_serves(rt, monkeypatch):
+    """The new service's watchdog answers /_/ready 500 (its handler raised at import): Swarm keeps
+    its task running, the old service serves on, and the rollout says it stalled and why."""
+    from provider.runtime.base import Readiness
+
+    rt.apply(record())
+    first = only_service(rt)
+    old_url = wait_for(lambda: rt.endpoints("openfaas-fn", "classify"))[0]
+    broken = Readiness(False, "the handler failed to load: RuntimeError: broken setting")
+    monkeypatch.setattr(swarm_mod, "probe", lambda url, timeout_s=0.5: Readiness(True) if url == old_url else broken)
+    rt.apply(record(envVars={"BROKEN": "1"}))
+    rollout = wait_for(
+        lambda: (
+            (rt.rollout("openfaas-fn", "classify") or {}).get("state") == "Stalled"
+            and rt.rollout("openfaas-fn", "classify")
+        )
+    )
+    assert "broken setting" in rollout["message"] and rollout["oldReplicas"] == 1
+    assert rt.endpoints("openfaas-fn", "classify") == [old_url] and rt.problem("openfaas-fn", "classify") is None
+    assert first["ID"] in rt.fake.services_
+    rt.apply(record())  # the previous spec again: its service is the current one, the new one goes
+    wait_for(lambda: rt.rollout("openfaas-fn", "classify") is None and len(rt.fake.services()) == 1)
+    assert rt.fake.services()[0]["ID"] == first["ID"]
 
 
 def test_check_refuses_what_swarm_cannot_run(rt):

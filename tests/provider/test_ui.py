@@ -227,6 +227,28 @@ def test_status_aggregates_functions_units_scheduler_and_procurement(cluster):
     assert s["datastore"] == {"ok": True}
 
 
+def test_a_function_idle_on_purpose_is_idle_not_red_not_ready(cluster):
+    """Scaled to zero (0 replicas desired) is a state a function is put in, not a failure: the
+    page says Idle in a neutral badge; Not Ready stays for replicas asked for that do not serve."""
+    idle, starting, failed = record("idle", replicas=0), record("starting"), record("failed")
+    cluster.store = FakeStore([idle, starting, failed])
+    problems = {"failed": {"state": "StartFailed", "message": "the handler failed to load: boom"}}
+
+    def status(r):
+        out = r.status(available=0, invocations=0)
+        if r.name in problems:
+            out["faasGpuStatus"] = problems[r.name]
+        return out
+
+    cluster.status = status
+    collected = StatusCollector(cluster, session=FakeSession({SCHED: scheduler_status()})).collect()
+    fns = {f["name"]: f for f in collected["functions"]["items"]}
+    assert fns["idle"]["state"] == "Idle" and fns["starting"]["state"] == "Not Ready"
+    assert fns["failed"]["state"] == "StartFailed" and "boom" in fns["failed"]["message"]
+    script = (STATIC / "ui.js").read_text()
+    assert 'state === "Idle" ? "neutral"' in script and ".badge.neutral" in (STATIC / "ui.css").read_text()
+
+
 def test_the_leader_is_asked_and_a_scheduler_away_or_no_token_only_empties_its_part(cluster):
     other = "http://sched-b.test:9000"
     cluster.config.scheduler_url = f"{other},{SCHED}"

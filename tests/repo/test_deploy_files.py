@@ -497,3 +497,130 @@ def test_dockers_own_stack_loader_reads_the_swarm_file():
     assert manager["deploy"]["placement"]["constraints"] == ["node.labels.gpu == true"]
     assert manager["hostname"] == "{{.Node.Hostname}}"
     assert manager["environment"]["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+# -- the datastore is no back door: etcd and Redis take no anonymous client (issue 41) -------------------
+
+DATASTORE_SECRETS = ("etcd-credentials", "redis-credentials")
+
+
+def _enable_auth_args(argv: list[str]) -> list[str] | None:
+    """The arguments of a `faas-gpu datastore enable-auth` command line; None for any other."""
+    return argv[3:] if argv[:3] == ["faas-gpu", "datastore", "enable-auth"] else None
+
+
+def _parses_as_enable_auth(args: list[str]) -> bool:
+    from provider.datastore_cli import _parser
+
+    try:
+        _parser().parse_args(["enable-auth", *args])
+    except SystemExit:
+        return False
+    return True
+
+
+def test_no_deploy_file_puts_a_datastore_password_on_a_command_line():
+    """A login in a URL shows in `ps` on the node (and to a replica beside the daemon): the
+    files hand the daemons theirs as secret files, read from their state folder's secrets/."""
+    for where, _daemon, args in _all_commands():
+        for flag in ("--etcd", "--redis"):
+            url = _flag(args, flag)
+            assert url is None or "@" not in url, f"{where}: {flag} {url}"
+
+
+def test_compose_turns_etcd_auth_on_and_gives_redis_an_acl_before_any_daemon_starts():
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    init = services["credentials"]
+    args = _enable_auth_args(init["command"])
+    assert args is not None and _parses_as_enable_auth(args)
+    assert _flag(args, "--etcd") == "http://127.0.0.1:2379"
+    acl = _flag(args, "--redis-acl")
+    assert "faas-gpu-state:/var/lib/faas-gpu" in init["volumes"]  # the daemons' logins land in secrets/
+    acl_volume = next(v for v in init["volumes"] if v.split(":")[1] == str(Path(acl).parent))
+    redis = services["redis"]
+    assert _flag(redis["command"], "--aclfile") == acl
+    assert any(v.startswith(acl_volume.split(":")[0] + ":") and v.endswith(":ro") for v in redis["volumes"])
+    assert "faas-gpu-state:/var/lib/faas-gpu" not in redis["volumes"]  # Redis sees its ACL, no secret
+    assert redis["depends_on"]["credentials"]["condition"] == "service_completed_successfully"
+    for where, _daemon, _args in _compose_commands(COMPOSE):
+        name = where.split(":")[1]
+        assert services[name]["depends_on"]["credentials"]["condition"] == "service_completed_successfully", name
+    assert "endpoint" in services["etcd"]["healthcheck"]["test"] and "status" in services["etcd"]["healthcheck"]["test"]
+
+
+def _shell_acl(command: str, credentials: Path, tmp_path: Path) -> str:
+    """Run a file's Redis start command with its login file at `credentials`, up to redis-server."""
+    script = command.replace("$$", "$")  # compose's escape (Kubernetes leaves $(...) of no variable)
+    script = re.sub(r"/(run/secrets|etc/redis-login)/redis-credentials", str(credentials), script)
+    script = script.replace("/tmp/users.acl", str(tmp_path / "users.acl"))
+    script = re.sub(r"exec docker-entrypoint\.sh redis-server.*", "true", script)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return (tmp_path / "users.acl").read_text()
+
+
+def test_swarm_and_kubernetes_build_redis_the_acl_faas_gpu_writes(tmp_path):
+    """The same ACL as `faas_gpu.credentials.redis_acl` (the tests' Redis and compose's): default
+    user off, the daemons' user on faas-gpu:* with its password hashed; a ':' in it kept."""
+    from faas_gpu.credentials import Login, redis_acl
+
+    credentials = tmp_path / "redis-credentials"
+    credentials.write_text("faas-gpu:pa:ss")  # as `docker secret create` gets it: no newline
+    expected = redis_acl(Login("faas-gpu", "pa:ss"))
+    swarm_redis = yaml.safe_load(SWARM.read_text())["services"]["redis"]
+    assert swarm_redis["command"][:2] == ["sh", "-c"] and "--aclfile /tmp/users.acl" in swarm_redis["command"][2]
+    assert _shell_acl(swarm_redis["command"][2], credentials, tmp_path) == expected
+    assert swarm_redis["secrets"] == ["redis-credentials"]
+    container = _workloads()["redis"]["spec"]["template"]["spec"]["containers"][0]
+    assert _shell_acl(container["command"][2], credentials, tmp_path) == expected
+
+
+def test_swarm_turns_etcd_auth_on_and_only_daemons_hold_the_logins():
+    swarm = yaml.safe_load(SWARM.read_text())
+    services = swarm["services"]
+    args = _enable_auth_args(services["etcd-auth"]["command"])
+    assert args is not None and _parses_as_enable_auth(args)
+    assert services["etcd-auth"]["deploy"]["restart_policy"]["condition"] == "on-failure"
+    holders = {
+        name: {s if isinstance(s, str) else s["source"] for s in service.get("secrets", [])}
+        for name, service in services.items()
+    }
+    assert {"etcd-credentials", "redis-credentials"} <= holders["faas-gpu"]
+    for name in ("scheduler", "gpu-manager"):
+        assert "etcd-credentials" in holders[name] and "redis-credentials" not in holders[name], name
+    allowed = {"faas-gpu", "scheduler", "gpu-manager", "etcd-auth", "redis"}
+    for name, held in holders.items():
+        if held & set(DATASTORE_SECRETS):
+            assert name in allowed, f"{name} is given a datastore login"
+    assert all(swarm["secrets"][s] == {"external": True} for s in (*DATASTORE_SECRETS, "etcd-root-password"))
+
+
+def test_kubernetes_turns_etcd_auth_on_with_a_job_and_mounts_the_logins_in_the_daemons_alone():
+    jobs = {doc["metadata"]["name"]: doc for _, doc in _kubernetes_objects() if doc["kind"] == "Job"}
+    container = jobs["etcd-auth"]["spec"]["template"]["spec"]["containers"][0]
+    args = _enable_auth_args(container["args"])
+    assert args is not None and _parses_as_enable_auth(args)
+    for name, workload in _workloads().items():
+        spec = workload["spec"]["template"]["spec"]
+        sources = [
+            source["secret"]
+            for volume in spec.get("volumes", [])
+            for source in volume.get("projected", {}).get("sources", [])
+            if "secret" in source
+        ]
+        datastore = [s for s in sources if s["name"] == "faas-gpu-datastore"]
+        if name in ("scheduler", "gpu-manager"):
+            assert datastore and [i["key"] for i in datastore[0]["items"]] == ["etcd-credentials"], name
+        elif name == "faas-gpu":
+            assert datastore and "items" not in datastore[0]  # both logins
+    example = {doc["metadata"]["name"]: doc for doc in _yaml_documents(KUBERNETES / "secrets.yaml.example")}
+    assert set(example["faas-gpu-datastore"]["stringData"]) == set(DATASTORE_SECRETS)
+    assert set(example["etcd-root"]["stringData"]) == {"root-password"}
+
+
+def test_the_entry_point_copies_the_datastore_logins(tmp_path):
+    out = _entrypoint(tmp_path, {"etcd-credentials": "faas-gpu:pw", "redis-credentials": "faas-gpu:pw2"}, "true")
+    assert out.returncode == 0, out.stderr
+    for name in DATASTORE_SECRETS:
+        copied = tmp_path / "home" / "secrets" / name
+        assert copied.read_text().startswith("faas-gpu:") and copied.stat().st_mode & 0o777 == 0o600

@@ -14,6 +14,7 @@ from faas_gpu import client
 from faas_gpu.contract import headers as h
 from faas_gpu.contract.lease import Lease, sign, token_sha256
 from faas_gpu.contract.wire import encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.paths import REPO_ROOT
@@ -30,7 +31,7 @@ def test_a_function_sends_its_batches_to_the_leased_unit_and_falls_back_to_the_s
     manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "8")
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
-    ds = open_datastore(etcd_server.url)
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
     creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     token = creds.issue("openfaas-fn", "classify")
     other = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'other')}"}
@@ -68,6 +69,8 @@ def test_a_function_sends_its_batches_to_the_leased_unit_and_falls_back_to_the_s
         assert requests.post(url, headers={**fn, h.CLASS: "best-effort"}, timeout=5).status_code == 204
         assert requests.post(url, headers=other, timeout=5).status_code == 403
         assert requests.post(url, timeout=5).status_code == 401
+        deep = requests.post(url, headers=fn, data=b"[" * 100_000 + b"]" * 100_000, timeout=30)
+        assert deep.status_code == 400 and "nested too deeply" in deep.text  # issue 41: was a 500
 
         # the manager: the function's token alone, or with a lease for something else, runs nothing
         job = f"{manager.url}/v1/jobs/{digest}"
@@ -111,3 +114,13 @@ def test_a_function_sends_its_batches_to_the_leased_unit_and_falls_back_to_the_s
         assert plain._lease is None
     finally:
         ds.close()
+
+
+def test_leased_batch_reports_that_are_not_a_measured_time_are_not_learnt():
+    """A function reports its leased batches' execution times, which the scheduler learns for the
+    model (shared with other functions): NaN, infinity or beyond an hour is no measurement."""
+    from scheduler.metrics import SchedulerMetrics
+
+    metrics = SchedulerMetrics("lalb")
+    ran = [[1, 200, "nan", True, ""], [1, 200, "inf", True, ""], [1, 200, 1e9, True, ""], [2, 200, 0.004, True, ""]]
+    assert metrics.leased("d" * 64, "m", "f.openfaas-fn", ran) == [0.004]

@@ -15,6 +15,7 @@ import requests
 import torch
 
 from faas_gpu.contract.wire import decode, encode
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.models import ModelStore
 from scheduler.core import Scheduler
@@ -47,7 +48,8 @@ def test_jobs_are_placed_by_lalb_and_hit_the_cache(cluster):
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
     data, model = scripted_resnet(1)
-    digest = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()["digest"]
+    up = requests.put(f"{sched.url}/v1/models", data=data, headers=auth, timeout=30).json()
+    digest, kept = up["digest"], up["size"]  # TorchScript is kept as its canonical (stored) archive
     x = torch.randn(3, 3, 32, 32)
     r1 = requests.post(f"{sched.url}/v1/jobs/{digest}", data=encode(x), headers=auth, timeout=60)
     assert r1.status_code == 200, r1.text
@@ -59,7 +61,7 @@ def test_jobs_are_placed_by_lalb_and_hit_the_cache(cluster):
     status = requests.get(f"{sched.url}/v1/status", headers=auth, timeout=10).json()
     (state,) = [m for m in status["models"] if m["digest"] == digest]
     assert state["state"] == "loaded" and state["unit"] == f"n1/{r1.headers['X-Faas-Gpu-Unit']}"
-    assert state["size"] == len(data) and state["load_s"] == round(float(r1.headers["X-Faas-Gpu-Load-Seconds"]), 3)
+    assert state["size"] == kept and state["load_s"] == round(float(r1.headers["X-Faas-Gpu-Load-Seconds"]), 3)
     assert state["function"] == "cluster" and status["uploading"] == []
     bad = requests.post(
         f"{sched.url}/v1/jobs/{digest}", data=encode(torch.randn(1, 4, 32, 32)), headers=auth, timeout=60
@@ -205,7 +207,7 @@ def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_serve
     manager = start("gpu_manager", "--node", "n1", "--units", "2", "--unit-memory-mb", "2")
     sched = start("scheduler")
     wait_units(sched.url, auth, 2)
-    ds = open_datastore(etcd_server.url)
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
     creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     fn = {"Authorization": f"Bearer {creds.issue('openfaas-fn', 'classify')}"}
     try:
@@ -276,7 +278,7 @@ def test_metrics_count_jobs_batches_slo_queues_and_the_cache(cluster, etcd_serve
             assert got[("nv_gpu_memory_total_bytes", _labels(gpu_uuid=u))] == 2 * 1024**2  # the emulated budget
             assert 0.0 <= got[("nv_gpu_utilization", _labels(gpu_uuid=u))] <= 1.0
         used = sum(got[("nv_gpu_memory_used_bytes", _labels(gpu_uuid=u))] for u in units)
-        assert used == pytest.approx(len(data), rel=1e-6)  # the one cached model's artifact
+        assert used == pytest.approx(up.json()["size"], rel=1e-6)  # the one cached model's artifact, as kept
     finally:
         creds.revoke("openfaas-fn", "classify")
         ds.close()

@@ -63,8 +63,10 @@ def test_replicas_get_every_announced_scheduler_beside_the_given_one(tmp_path):
         body = {"service": "env", "image": "x", "envProcess": "cat"}
         assert requests.post(f"{stack.url}/system/functions", json=body, auth=stack.auth, timeout=10).status_code == 202
         stack.wait_ready("env")
-        (pid_file,) = (home / "run").glob("*/*/pid")
-        environ = Path(f"/proc/{int(pid_file.read_text())}/environ").read_bytes().split(b"\0")
+        (pid_file,) = (home / "run").glob("*/*/pid")  # the replica's launcher: its one child is the watchdog
+        launcher = int(pid_file.read_text())
+        (watchdog,) = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+        environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
         assert f"FAAS_GPU_SCHEDULER_URL={GIVEN},http://127.0.0.1:{port}".encode() in environ
     finally:
         if stack is not None:

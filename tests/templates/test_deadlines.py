@@ -48,3 +48,11 @@ def test_calls_that_end_in_time_do_not_pile_up():
     kept = timer.add(far, lambda: None)
     assert len(timer) == 1 and len(timer._heap) < 2100  # compacted, not 5,001 entries
     timer.cancel(kept)
+
+
+def test_a_request_waits_no_longer_than_a_poll_can():
+    """`exec_timeout: 2000000h` (Go's durations reach 2562047h) overflowed the watchdog's poll on
+    every call: a wait is at most the poll's longest (24.8 days)."""
+    durations = load("fwatchdog_durations_cap", TEMPLATES_DIR / "python3-gpu" / "faas_gpu_watchdog" / "durations.py")
+    assert durations.request_timeout(2_000_000 * 3600.0, None) == durations.MAX_WAIT_S
+    assert durations.request_timeout(30.0, "2000000h") == 30.0

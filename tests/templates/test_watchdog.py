@@ -21,6 +21,8 @@ import requests
 
 from faas_gpu.paths import TEMPLATES_DIR
 from faas_gpu.ports import free_port
+from provider.runtime.launch import dockerfile_env
+from tests.module_files import load
 
 TEMPLATE = TEMPLATES_DIR / "python3-gpu"
 
@@ -217,6 +219,89 @@ def test_ready_waits_for_the_function_and_health_follows_lock(watchdogs, functio
     assert requests.get(f"{wd.url}/_/health", timeout=5).status_code == 503
 
 
+def test_ready_says_why_when_the_handler_failed_to_load(watchdogs, function_dir, serve_env):
+    """The template's readiness check (its Dockerfile's `ready_path`): 500 and the handler's error
+    while it cannot load, so a runtime never calls the replica Ready (faas_gpu.contract.readiness);
+    200 once it has loaded. In http mode the watchdog proxies the check, in process it calls it."""
+    ready_path = dockerfile_env(TEMPLATE / "Dockerfile")["ready_path"]
+    (function_dir / "function" / "handler.py").write_text('raise RuntimeError("broken setting")\n')
+    wd = watchdogs(serve_env(ready_path=ready_path), cwd=function_dir, wait=False)
+    deadline = time.monotonic() + 30
+    while (r := _get(f"{wd.url}/_/ready")) is None or r.status_code == 503:
+        assert time.monotonic() < deadline, wd.output()
+        time.sleep(0.1)
+    assert r.status_code == 500 and "the handler failed to load: RuntimeError: broken setting" in r.text
+    good = watchdogs(serve_env(ready_path=ready_path), cwd=_fresh_copy(function_dir))
+    assert requests.get(f"{good.url}/_/ready", timeout=5).status_code == 200
+
+
+def _get(url: str) -> requests.Response | None:
+    try:
+        return requests.get(url, timeout=5)
+    except requests.ConnectionError:
+        return None
+
+
+def _fresh_copy(function_dir: Path) -> Path:
+    ctx = function_dir.parent / f"{function_dir.name}-good"
+    shutil.copytree(function_dir, ctx, ignore=shutil.ignore_patterns("__pycache__"))
+    (ctx / "function" / "handler.py").write_text(textwrap.dedent(HANDLER))
+    return ctx
+
+
+def test_each_call_is_logged_as_of_watchdog_logs_it(watchdogs, function_dir, serve_env):
+    """of-watchdog's line per call (executor/http_runner.go): method, request URI, the status
+    with its text, the body's size as go-units' HumanSize, the time; `[call id]` with log_callid."""
+    wd = watchdogs(serve_env(), cwd=function_dir)
+    r = requests.post(f"{wd.url}/any?x=1", data=b"hi", timeout=10)
+    assert r.status_code == 201
+    line = f"POST /any?x=1 - 201 Created - ContentLength: {len(r.content)}B ("
+    _wait_for(wd, line)
+    assert re.search(re.escape(line) + r"\d+\.\d{4}s\)$", wd.output(), re.M), wd.output()
+    assert "/_/ready" not in wd.output()  # the probes are not calls
+    traced = watchdogs(serve_env(log_callid="true"), cwd=function_dir)
+    requests.post(f"{traced.url}/t", headers={"X-Call-Id": "call-42"}, timeout=10)
+    requests.get(f"{traced.url}/none", timeout=10)
+    _wait_for(traced, "GET /none - 200 OK - ContentLength: 0B (")
+    assert re.search(r"POST /t - 201 Created - ContentLength: \d+B \(\d+\.\d{4}s\) \[call-42\]", traced.output())
+    assert re.search(r"GET /none - 200 OK - ContentLength: 0B \(\d+\.\d{4}s\) \[none\]", traced.output())
+
+
+def _wait_for(wd: Watchdog, text: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in wd.output():
+        assert time.monotonic() < deadline, wd.output()
+        time.sleep(0.05)
+
+
+def test_human_size_is_go_units():
+    human_size = load("faas_gpu_watchdog_status", TEMPLATE / "faas_gpu_watchdog" / "status.py").human_size
+
+    assert [human_size(n) for n in (0, 2, 999, 1000, 1234, 12345, 999_999, 1_500_000)] == [
+        "0B", "2B", "999B", "1kB", "1.234kB", "12.35kB", "1000kB", "1.5MB",
+    ]  # fmt: skip
+
+
+def test_status_lines_carry_gos_reason_phrases(watchdogs, function_dir):
+    """The watchdog is Go's server in OpenFaaS: `418 I'm a teapot`, `599 status code 599`, and its
+    own `400 Bad Request` whatever went wrong (Python's tables say otherwise)."""
+    (function_dir / "function" / "handler.py").write_text(
+        "def handle(event, context):\n    return {'statusCode': int(event.path.strip('/')), 'body': 'x'}\n"
+    )
+    wd = watchdogs(inproc_env(), cwd=function_dir)
+    conn = http.client.HTTPConnection("127.0.0.1", wd.port, timeout=10)
+    for code, reason in ((401, "Unauthorized"), (418, "I'm a teapot"), (422, "Unprocessable Entity"),
+                         (511, "Network Authentication Required"), (599, "status code 599")):  # fmt: skip
+        conn.request("POST", f"/{code}", body=b"")
+        r = conn.getresponse()
+        r.read()
+        assert (r.status, r.reason) == (code, reason)
+    conn.close()
+    with socket.create_connection(("127.0.0.1", wd.port), timeout=10) as sock:
+        sock.sendall(b"POST /\r\n\r\n")
+        assert sock.recv(65536).split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request"
+
+
 def test_run_healthcheck_flag(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, str(TEMPLATE / "fwatchdog.py"), "-run-healthcheck"]
@@ -402,7 +487,7 @@ def test_inproc_scripts_that_cannot_serve(tmp_path, function_dir, handler_py, fp
         deadline = time.monotonic() + 30
         while True:
             try:
-                r = requests.post(url, timeout=5)
+                r = requests.post(url, timeout=60)  # the first call waits for index.py to load
                 break
             except requests.ConnectionError:
                 assert time.monotonic() < deadline

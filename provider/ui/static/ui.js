@@ -33,6 +33,12 @@
   }
 
   // -- functions ----------------------------------------------------------------------------
+  // Ready green; Idle (scaled to zero on purpose) neutral; anything else (Not Ready, StartFailed,
+  // CrashLooping, ...) red
+  function badgeClass(state) {
+    return state === "Ready" ? "Ready" : state === "Idle" ? "neutral" : "bad";
+  }
+
   function renderFunctions(fns) {
     const rows = fns.items.map((f) => {
       const att = f.slo.attainment;
@@ -45,7 +51,9 @@
         "tr",
         { dataset: { function: f.name, namespace: f.namespace } },
         el("td", {}, el("strong", { className: "fn-name" }, f.name), el("span", { className: "muted" }, "." + f.namespace)),
-        el("td", { title: f.message }, el("span", { className: "badge " + (f.state === "Ready" ? "Ready" : "bad") }, f.state)),
+        el("td", { title: f.message },
+          el("span", { className: "badge " + badgeClass(f.state) }, f.state),
+          f.rollout ? el("span", { className: "badge rollout " + (f.rollout === "Stalled" ? "busy" : "") }, "rollout " + f.rollout.toLowerCase()) : ""),
         el("td", { className: "num replicas" }, `${f.availableReplicas}/${f.replicas}`),
         el("td", { className: "num invocations" }, String(f.invocations)),
         el("td", { className: "num rate" }, fmt(f.ratePerSecond, 2)),

@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 import tempfile
 
-from .durations import parse_duration
+from .durations import MAX_WAIT_S
+from .durations import parse_duration as _parse
+
+
+def parse_duration(value: str, name: str) -> float:
+    """A setting's duration, no longer than the longest wait a poll takes (`MAX_WAIT_S`)."""
+    return min(_parse(value, name), MAX_WAIT_S)
+
 
 MODES = ("http", "streaming", "serializing", "classic", "inproc")
 
@@ -42,6 +49,8 @@ class Config:
         default_ct = "text/plain" if self.mode == "classic" else "application/octet-stream"
         self.content_type = env.get("content_type", default_ct)
         self.ready_path = env.get("ready_path", "")
+        callid = env.get("log_callid", "")
+        self.log_callid = callid == "1" or callid.lower() == "true" or callid == "t"
         self.max_body_bytes = int(env.get("max_body_bytes", str(20 * 1024 * 1024)))
         self.combine_output = env.get("combine_output", "true").lower() != "false"
         self.lock_path = os.path.join(tempfile.gettempdir(), ".lock")

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from .durations import request_timeout
 from .fork import fork
 from .inproc import serve_inproc
+from .logs import log
 from .proxy import HOP_BY_HOP, proxy
 from .request_head import parse_request
+from .status import reason, request_line
 
 if TYPE_CHECKING:
     from .watchdog import Watchdog
@@ -41,8 +43,18 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     wd: Watchdog
 
-    def log_message(self, format, *args):  # noqa: A002 — of-watchdog logs no access lines
+    sent = 0
+    """The body length of the last answer written (of-watchdog's per-request line logs it)."""
+    function_answered = True
+    """Whether the call's answer came from the function (http mode logs a line only then)."""
+
+    def log_message(self, format, *args):  # noqa: A002 — http.server's access lines: of-watchdog has its own
         pass
+
+    def send_response_only(self, code, message=None):
+        """The status line with Go's reason phrase, whatever reason the caller had in mind
+        (`send_error` passes its explanation as the reason; Go writes `400 Bad Request`)."""
+        super().send_response_only(code, reason(code))
 
     def setup(self) -> None:
         super().setup()
@@ -87,6 +99,7 @@ class Handler(BaseHTTPRequestHandler):
         self._headers_buffer.append(b"\r\n")
         if self.command != "HEAD":
             self._headers_buffer.append(body)
+        self.sent = len(body)
         self.flush_headers()
 
     def request_timeout(self) -> float:
@@ -147,12 +160,14 @@ class Handler(BaseHTTPRequestHandler):
                 code = 413
                 self.close_connection = True
                 return self.reply(413, f"request body is larger than {wd.cfg.max_body_bytes} bytes\n".encode())
+            self.function_answered = True
             if wd.cfg.mode == "inproc":
                 code = serve_inproc(self, body, t0)
             elif wd.cfg.mode == "http":
                 code = proxy(self, body, t0)
             else:
                 code = fork(self, body, t0)
+            self.log_call(code, time.monotonic() - t0)
         finally:
             with wd.inflight_lock:
                 wd.inflight -= 1
@@ -160,6 +175,18 @@ class Handler(BaseHTTPRequestHandler):
             if wd.metrics.enabled:
                 wd.metrics.in_flight.dec()
             wd.metrics.observe(code, self.command, time.monotonic() - t0)
+
+    def log_call(self, code: int, seconds: float) -> None:
+        """of-watchdog's one line per call, once the function answered (none for a kubelet's
+        probe, whose User-Agent starts `kube-probe`; the classic watchdog has its own lines)."""
+        mode = self.wd.cfg.mode
+        if mode == "classic" or not self.function_answered:
+            return
+        if (self.headers.get("User-Agent") or "").startswith("kube-probe"):
+            return
+        call_id = (self.headers.get("X-Call-Id") or "none") if self.wd.cfg.log_callid else None
+        text = mode in ("http", "inproc")
+        log(request_line(self.command, self.path, code, self.sent, seconds, text=text, call_id=call_id))
 
     def health(self) -> None:
         if self.command != "GET":
@@ -180,6 +207,14 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(503, b"function not loaded yet\n")
         if wd.cfg.mode == "http" and not wd.upstream.up():
             return self.reply(503, b"upstream not ready\n")
+        if wd.cfg.ready_path and wd.cfg.mode == "inproc":
+            # of-watchdog calls its function handler with ready_path in every mode (pkg/readiness.go):
+            # here that is the function in this process
+            try:
+                status, headers, data = wd.function.call("GET", wd.cfg.ready_path, "", self.headers, b"")
+            except Exception as exc:  # noqa: BLE001 — a check that raises says the function cannot serve
+                return self.reply(500, f"ready_path {wd.cfg.ready_path} raised {type(exc).__name__}: {exc}\n".encode())
+            return self.reply(status, data if isinstance(data, bytes) else bytes(data), headers)
         if wd.cfg.ready_path and wd.cfg.mode == "http":
             try:
                 conn = http.client.HTTPConnection(*wd.upstream.address, timeout=5)

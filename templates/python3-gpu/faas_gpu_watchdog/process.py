@@ -1,5 +1,7 @@
 """Process supervision: the function process of http mode (forked once, its output logged, its
-exit the watchdog's), and every child dying with the watchdog, and the watchdog with its launcher."""
+exit the watchdog's), and every child dying with the watchdog. The watchdog dies with the stack
+that started it through its launcher (faas-gpu's sandbox sets its death signal before it starts
+the watchdog, and the replica's PID namespace ends with it), so it need not know the stack's pid."""
 
 from __future__ import annotations
 
@@ -33,16 +35,6 @@ def die_with_watchdog(watchdog_pid: int):
             os._exit(1)
 
     return set_death_signal
-
-
-def die_with_launcher() -> None:
-    """Under faas-gpu's runtime (FAAS_GPU_PARENT_PID): this replica dies with the provider that
-    started it, even by kill -9, and its handler with it (a restarted provider starts anew)."""
-    parent = os.environ.get("FAAS_GPU_PARENT_PID", "")
-    if parent.isdigit():
-        _set_death_signal()
-        if os.getppid() != int(parent):
-            os._exit(1)
 
 
 class HttpChild:

@@ -75,6 +75,7 @@ def proxy(h: Handler, body: bytes, t0: float) -> int:
             break
         except TimeoutError:
             upstream.drop()
+            h.function_answered = False  # of-watchdog logs its own line for these, not the call's
             msg = f"Timeout after {time.monotonic() - t0:.3f}s waiting for the function\n"
             h.reply(504, msg.encode(), [("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}")])
             return 504
@@ -84,6 +85,7 @@ def proxy(h: Handler, body: bytes, t0: float) -> int:
             if attempt == 2 or not isinstance(
                 exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
             ):
+                h.function_answered = False
                 h.reply(
                     500,
                     f"Can't reach service for: {exc}\n".encode(),

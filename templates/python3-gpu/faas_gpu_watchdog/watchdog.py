@@ -16,7 +16,7 @@ from .front import Handler, Server
 from .inproc import InProcess
 from .logs import Captured, log
 from .metrics import Metrics
-from .process import HttpChild, die_with_launcher
+from .process import HttpChild
 from .proxy import Upstream
 
 
@@ -47,7 +47,6 @@ class Watchdog:
 
 
 def serve(cfg: Config) -> None:
-    die_with_launcher()
     wd = Watchdog(cfg)
     Handler.wd = wd
     server = Server((cfg.bind_address, cfg.port), Handler)

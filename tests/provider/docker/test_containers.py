@@ -43,7 +43,7 @@ def test_a_label_that_clashes_with_an_annotation_is_refused_as_faasd_refuses_it(
         plan(record(labels={"com.openfaas.annotations.x": "1"}, annotations={"x": "2"}))
 
 
-def test_env_fprocess_gpu_settings_and_the_functions_own_token():
+def test_env_fprocess_gpu_settings_and_the_functions_own_token_as_a_file():
     rec = record(
         envProcess="python index.py",
         envVars={"exec_timeout": "30s", "FAAS_GPU_MAX_BATCH": "4"},
@@ -53,7 +53,9 @@ def test_env_fprocess_gpu_settings_and_the_functions_own_token():
     assert p.env["fprocess"] == "python index.py"
     assert p.env["exec_timeout"] == "30s" and p.env["FAAS_GPU_MAX_BATCH"] == "4"
     assert p.env["FAAS_GPU_SCHEDULER_URL"] == "http://10.0.0.1:8091"
-    assert p.env["FAAS_GPU_TOKEN"] == "fn-token"
+    # a file in the container, never its env (a function may print its env to anyone)
+    assert "FAAS_GPU_TOKEN" not in p.env and "fn-token" not in p.env.values()
+    assert p.env["FAAS_GPU_TOKEN_FILE"] == "/var/openfaas/faas-gpu/token" and p.token == "fn-token"
     assert p.env["FAAS_GPU_SLO_MS"] == "250"
     assert p.env["FAAS_GPU_FUNCTION"] == "classify" and p.env["FAAS_GPU_NAMESPACE"] == "openfaas-fn"
     assert p.env["metrics_port"] == "0"  # of-watchdog's fixed 8081 would clash on the host network
@@ -62,7 +64,19 @@ def test_env_fprocess_gpu_settings_and_the_functions_own_token():
 
 def test_no_fprocess_leaves_the_images_own_and_no_scheduler_means_no_token():
     p = plan(record(), token="fn-token")
-    assert "fprocess" not in p.env and "FAAS_GPU_TOKEN" not in p.env
+    assert "fprocess" not in p.env and "FAAS_GPU_TOKEN" not in p.env and "FAAS_GPU_TOKEN_FILE" not in p.env
+    assert p.token is None
+    spec = replica_container(p, replica_id="r", port=1, upstream_port=2, token_source="/t/x")
+    assert spec.create_kwargs()["volumes"] == {}
+
+
+def test_the_token_folder_is_mounted_read_only_beside_the_secrets():
+    p = plan(record(secrets=["api-key"]), gpu_env={"FAAS_GPU_SCHEDULER_URL": "http://10.0.0.1:8091"}, token="t")
+    spec = replica_container(p, replica_id="r", port=1, upstream_port=2, secrets_source="/s/x", token_source="/t/x")
+    assert spec.create_kwargs()["volumes"] == {
+        "/s/x": {"bind": SECRETS_PATH, "mode": "ro"},
+        "/t/x": {"bind": "/var/openfaas/faas-gpu", "mode": "ro"},
+    }
 
 
 def test_each_replica_gets_its_own_ports_and_an_instances_env_on_top():

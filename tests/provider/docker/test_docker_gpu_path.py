@@ -46,7 +46,7 @@ def test_classify_runs_as_a_container_through_the_gpu_path(docker_host, tmp_path
     env = {
         **os.environ,
         "FAAS_GPU_HOME": str(tmp_path / "home"),
-        "FAAS_GPU_CONFIG": str(tmp_path / "config"),
+        "FAAS_GPU_CONFIG": str(tmp_path / "config.yml"),
         "upstream_timeout": "180s",  # the gateway waits out the first call (the model loads)
     }
 
@@ -67,7 +67,7 @@ def test_classify_runs_as_a_container_through_the_gpu_path(docker_host, tmp_path
         [c] = containers(host, "classify")
         env_of = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
         assert f"http://127.0.0.1:{ports['scheduler']}" in env_of["FAAS_GPU_SCHEDULER_URL"]
-        assert env_of["FAAS_GPU_TOKEN"]
+        assert env_of["FAAS_GPU_TOKEN_FILE"] and "FAAS_GPU_TOKEN" not in env_of  # a file, not the env
 
         def invoke(seed: int) -> requests.Response:
             return requests.post(

@@ -76,10 +76,16 @@ def test_echo_runs_as_a_container_with_openfaas_labels_env_and_its_own_token(sta
     assert env["FAAS_GPU_SCHEDULER_URL"].startswith("http://127.0.0.1:9")
     own = (stack.home / "secrets" / "function-tokens").rglob("*")
     tokens = {p.read_text().strip() for p in own if p.is_file()}
-    assert env["FAAS_GPU_TOKEN"] in tokens  # the function's own token ...
+    # the function's own token, as a read-only file (never in the env a function may print) ...
+    assert "FAAS_GPU_TOKEN" not in env and env["FAAS_GPU_TOKEN_FILE"] == "/var/openfaas/faas-gpu/token"
+    token = c.exec_run(["cat", "/var/openfaas/faas-gpu/token"]).output.decode().strip()
+    assert token in tokens and not any(t in "\n".join(env.values()) for t in tokens)
     cluster = stack.home / "secrets" / "gpu-manager-token"
     if cluster.exists():
-        assert env["FAAS_GPU_TOKEN"] != cluster.read_text().strip()  # ... never the cluster's
+        assert token != cluster.read_text().strip()  # ... never the cluster's
+    # and nothing else of the host: no state folder, no daemon's credentials
+    assert [(m["Destination"], m["RW"]) for m in c.attrs["Mounts"]] == [("/var/openfaas/faas-gpu", False)]
+    assert not {"FAAS_GPU_HOME", "FAAS_GPU_ETCD", "FAAS_GPU_REDIS"} & set(env)
     assert env["port"] == labels["com.faas-gpu.port"]  # a port of its own on the host network
 
 
@@ -185,7 +191,9 @@ def test_scale_up_and_down(stack, host):
 
 
 def test_rolling_update_serves_throughout(stack, host):
-    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}})
+    # one replica, whatever the load: CE's alert rule would scale this loop's load up meanwhile
+    one = {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"}
+    stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "1"}, "labels": one})
     stack.wait_ready("rolling")
     [old] = containers(host, "rolling")
     failures: list = []
@@ -200,7 +208,9 @@ def test_rolling_update_serves_throughout(stack, host):
     t = threading.Thread(target=load)
     t.start()
     try:
-        stack.deploy({"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}}, "PUT")
+        stack.deploy(
+            {"service": "rolling", "image": "faas-gpu/echo:latest", "envVars": {"VERSION": "2"}, "labels": one}, "PUT"
+        )
 
         def rolled():
             cs = containers(host, "rolling")
@@ -246,6 +256,11 @@ def test_logs_come_from_the_engine(stack):
         30,
     )
     assert texts[0]["instance"].startswith("echo-") and texts[0]["namespace"] == "openfaas-fn"
+
+
+def test_system_info_says_the_docker_engine_runs_the_functions(stack):
+    info = stack.request("GET", "/system/info").json()
+    assert info["provider"]["orchestration"] == "docker", info
 
 
 def test_unknown_image_is_refused_at_deploy(stack):
