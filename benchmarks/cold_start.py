@@ -22,10 +22,16 @@ of its own whose handlers load for 0 s and for 8 s (`wake-fast`, `wake-slow`), e
   step, and the seconds until the rate settles (first second from which every 2-second mean is
   within 15% of the last 10 seconds' mean).
 
+- **broken rollout**: `rolling` (3 replicas, min = max = 3) under a closed loop of callers gets a
+  version whose handler raises at import (an env setting); once `describe`'s rollout says Stalled,
+  `faas-gpu rollback` restores it; `broken_rollout_failed_calls` is every call of the loop not
+  answered 200, from before the broken deploy until the old version is settled again;
+- **up unchanged**: `benchmarks/up_unchanged.py`'s `measure()`: `faas-gpu up` twice on a stack of
+  its own (fresh state folder, free ports), the second offline; `up_unchanged_s` is the second.
+
 Measurements are functions in `MEASUREMENTS`, each taking the running `Bench` and the arguments
-and returning the figures it adds to the JSON; a new one is a function and a line there. Figures
-another part of issue 46 measures (a broken rollout under load, `up` of an unchanged stack) are
-in the JSON as null with a note until their measurement is added here.
+and returning the figures it adds to the JSON; a new one is a function and a line there.
+`--quick` is a short run of all of them (a check that it runs to the end, not figures).
 
 Prints what it measures; the last line is one JSON object. The machine is shared: the figures are
 this run's.
@@ -54,6 +60,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import up_unchanged  # noqa: E402
 from faas_gpu.contract import headers as h  # noqa: E402
 from faas_gpu.http1 import Connection, ProtocolError  # noqa: E402
 from tests.daemon_process import Daemon  # noqa: E402
@@ -72,6 +79,20 @@ TIMEOUT_S = {"echo": 30.0, "classify": 30.0, "embed": 60.0, "wake-fast": 60.0, "
 """Each function's timeout (its exec_timeout): a wake-up answered 200 later than this is not a success."""
 ZERO = {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "30m"}
 STEP_CLIENTS = 32
+ROLLOUT_CLIENTS = 4
+ROLLOUT_LABELS = {"com.openfaas.scale.min": "3", "com.openfaas.scale.max": "3"}
+"""min = max = 3: the loop would otherwise scale it (CE's alert rule), which is not this measurement."""
+
+ROLLING_HANDLER = """
+import os
+
+if os.environ.get("BROKEN"):
+    raise RuntimeError("broken setting: BROKEN=" + os.environ["BROKEN"])
+
+
+def handle(event, context):
+    return "v" + os.environ.get("VERSION", "0")
+"""
 
 WAKE_MODEL = """
 import torch
@@ -172,6 +193,9 @@ def project(root: Path) -> None:
     (root / "wake" / "model.py").write_text(WAKE_MODEL)
     (root / "wake" / "handler.py").write_text(WAKE_HANDLER)
     (root / "wake" / "requirements.txt").write_text("")
+    (root / "rolling").mkdir()
+    (root / "rolling" / "handler.py").write_text(ROLLING_HANDLER)
+    (root / "rolling" / "requirements.txt").write_text("")
     examples = yaml.safe_load((REPO / "stack.yml").read_text())["functions"]
     functions = {}
     for name in EXAMPLES:
@@ -190,6 +214,13 @@ def project(root: Path) -> None:
             "annotations": {"com.faas-gpu.model": "wake-mlp", "com.faas-gpu.slo-ms": "500"},
             "environment": {"LOAD_SECONDS": f"{load_s:g}", "exec_timeout": f"{TIMEOUT_S[name]:g}s"},
         }
+    functions["rolling"] = {
+        "lang": "python3-gpu",
+        "handler": "./rolling",
+        "image": "bench/rolling:latest",
+        "labels": ROLLOUT_LABELS,
+        "environment": {"VERSION": "1"},
+    }
     stack = {"version": 1.0, "provider": {"name": "openfaas"}, "functions": functions}
     (root / "stack.yml").write_text(yaml.safe_dump(stack, sort_keys=False))
 
@@ -399,19 +430,107 @@ def settled_at(rates: list[int], band: float = 0.15) -> float | None:
     return None
 
 
+def broken_rollout(bench: Bench, args: argparse.Namespace) -> dict:
+    """A broken version over three good replicas under load, then `faas-gpu rollback`: every call
+    of the loop not answered 200, and how long the stall and the rollback took."""
+    bench.deploy("rolling")
+    bench.stack.wait_ready("rolling", timeout_s=180, replicas=3)
+    spec = yaml.safe_load((bench.root / "stack.yml").read_text())
+    broken = dict(spec["functions"]["rolling"])
+    broken["environment"] = {"VERSION": "2", "BROKEN": "yes"}
+    (bench.root / "broken.yml").write_text(yaml.safe_dump({**spec, "functions": {"rolling": broken}}))
+    failed: Counter = Counter()
+    ok = [0]
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def caller() -> None:
+        session = requests.Session()
+        while not stop.is_set():
+            try:
+                r = session.post(f"{bench.stack.url}/function/rolling", data=b"x", timeout=60)
+                code = r.status_code
+                text = r.text[:80] if code != 200 else ""
+            except requests.RequestException as exc:
+                code, text = 0, str(exc)[:80]
+            with lock:
+                if code == 200:
+                    ok[0] += 1
+                else:
+                    failed[f"{code} {text}"] += 1
+
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(ROLLOUT_CLIENTS)]
+    for t in threads:
+        t.start()
+    stalled_s = restored_s = None
+    try:
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        bench.cli("deploy", "-f", "broken.yml", "--gateway", bench.stack.url)
+        deadline = t0 + 120
+        while time.monotonic() < deadline:
+            if (bench.status("rolling").get("faasGpuRollout") or {}).get("state") == "Stalled":
+                stalled_s = round(time.monotonic() - t0, 2)
+                break
+            time.sleep(0.2)
+        t1 = time.monotonic()
+        bench.cli("rollback", "rolling", "--gateway", bench.stack.url)
+        while time.monotonic() < t1 + 60:
+            st = bench.status("rolling")
+            if (
+                "faasGpuRollout" not in st
+                and st.get("availableReplicas") == 3
+                and st.get("envVars", {}).get("VERSION") == "1"
+            ):
+                restored_s = round(time.monotonic() - t1, 2)
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(70)
+    bench.remove("rolling")
+    failures = sum(failed.values())
+    print(
+        f"broken rollout: {ok[0]} calls answered 200, {failures} not {dict(failed)}; stalled after {stalled_s}s, "
+        f"rolled back in {restored_s}s",
+        flush=True,
+    )
+    return {
+        "broken_rollout_failed_calls": failures,
+        "broken_rollout_ok_calls": ok[0],
+        "broken_rollout_stalled_s": stalled_s,
+        "broken_rollout_restored_s": restored_s,
+    }
+
+
+def up_unchanged_stack(bench: Bench, args: argparse.Namespace) -> dict:
+    """`faas-gpu up` of an unchanged stack, offline: `benchmarks/up_unchanged.py`'s measurement
+    (its own state folder and ports, beside this benchmark's stack)."""
+    out = up_unchanged.measure()
+    print(f"up: first {out['up_first_s']}s, unchanged (offline) {out['up_unchanged_s']}s; rebuilt {out['rebuilt']}")
+    return {"up_unchanged_s": out["up_unchanged_s"], "up_first_s": out["up_first_s"], "up_rebuilt": out["rebuilt"]}
+
+
 MEASUREMENTS: dict[str, Callable[[Bench, argparse.Namespace], dict]] = {
     "wake_ups": wake_ups,
     "load_step": load_step,
+    "broken_rollout": broken_rollout,
+    "up_unchanged": up_unchanged_stack,
 }
 """Each measurement's figures are merged into the JSON line, in this order."""
 
-PENDING = {
-    "broken_rollout_failed_calls": "a broken version deployed over a good one under load: measured by issue 46's "
-    "readiness-gated rollouts, not yet part of this benchmark",
-    "up_unchanged_s": "`faas-gpu up` of an unchanged stack: measured by issue 46's incremental `up`, not yet part "
-    "of this benchmark",
-}
-"""Figures the issue asks of this benchmark that another measurement will add (null until then)."""
+KEYS = (
+    "wake_success_pct",
+    "wake_p99_s",
+    "broken_rollout_failed_calls",
+    "load_step_504s",
+    "load_step_settle_s",
+    "up_unchanged_s",
+)
+"""The figures issue 46 asks of this benchmark's JSON line: always there (null when a measurement was
+skipped or did not reach them)."""
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -440,9 +559,8 @@ def run(args: argparse.Namespace) -> dict:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"kept {root}")
-    for key, note in PENDING.items():
+    for key in KEYS:
         out.setdefault(key, None)
-        out.setdefault("notes", {})[key] = note
     return out
 
 
@@ -455,7 +573,10 @@ def main() -> None:
     p.add_argument("--step-idle", type=float, default=5.0, help="idle seconds before the step")
     p.add_argument("--skip", nargs="*", choices=list(MEASUREMENTS), help="measurements to leave out")
     p.add_argument("--keep", action="store_true", help="keep the project and state folder (logs)")
+    p.add_argument("--quick", action="store_true", help="2 wake-ups each, a 15 s step: that it runs to the end")
     args = p.parse_args()
+    if args.quick:
+        args.wakes, args.load_wakes, args.step_seconds, args.step_idle = 2, 2, 15.0, 2.0
     print(json.dumps(run(args)))
 
 
