@@ -16,6 +16,7 @@ import torch
 
 from faas_gpu import client
 from faas_gpu.contract import headers as h
+from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials
 from faas_gpu.paths import REPO_ROOT
@@ -43,7 +44,8 @@ def test_a_second_replica_reuses_the_first_ones_upload_and_another_function_cann
     start("gpu_manager", "--node", "n1", "--units", "1", "--unit-memory-mb", "64")
     sched = start("scheduler")
     wait_units(sched.url, auth, 1)
-    creds = FunctionCredentials(open_datastore(etcd_server.url), tmp_path / "function-tokens")
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
+    creds = FunctionCredentials(ds, tmp_path / "function-tokens")
     token, other = creds.issue("openfaas-fn", "classify"), creds.issue("openfaas-fn", "other")
     x = torch.randn(1, 3, 32, 32)
     exports: list[str] = []
