@@ -12,8 +12,7 @@ build (embed) or an image (printenv): echo and classify, classify without its mo
 (so that no profile is taken: what deploy does without one is another part of issue 46); or
 `--stack FILE`. `--no-gpu` by default
 (the GPU path's daemons start in the first run either way; the second finds them running).
-`measure_up(stack_file, home, ports)` is what another benchmark calls (benchmarks/cold_start.py's
-`up_unchanged_s`).
+`measure()` is what another benchmark calls (benchmarks/cold_start.py's `up_unchanged_s`).
 
 The last line is one JSON object: {"up_first_s", "up_unchanged_s", "functions", "rebuilt"}.
 """
@@ -77,18 +76,17 @@ def _stack(out: Path, names: list[str]) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stack", type=Path, help="a stack file (default: the repository's echo and classify)")
-    p.add_argument("--gpu", action="store_true", help="start the GPU Manager and scheduler too (cpu back end)")
-    opts = p.parse_args(argv)
+def measure(stack_file: Path | None = None, gpu: bool = False) -> dict:
+    """`up` twice on a fresh state folder and free ports (the second offline), then `down`:
+    {"up_first_s", "up_unchanged_s", "functions", "rebuilt"} (`stack_file`: default the
+    repository's echo and classify; `gpu`: the GPU Manager and scheduler on the cpu back end)."""
     with tempfile.TemporaryDirectory(prefix="up-unchanged-") as tmp:
         root = Path(tmp)
-        stack_file = opts.stack.resolve() if opts.stack else _stack(root, ["echo", "classify"])
+        stack_file = stack_file.resolve() if stack_file else _stack(root, ["echo", "classify"])
         functions = sorted(yaml.safe_load(stack_file.read_text())["functions"])
         home = root / "state"
         ports = ["--gateway-port", str(free_port()), "--provider-port", str(free_port()), "--metrics-port", "0"]
-        if opts.gpu:
+        if gpu:
             ports += ["--backend", "cpu", "--gpu-manager-port", str(free_port()), "--scheduler-port", str(free_port())]
         else:
             ports.append("--no-gpu")
@@ -104,12 +102,21 @@ def main(argv: list[str] | None = None) -> int:
                 capture_output=True,
                 timeout=300,
             )
-    print(f"faas-gpu up, first run (daemons started, functions built): {first:.2f} s")
-    print(f"faas-gpu up, unchanged stack, pip forbidden from any index:   {unchanged:.2f} s")
-    print(f"images built again by the second run: {rebuilt or 'none'}")
-    print(json.dumps({"up_first_s": round(first, 2), "up_unchanged_s": round(unchanged, 2), "functions": functions,
-                      "rebuilt": rebuilt}))  # fmt: skip
-    return 0 if not rebuilt else 1
+    return {"up_first_s": round(first, 2), "up_unchanged_s": round(unchanged, 2), "functions": functions,
+            "rebuilt": rebuilt}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stack", type=Path, help="a stack file (default: the repository's echo and classify)")
+    p.add_argument("--gpu", action="store_true", help="start the GPU Manager and scheduler too (cpu back end)")
+    opts = p.parse_args(argv)
+    out = measure(opts.stack, opts.gpu)
+    print(f"faas-gpu up, first run (daemons started, functions built): {out['up_first_s']:.2f} s")
+    print(f"faas-gpu up, unchanged stack, pip forbidden from any index:   {out['up_unchanged_s']:.2f} s")
+    print(f"images built again by the second run: {out['rebuilt'] or 'none'}")
+    print(json.dumps(out))
+    return 0 if not out["rebuilt"] else 1
 
 
 if __name__ == "__main__":

@@ -39,7 +39,13 @@ def app_timeouts(environ: dict[str, str]) -> dict[str, float]:
 
 @dataclass
 class LocalBatching:
-    """The instance's own batch size and timeout (set per instance by the INFless autoscaler)."""
+    """The instance's own batch size and timeout (set per instance by the INFless autoscaler).
+
+    No `BatchBound` here: on the instance's CPU path a batch-1 plan runs its calls in parallel on
+    the request threads, and holding them for a batch serialises them; for a model whose small
+    batches cost more than their rows apart (a deep MLP at batch 2-5 took 1-1.5 s against 0.15 s
+    at batch 1 here: the weights repacked per call), that served 6 calls/s against 9 in parallel.
+    The bound is the GPU path's, where a unit runs one batch at a time anyway."""
 
     max_batch: int
     timeout_s: float
@@ -54,6 +60,67 @@ class LocalBatching:
         if max_batch <= 1:
             return None
         return cls(max_batch, env.batch_timeout_s(environ), app_timeouts(environ))
+
+
+BOUND_CAP = 64
+"""The most rows a batch takes from the queue however fast the model measures (an instance's
+request threads, `contract.env.instance_threads`, hold as many calls)."""
+BOUND_SAMPLES = 16
+"""Batch sizes whose measured times `BatchBound` keeps (the most recently seen)."""
+
+
+class BatchBound:
+    """How many queued rows one batch may take: the largest batch whose measured time fits half
+    the SLO, never below the planned batch size.
+
+    Why: the autoscaler plans each instance's batch size from the load it has seen; a step of load
+    it has not seen (idle to 32 callers) queues calls in front of an instance planned at batch 1,
+    and until the plan follows they wait one batch of one at a time and miss their deadlines.
+    Triton's dynamic batcher and Ray Serve's `@serve.batch` take whatever is queued, up to their
+    maximum, when the model is free; here the maximum is what the SLO allows on this instance:
+    INFless's own rule t_exec <= t_slo / 2 (a call that waits out one batch and runs in the next
+    still meets its SLO), on the batch times the instance measures. Times are fitted as
+    fixed + per-row x rows over the sizes seen (one size seen: per-row only, which overstates a
+    larger batch's time, so the bound errs small); none seen: the planned size."""
+
+    def __init__(self, slo_s: float, floor: int, cap: int = BOUND_CAP, alpha: float = 0.3):
+        self.budget_s = slo_s / 2
+        self.floor = max(1, int(floor))
+        self.cap = max(self.floor, int(cap))
+        self.alpha = alpha
+        self._seen: dict[int, float] = {}  # rows -> smoothed seconds (insertion order: least recent first)
+        self._limit = self.floor
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A batch of `rows` took `seconds` (its own time: without a one-time upload or model load)."""
+        if rows < 1 or seconds <= 0:
+            return
+        prior = self._seen.pop(rows, None)
+        self._seen[rows] = seconds if prior is None else prior + self.alpha * (seconds - prior)
+        while len(self._seen) > BOUND_SAMPLES:
+            del self._seen[next(iter(self._seen))]
+        self._limit = self._fit()
+
+    def limit(self) -> int:
+        return self._limit
+
+    def _fit(self) -> int:
+        points = list(self._seen.items())
+        if len(points) == 1:
+            (b, t), fixed = points[0], 0.0
+            per_row = t / b
+        else:
+            n = len(points)
+            mb = sum(b for b, _ in points) / n
+            mt = sum(t for _, t in points) / n
+            var = sum((b - mb) ** 2 for b, _ in points)
+            per_row = sum((b - mb) * (t - mt) for b, t in points) / var
+            fixed = mt - per_row * mb
+            if per_row <= 0 or fixed < 0:  # noise: the slowest row rate seen, through the origin
+                fixed, per_row = 0.0, max(t / b for b, t in points)
+        if per_row <= 0:
+            return self.floor
+        return max(self.floor, min(self.cap, int((self.budget_s - fixed) / per_row)))
 
 
 def _held_lock() -> threading.Lock:
@@ -84,7 +151,12 @@ class BatchQueue:
     """The instance's batch queue: concurrent calls wait until `max_batch` rows are queued or one
     of them has waited its timeout, then run as one batch. INFless's built-in batching gives the
     instance one timeout (t_slo - t_exec); HarmonyBatch's groups give each application its own
-    (`timeouts`, by `current_app`), so a tight-SLO app does not wait as long as a loose one."""
+    (`timeouts`, by `current_app`), so a tight-SLO app does not wait as long as a loose one.
+
+    With an SLO (`slo_s`) the queue also batches what the plan did not foresee: at most `depth`
+    batches are in flight, calls that arrive meanwhile queue, and the next batch takes all of them
+    up to `BatchBound`'s limit (the largest batch whose measured time fits half the SLO), without
+    waiting for more. A load the autoscaler has not planned for is batched from its first seconds."""
 
     def __init__(
         self,
@@ -94,13 +166,22 @@ class BatchQueue:
         name: str = "batch-queue",
         timeouts: dict[str, float] | None = None,
         max_inflight: int = 1,
+        slo_s: float | None = None,
+        depth: int | None = None,
+        clock=time.monotonic,
     ):
+        """`clock` times the batches for the bound (the tests' own)."""
         self._run = run  # (x: Tensor, BatchClass) -> (y: Tensor, headers: dict)
+        self._clock = clock
         # batches sent on at once: 1 for a model run here; more for a remote one, whose queueing
         # (and class order) is the scheduler's
         self._slots = threading.Semaphore(max(1, max_inflight))
         self._parallel = max_inflight > 1
         self.max_batch = max(1, int(max_batch))
+        self.bound = BatchBound(slo_s, self.max_batch) if slo_s else None
+        # batches in flight at which calls are held to batch (none without an SLO: the slots alone)
+        self.depth = max(1, min(depth or max_inflight, max_inflight)) if self.bound is not None else max_inflight
+        self._busy = 0  # batches formed and not yet answered
         self.timeout_s = max(0.0, float(timeout_s))
         self.timeouts = {k: max(0.0, float(v)) for k, v in (timeouts or {}).items()}
         self._pending: list[_Call] = []
@@ -130,7 +211,7 @@ class BatchQueue:
             # the flush loop is woken only when this call changes what it waits for (the first
             # call, a full batch, an earlier deadline), not once per call
             if len(self._pending) == 1 or self._rows >= self.max_batch or call.deadline < self._first_deadline:
-                self._cv.notify()
+                self._cv.notify()  # (while batches are held, a call beyond max_batch may reach the bound)
             if call.deadline < self._first_deadline:
                 self._first_deadline = call.deadline
         call.done.acquire()
@@ -149,17 +230,23 @@ class BatchQueue:
                     if left <= 0:
                         break
                     self._cv.wait(left)
+                # busy downstream: calls that come meanwhile join this batch, up to the SLO's bound
+                # (more batches in flight would only queue unbatched where they run, and their
+                # times, which the bound is fitted on, would count that queue)
+                while self._busy >= self.depth:
+                    self._cv.wait()
             self._slots.acquire()  # the batch is formed once it can go: calls that came meanwhile count
             with self._cv:
                 # strict (or unclassed) calls first, best-effort ones behind, each in arrival order:
                 # the scheduler's class order would be lost if batches queued here in FIFO
                 self._pending.sort(key=lambda c: c.cls == "best-effort")
-                batch, rows = [], 0
-                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= self.max_batch):
+                batch, rows, limit = [], 0, self._limit()
+                while self._pending and (not batch or rows + self._pending[0].x.shape[0] <= limit):
                     call = self._pending.pop(0)
                     batch.append(call)
                     rows += call.x.shape[0]
                 self._rows -= rows
+                self._busy += 1
                 self._first_deadline = min((c.deadline for c in self._pending), default=float("inf"))
             if self._parallel:
                 self._hand_off(batch)
@@ -184,13 +271,20 @@ class BatchQueue:
             with self._pool_lock:
                 self._idle += 1
 
+    def _limit(self) -> int:
+        """Rows the next batch may take: the planned size, or the SLO's bound when it is larger."""
+        return self.max_batch if self.bound is None else max(self.max_batch, self.bound.limit())
+
     def _flush(self, batch: list[_Call]) -> None:
+        took = None
         try:
             x = torch.cat([c.x for c in batch]) if len(batch) > 1 else batch[0].x
+            t0 = self._clock()
             if tracing.enabled():
                 y, headers = self._traced_run(x, batch)
             else:
                 y, headers = self._run(x, _batch_class(batch))
+            took = (int(x.shape[0]), self._clock() - t0 - _one_time_s(headers))
             headers = {**headers, h.BATCH: str(x.shape[0])}
             start = 0
             for c in batch:
@@ -202,6 +296,11 @@ class BatchQueue:
                 c.error = exc
         finally:
             self._slots.release()
+            with self._cv:
+                self._busy -= 1
+                if took is not None and self.bound is not None:
+                    self.bound.observe(*took)
+                self._cv.notify()
         for c in batch:
             c.done.release()
 
@@ -219,6 +318,18 @@ class BatchQueue:
             attributes={"faas_gpu.batch.rows": int(x.shape[0]), "faas_gpu.batch.calls": len(batch)},
         ):
             return self._run(x, _batch_class(batch))
+
+
+def _one_time_s(headers: dict[str, str]) -> float:
+    """What a batch's time spent once (its replica's model upload, the model's load on a unit),
+    which is not the batch's own: a bound fitted on it would hold batches small for no reason."""
+    spent = 0.0
+    for name in (h.UPLOAD_SECONDS, h.LOAD_SECONDS):
+        try:
+            spent += float(headers.get(name) or 0.0)
+        except ValueError:
+            pass
+    return spent
 
 
 class BatchClass(NamedTuple):

@@ -42,6 +42,7 @@ the tensor wire format, the variables' defaults); it imports no daemon.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -82,6 +83,7 @@ from faas_gpu.saving import (  # noqa: F401 — save_model and explain_pickle: n
     explain_pickle,
     export_program,
     save_model,
+    source_digest,
 )
 
 log = logging.getLogger("faas_gpu.client")
@@ -97,6 +99,10 @@ SCHEDULER_TIMEOUT_S = 300.0  # one request to a scheduler (its own job timeout i
 ANSWER_MARGIN_S = 0.5  # a strict batch gives up this long before the watchdog's timeout (less for short ones)
 REPORT_AFTER_S = 1.0  # leased batches are told to the scheduler at most this long after
 MAX_REPORTED = 4096  # leased batches told to the scheduler with one ask (more between two asks are not counted)
+REMOTE_DEPTH = 2
+"""Batches of one instance in flight at which its next calls are held to batch (with an SLO): a
+unit runs one batch at a time, so a third batch would only queue at the unit, unbatched; two keep
+the unit busy across the round trip. FAAS_GPU_MAX_INFLIGHT still caps the batches in flight."""
 
 
 @dataclass
@@ -114,6 +120,7 @@ class ClientConfig:
     model_name: str | None = None  # sent as X-Faas-Gpu-Model: FAAS_GPU_PROTEAN_MODEL, else FAAS_GPU_MODEL
     leases: bool = env.LEASES.default  # ask for placement leases and send batches to the GPU Manager
     call_timeout_s: float = env.EXEC_TIMEOUT.default  # the watchdog's timeout of a call (0: none)
+    batch_bound: bool = env.BATCH_BOUND.default  # queued calls batch up to the SLO's bound (`BatchBound`)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig | None:
@@ -134,6 +141,7 @@ class ClientConfig:
             model_name=env.PROTEAN_MODEL.read(environ) or env.MODEL.read(environ),
             leases=env.LEASES.read(environ),
             call_timeout_s=env.EXEC_TIMEOUT.read(environ),
+            batch_bound=env.BATCH_BOUND.read(environ),
         )
 
 
@@ -188,6 +196,7 @@ class RemoteModel(torch.nn.Module):
         self._report_timer: threading.Timer | None = None
         self._upload_lock = threading.Lock()
         self._refused: NotConvertible | None = None  # said once, then at once on every call
+        self._looked_up = False  # the digest came from an earlier replica's upload (`_known`)
         self._queue = BatchQueue(
             self._run,
             config.max_batch,
@@ -195,6 +204,8 @@ class RemoteModel(torch.nn.Module):
             name="remote-batch",
             timeouts=config.app_timeouts,
             max_inflight=config.max_inflight,
+            slo_s=config.slo_ms / 1000 if config.slo_ms and config.batch_bound else None,
+            depth=REMOTE_DEPTH,
         )
         self.batch: BatchLimits | None = None  # what the model accepts, once its artifact is read
         if artifact is not None:
@@ -220,19 +231,53 @@ class RemoteModel(torch.nn.Module):
             return self._upload(example)
 
     def _upload(self, example: torch.Tensor) -> str:
+        """The artifact's digest on the scheduler: one an earlier replica of this function uploaded
+        for the same source (`_known`: no export, no upload), else exported here and uploaded."""
         if self._digest:
             return self._digest
         if self._refused is not None:
             raise self._refused
+        source = self._source(example)
+        known = self._known(source) if source is not None else None
+        if known is not None:
+            self._digest, self._looked_up = known, True
+            return known
         if self._artifact is None:
             self._artifact = self._export(example)
         self._keep_batch(check_sendable(self._artifact, type(self.local).__name__))
-        r = self._request("PUT", "/v1/models", data=self._artifact)
+        headers = {h.MODEL_SOURCE: source} if source is not None else {}
+        r = self._request("PUT", "/v1/models", data=self._artifact, headers=headers)
         answer = r.json()
         if "batch" in answer:  # the scheduler's own reading; an older one says nothing
             self._keep_batch(BatchLimits.from_json(answer["batch"]))
-        self._digest = answer["digest"]
+        self._digest, self._looked_up = answer["digest"], False
         return self._digest
+
+    def _source(self, example: torch.Tensor) -> str | None:
+        """What the artifact is made from: the loaded file's own bytes, or the module the handler
+        built (`source_digest`: its code, weights and input), as a SHA-256."""
+        if self._artifact is not None:
+            return hashlib.sha256(self._artifact).hexdigest()
+        try:
+            return source_digest(self.local, example)
+        except Exception:  # noqa: BLE001 — no digest only means exporting as before
+            log.debug("no source digest for %s", type(self.local).__name__, exc_info=True)
+            return None
+
+    def _known(self, source: str) -> str | None:
+        """The digest this function uploaded for `source` (a replica before this one), or None: a
+        scheduler that does not know it (or an older one without the route) costs one request."""
+        try:
+            r = self._request("GET", f"/v1/model-sources/{source}")
+        except (RemoteError, requests.RequestException):
+            return None
+        answer = r.json() if r.headers.get("Content-Type", "").startswith("application/json") else {}
+        digest = answer.get("digest") if isinstance(answer, dict) else None
+        if not isinstance(digest, str):
+            return None
+        # the batch its program accepts, as the upload would have said (issue 43)
+        self._keep_batch(BatchLimits.from_json(answer.get("batch")))
+        return digest
 
     def _export(self, example: torch.Tensor) -> bytes:
         """The module as a torch.export program (`export_program`); NotConvertible, kept for later
@@ -323,8 +368,29 @@ class RemoteModel(torch.nn.Module):
 
     def _run(self, x: torch.Tensor, cls: tuple = BatchClass()) -> tuple[torch.Tensor, dict]:
         t0 = time.monotonic()
+        uploaded = self._digest is not None
         digest = self._ensure_uploaded(x)
         cold_s = time.monotonic() - t0  # the model's one-time export and upload: a cold start, not queueing
+        try:
+            y, shown = self._send(x, cls, digest, cold_s, t0)
+        except RemoteError as exc:
+            if exc.status != 404 or not self._looked_up:
+                raise
+            # the artifact an earlier replica uploaded is gone from the scheduler: export and upload it
+            log.info("faas-gpu: the model's earlier artifact %s… is gone; uploading it again", digest[:12])
+            with self._upload_lock:
+                if self._digest == digest:
+                    self._digest, self._looked_up = None, False
+            digest = self._ensure_uploaded(x)
+            cold_s = time.monotonic() - t0
+            y, shown = self._send(x, cls, digest, cold_s, t0)
+        if not uploaded:  # this batch paid for the artifact: its answer says how long (a cold start's part)
+            shown = {**shown, h.UPLOAD_SECONDS: f"{cold_s:.3f}"}
+        return y, shown
+
+    def _send(
+        self, x: torch.Tensor, cls: tuple, digest: str, cold_s: float, t0: float
+    ) -> tuple[torch.Tensor, dict[str, str]]:
         kind, slo_ms, arrived, app = BatchClass(*cls)
         kind = kind or self.config.default_class
         slo_ms = slo_ms or self.config.slo_ms

@@ -9,8 +9,10 @@ user-side helpers do not grow the client's request path, and the checks are the 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -52,6 +54,52 @@ def export_program(module: torch.nn.Module, example: torch.Tensor, where: str = 
             f"convert it{' ' + where if where else ''} ({type(exc).__name__}: {first})"
         ) from exc
     return buf.getvalue()
+
+
+SOURCE_FOLDER_FILES = 50
+"""A class's folder whose .py files are all hashed into a source digest (a function's handler folder);
+a larger one (a library's) contributes the class's own file only."""
+
+
+def source_digest(module: torch.nn.Module, example: torch.Tensor) -> str | None:
+    """The SHA-256 of what `export_program(module, example)` is made from, or None when it cannot
+    be told (a tensor whose bytes cannot be read): the torch version, the input's shape (without
+    the batch) and dtype, the module's mode, the code of every submodule's class (the file that
+    defines it, with the other .py files of a function-sized folder beside it, which a forward may
+    call into; torch's own classes by name, the torch version standing for their code), and every
+    parameter and buffer byte. Two replicas that would export the same program compute the same
+    digest, so a later one can ask the scheduler for the artifact an earlier one uploaded instead
+    of exporting again (`scheduler.sources`): the export is seconds of every cold start.
+
+    What it cannot see is code a forward reaches outside those files (a pip package's function);
+    a new version of such code without a change to the model's own files keeps the old artifact."""
+    digest = hashlib.sha256()
+    digest.update(f"faas-gpu source/1 torch {torch.__version__}\n".encode())
+    digest.update(f"input {tuple(example.shape[1:])} {example.dtype}; training {module.training}\n".encode())
+    files: set[Path] = set()
+    for sub in module.modules():
+        cls = type(sub)
+        digest.update(f"class {cls.__module__}.{cls.__qualname__}\n".encode())
+        if cls.__module__.split(".")[0] == "torch":
+            continue
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if file:
+            here = Path(file)
+            siblings = sorted(here.parent.glob("*.py"))
+            files.update(siblings if len(siblings) <= SOURCE_FOLDER_FILES else [here])
+    for path in sorted(files):
+        try:
+            digest.update(f"file {path.name}\n".encode() + path.read_bytes())
+        except OSError:
+            return None
+    try:
+        for name, t in module.state_dict().items():
+            t = t.detach().cpu().contiguous()
+            digest.update(f"tensor {name} {t.dtype} {tuple(t.shape)}\n".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError, AttributeError):  # a quantized or otherwise unreadable tensor
+        return None
+    return digest.hexdigest()
 
 
 def save_model(module: torch.nn.Module, example: torch.Tensor, path: str | os.PathLike) -> Path:

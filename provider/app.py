@@ -126,6 +126,7 @@ def build_provider(config: ProviderConfig) -> Provider:
             gpus=config.gpus,
             node=socket.gethostname(),
             wall=scaled_wall(config.keepalive_time_scale),
+            time_scale=config.keepalive_time_scale,
         ),
         HarmonyPools(
             config.harmony_coefficients or home / "harmony-models.json",

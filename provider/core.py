@@ -26,7 +26,7 @@ from .scaling import ScalingRouter
 from .scaling.replicas import alert_replicas
 from .store import FunctionStore, SecretStore
 from .types import FunctionDeployment, FunctionRecord, ValidationError, validate_name
-from .validation import clamp_replicas, gateway_scale_bounds, scale_factor
+from .validation import clamp_replicas, gateway_scale_bounds, scale_factor, zero_after_s
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +136,16 @@ class Provider:
     ) -> tuple[FunctionRecord, str | None]:
         """Scale within com.openfaas.scale.min/max; the message says so when the request was clamped.
 
-        The provider API refuses 0 as faas-netes CE does; the gateway routes (`gateway`) clamp as
-        the CE gateway does (gateway/scaling/ranges.go): 0 becomes the minimum, and with no
-        `com.openfaas.scale.max` the maximum is CE's 5 (`validation.gateway_scale_bounds`)."""
+        The provider API refuses 0 as faas-netes CE does, except for a function labelled
+        `com.openfaas.scale.zero: "true"`, which goes to zero as OpenFaaS Pro's provider takes it
+        there; the gateway routes (`gateway`) clamp as the CE gateway does
+        (gateway/scaling/ranges.go): 0 becomes the minimum, and with no `com.openfaas.scale.max` the
+        maximum is CE's 5 (`validation.gateway_scale_bounds`)."""
         if not isinstance(body, dict):
             raise ValidationError("body: must be a ScaleServiceRequest JSON object")
         replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ValidationError("replicas: must be a non-negative integer")
-        if replicas == 0 and not gateway:
-            raise ValidationError("replicas: cannot be set to 0 in OpenFaaS CE")
         service = body.get("serviceName") or path_name
         if not isinstance(service, str):
             raise ValidationError("serviceName: must be a string")
@@ -155,8 +155,14 @@ class Provider:
             if record is None:
                 raise NotFoundError(f"function {name}.{ns} not found")
             labels = record.deployment.labels
+            to_zero = replicas == 0 and not gateway and zero_after_s(labels) is not None
+            if replicas == 0 and not gateway and not to_zero:
+                raise ValidationError(
+                    "replicas: cannot be set to 0 in OpenFaaS CE "
+                    '(only a function labelled com.openfaas.scale.zero: "true" goes to zero)'
+                )
             bounds = gateway_scale_bounds(labels) if gateway else record.deployment.scale_bounds()
-            record.replicas, clamped = clamp_replicas(replicas, bounds)
+            record.replicas, clamped = (0, None) if to_zero else clamp_replicas(replicas, bounds)
             self.store.put(record)
         return self._apply_replicas(record), clamped
 

@@ -25,7 +25,16 @@ from faas_gpu.datastore import DatastoreUnavailable
 from .callbacks import Callback, CallbackDispatcher, Outcome, parse_callback_url
 from .core import Provider
 from .inflight import TooManyInFlight
-from .invoke import NotFound, ReplicaDropped, ReplicaError, ReplicaRefused, ReplicaTimeout, Result, Unavailable
+from .invoke import (
+    ColdStartTimeout,
+    NotFound,
+    ReplicaDropped,
+    ReplicaError,
+    ReplicaRefused,
+    ReplicaTimeout,
+    Result,
+    Unavailable,
+)
 from .metrics import GatewayMetrics
 from .scaling.harmony import APP_HEADER, APPS, BadApp, parse_apps
 
@@ -217,25 +226,33 @@ class InvocationApp:
         body: bytes,
         wait_for_slot: bool = False,
     ) -> Result:
+        cold_s = 0.0
         try:
             t0 = time.monotonic()
             waited = not self.invoker.runtime.endpoints(*key)  # for a replica to start or restart
-            url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
+            target = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
+            cold_s = target.cold_s
             status = None
             try:
-                if url is None:
-                    result = _error(503, f"No endpoints available for: {raw_name}.")
-                else:
-                    wait_s = float("inf") if wait_for_slot else 0.0
-                    if waited:  # capacity that was on its way: a short wait for it, not a 429
-                        wait_s = max(wait_s, self.invoker.ready_timeout_s - (time.monotonic() - t0))
-                    result = self._at_replicas(key, url, method, path, query, headers, body, wait_s)
-                    status = result.status
-                    self.invoker.count(key)
+                wait_s = float("inf") if wait_for_slot else 0.0
+                if waited:  # capacity that was on its way: a short wait for it, not a 429
+                    wait_s = max(wait_s, self.invoker.ready_timeout_s - (time.monotonic() - t0))
+                result = self._at_replicas(key, target.url, method, path, query, headers, body, wait_s)
+                status = result.status
+                self.invoker.count(key)
             finally:
                 self.invoker.done(key, status)
+            if cold_s:
+                result.headers.append((h.COLD_START_SECONDS, f"{cold_s:.3f}"))
         except TooManyInFlight as exc:  # its ready replicas are full (max_inflight): refused, as they would
             result = _error(429, str(exc))
+        except ColdStartTimeout as exc:  # the call said why, and how long it waited
+            result = _error(
+                503,
+                f"No endpoints available for: {raw_name}: cold start: no replica became ready within "
+                f"{exc.waited_s:.1f}s (the gateway's ready timeout); see `faas-gpu describe {key[1]}` and its logs",
+            )
+            result.headers.append((h.COLD_START_SECONDS, f"{exc.waited_s:.3f}"))
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
         except Unavailable as exc:  # crash-looping or failing to start: say so at once
@@ -245,7 +262,10 @@ class InvocationApp:
         except DatastoreUnavailable as exc:  # a function not known here yet, or one to scale from zero
             result = _error(503, f"{exc}; retry later")
         except ReplicaTimeout:
-            result = _error(504, f"Timeout reaching service for: {raw_name}.")
+            after = f" (after a cold start of {cold_s:.1f}s waiting for a replica)" if cold_s else ""
+            result = _error(504, f"Timeout reaching service for: {raw_name}.{after}")
+            if cold_s:
+                result.headers.append((h.COLD_START_SECONDS, f"{cold_s:.3f}"))
         except ReplicaError:  # refused past the ready timeout, dropped and not resent
             result = _error(502, f"Can't reach service for: {raw_name}.")
         return result

@@ -22,7 +22,17 @@ from .store import FunctionStore
 from .types import split_namespace
 from .upstream import ReplicaConnections, ReplicaDropped, ReplicaError, ReplicaRefused, ReplicaTimeout, request_target
 
-__all__ = ["Invoker", "NotFound", "ReplicaDropped", "ReplicaError", "ReplicaRefused", "ReplicaTimeout", "Result"]
+__all__ = [
+    "ColdStartTimeout",
+    "Endpoint",
+    "Invoker",
+    "NotFound",
+    "ReplicaDropped",
+    "ReplicaError",
+    "ReplicaRefused",
+    "ReplicaTimeout",
+    "Result",
+]
 
 log = logging.getLogger(__name__)
 KNOWN_TTL_S = 1.0
@@ -58,6 +68,22 @@ class NotFound(Exception):
 
 class Unavailable(Exception):
     """The function cannot serve for a reason of its own (crash-looping, failing to start): 503."""
+
+
+class ColdStartTimeout(Exception):
+    """No replica of a function at zero (or still starting) became ready within the gateway's wait."""
+
+    def __init__(self, waited_s: float):
+        super().__init__(f"cold start: no replica became ready within {waited_s:.1f}s")
+        self.waited_s = waited_s
+
+
+@dataclass
+class Endpoint:
+    """Where a call goes, and how long it waited for a replica to start (0: one was ready)."""
+
+    url: str
+    cold_s: float = 0.0
 
 
 class Invoker:
@@ -155,28 +181,39 @@ class Invoker:
             counter = self._rr.setdefault(key, itertools.count())
         return endpoints[next(counter) % len(endpoints)]
 
-    def endpoint(self, key: tuple[str, str], scale_up, headers: dict[str, str] | None = None) -> str | None:
-        """A ready replica; a function scaled to zero or still starting is waited for.
+    def endpoint(self, key: tuple[str, str], scale_up, headers: dict[str, str] | None = None) -> Endpoint:
+        """A ready replica; a function scaled to zero or still starting is waited for, up to the
+        ready timeout: a call at zero is demand (`scale_up` starts what serves it, and the call is
+        counted in flight meanwhile, so no scaling decision takes that replica away).
 
-        The dispatcher may add to `headers` (the request's application) and raises BadApp for
-        a request class it cannot place (the caller answers 400). Once it returns, the caller
-        calls `done(key)` when the request is over."""
+        Raises ColdStartTimeout when none became ready in time, Unavailable when the function
+        cannot start. The dispatcher may add to `headers` (the request's application) and raises
+        BadApp for a request class it cannot place (the caller answers 400). Once it returns, the
+        caller calls `done(key)` when the request is over."""
         if not self.exists(key):
             raise NotFound(key)
         if self.dispatcher is not None:
             self.dispatcher.arrived(key, headers)
         try:
             url = self.pick(key, headers)
-            if url is None:
-                scale_up(key)
-                if self.runtime.wait_ready(*key, self.ready_timeout_s):
-                    url = self.pick(key, headers)
-                elif (problem := self.runtime.problem(*key)) is not None:
-                    raise Unavailable(problem["message"])
+            if url is not None:
+                return Endpoint(url)
+            t0 = time.monotonic()
+            scale_up(key)
+            deadline = t0 + self.ready_timeout_s
+            while url is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.runtime.wait_ready(*key, left):
+                    if (problem := self.runtime.problem(*key)) is not None:
+                        raise Unavailable(problem["message"])
+                    raise ColdStartTimeout(time.monotonic() - t0)
+                url = self.pick(key, headers)  # None: the ready one was not the dispatcher's (yet)
+                if url is None:
+                    time.sleep(0.01)
+            return Endpoint(url, time.monotonic() - t0)
         except BaseException:
             self.done(key)
             raise
-        return url
 
     def done(self, key: tuple[str, str], status: int | None = None) -> None:
         """The request `endpoint` counted has been answered with `status` or has failed (None):

@@ -21,6 +21,11 @@ Limits and why:
   leave room for the daemon's own environment.
 - `com.openfaas.scale.max` (and `.min`) at most MAX_REPLICAS (1000): faas-netes has no cap, but one
   node of local processes (or a cluster of GPU instances) cannot run more; a larger value is a typo.
+  A `com.openfaas.scale.min` of 0 is read as faas-netes reads it (`getMinReplicaCount` ignores a
+  value below 1): the default minimum, 1. Going to zero is `com.openfaas.scale.zero`.
+- `com.openfaas.scale.zero` / `com.openfaas.scale.zero-duration`: OpenFaaS Pro's scale to zero (CE
+  refuses them; faas-gpu runs them, `faas_gpu.policies.scale_zero`): true/false, and a Go duration
+  from 1 s to MAX_ZERO_AFTER_S (15m when unset).
 - SLOs and batch timeouts at most MAX_SLO_MS (one hour, the policies' bound on any SLO), batch
   sizes at most MAX_BATCH_SIZE (1024; both in `faas_gpu.contract`).
 """
@@ -42,6 +47,7 @@ from faas_gpu.contract.annotations import (  # noqa: F401 — the rules' home; n
 from faas_gpu.contract.annotations import show as _show
 from faas_gpu.contract.duration import parse_duration
 from faas_gpu.contract.errors import ValidationError
+from faas_gpu.policies.scale_zero import DEFAULT_ZERO_AFTER_S
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LEN = 63
@@ -59,11 +65,13 @@ RESOURCE_KEYS = ("memory", "cpu", "nvidia.com/gpu", "amd.com/gpu", "intel.com/gp
 # a decimal one (n u m k M G T P E) or an exponent (e3, E-2).
 QUANTITY_RE = re.compile(r"^\+?(?P<num>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?\d+)?$")
 CE_FORBIDDEN_LABELS = (
-    "com.openfaas.scale.zero",
-    "com.openfaas.scale.zero-duration",
     "com.openfaas.scale.target",
     "com.openfaas.scale.type",
 )
+"""OpenFaaS Pro's labels for its own autoscaler (rps/capacity/cpu targets), which faas-gpu does not run."""
+SCALE_ZERO_LABEL = "com.openfaas.scale.zero"
+SCALE_ZERO_DURATION_LABEL = "com.openfaas.scale.zero-duration"
+MAX_ZERO_AFTER_S = 7 * 24 * 3600.0
 SCALE_MIN_LABEL = "com.openfaas.scale.min"
 SCALE_MAX_LABEL = "com.openfaas.scale.max"
 SCALE_FACTOR_LABEL = "com.openfaas.scale.factor"
@@ -87,12 +95,22 @@ largest as `time.ParseDuration` refuses them (else stored, then every call faile
 WATCHDOG_COUNTS = ("max_inflight", "max_body_bytes")
 """The watchdogs' whole-number settings (0: none)."""
 
+
+def _zero_duration(where: str, raw: str) -> None:
+    ann.duration(where, raw)
+    if not 1.0 <= parse_duration(raw.strip()) <= MAX_ZERO_AFTER_S:
+        raise ValidationError(f"{where} must be from 1s to {MAX_ZERO_AFTER_S / 3600:g}h, got {_show(raw)}")
+
+
 SCALE_LABELS: dict[str, Check] = {
-    SCALE_MIN_LABEL: ann.integer(1, MAX_REPLICAS, "a whole number of replicas"),
+    SCALE_MIN_LABEL: ann.integer(0, MAX_REPLICAS, "a whole number of replicas"),
     SCALE_MAX_LABEL: ann.integer(1, MAX_REPLICAS, "a whole number of replicas"),
     SCALE_FACTOR_LABEL: ann.integer(0, 100, "a percentage"),
+    SCALE_ZERO_LABEL: ann.flag,
+    SCALE_ZERO_DURATION_LABEL: _zero_duration,
 }
-"""The OpenFaaS scaling labels CE honours; CE_FORBIDDEN_LABELS are refused outright."""
+"""The OpenFaaS scaling labels faas-gpu honours (CE's, and Pro's scale to zero); CE_FORBIDDEN_LABELS
+are refused outright."""
 
 
 def validate_name(name: Any, field_name: str = "service") -> str:
@@ -191,7 +209,10 @@ def _metadata(field_name: str, values: Mapping[str, str]) -> int:
             ann.check(where, key, raw)
         if field_name == "labels":
             if key in CE_FORBIDDEN_LABELS:
-                raise ValidationError(f"labels: {key} is not supported in OpenFaaS CE")
+                raise ValidationError(
+                    f"labels: {key} is OpenFaaS Pro's autoscaler target, which faas-gpu does not run (its policies "
+                    "are plain replicas with CE's alert rule, INFless, HarmonyBatch and PROTEAN)"
+                )
             if key in SCALE_LABELS:
                 SCALE_LABELS[key](where, raw)
         size += len(key.encode()) + len(raw.encode())
@@ -199,7 +220,8 @@ def _metadata(field_name: str, values: Mapping[str, str]) -> int:
 
 
 def scale_bounds(labels: Mapping[str, str] | None) -> tuple[int, int]:
-    """(min, max) replicas from com.openfaas.scale.min/max (OpenFaaS defaults 1 and 20)."""
+    """(min, max) replicas from com.openfaas.scale.min/max (OpenFaaS defaults 1 and 20); a minimum of
+    0 is the default 1, as faas-netes reads it (scale to zero is `com.openfaas.scale.zero`)."""
     labels = labels or {}
     bounds = []
     for key, default in ((SCALE_MIN_LABEL, DEFAULT_MIN_REPLICAS), (SCALE_MAX_LABEL, DEFAULT_MAX_REPLICAS)):
@@ -208,7 +230,7 @@ def scale_bounds(labels: Mapping[str, str] | None) -> tuple[int, int]:
             bounds.append(default)
             continue
         SCALE_LABELS[key](f"labels: {key}", raw)
-        bounds.append(int(raw.strip()))
+        bounds.append(int(raw.strip()) or default)
     lo, hi = bounds
     if lo > hi:
         raise ValidationError(f"labels: {SCALE_MIN_LABEL} ({lo}) exceeds {SCALE_MAX_LABEL} ({hi})")
@@ -247,6 +269,23 @@ def validate_deployment(
     scale_bounds(labels)
     _resources("limits", limits or {})
     _resources("requests", requests or {})
+
+
+def zero_after_s(labels: Mapping[str, str] | None) -> float | None:
+    """Seconds without a call after which the function goes to zero (`com.openfaas.scale.zero:
+    "true"`, after `com.openfaas.scale.zero-duration`, 15m by default), or None: it never does."""
+    labels = labels or {}
+    raw = labels.get(SCALE_ZERO_LABEL)
+    if raw is None:
+        return None
+    SCALE_LABELS[SCALE_ZERO_LABEL](f"labels: {SCALE_ZERO_LABEL}", raw)
+    if not ann.is_true(raw, default=False):
+        return None
+    duration = labels.get(SCALE_ZERO_DURATION_LABEL)
+    if duration is None:
+        return DEFAULT_ZERO_AFTER_S
+    SCALE_LABELS[SCALE_ZERO_DURATION_LABEL](f"labels: {SCALE_ZERO_DURATION_LABEL}", duration)
+    return parse_duration(duration.strip())
 
 
 def gateway_scale_bounds(labels: Mapping[str, str] | None) -> tuple[int, int]:

@@ -46,6 +46,7 @@ from . import credentials
 from .core import Scheduler
 from .leader import LeaderElection
 from .metrics import app_label
+from .sources import ModelSources, valid_source
 
 CALLER_CHECK_S = 0.1  # how often a waiting job route looks whether its caller has hung up
 
@@ -87,6 +88,7 @@ def create_app(
     app = Flask("faas-gpu-scheduler")
 
     resolver = CredentialResolver(scheduler.ds, token)
+    sources = ModelSources()
     credentials.install_guard(app, resolver)
     scheduler.metrics.metrics.add_reader(
         lambda: {m.SCHEDULER_LEADER: [((), 1.0 if election.is_leader.is_set() else 0.0)]}
@@ -144,7 +146,24 @@ def create_app(
         if refused is not None:
             return refused
         scheduler.model_states.uploaded(body, a.digest, a.size)
+        source = valid_source(request.headers.get(h.MODEL_SOURCE))
+        if source is not None:  # a later replica of this function may skip its export (`scheduler.sources`)
+            sources.uploaded(credentials.caller().label, source, a.digest)
         return jsonify({"digest": a.digest, "size": a.size, "format": a.format, "batch": a.batch.to_json()}), 201
+
+    @app.get("/v1/model-sources/<source>")
+    def model_source(source: str):
+        """The digest this function uploaded for `source`, if it still owns it: its replica then
+        neither exports nor uploads the model again (404: it does both, as before)."""
+        if valid_source(source) is None:
+            return _text("source: must be 64 lower-case hex digits (a SHA-256)", 400)
+        who = credentials.caller()
+        digest = sources.digest(who.label, source)
+        owned = digest is not None and credentials.check_owner(resolver, digest) is None
+        artifact = scheduler.store.get(digest) if owned else None
+        if artifact is None:
+            return _text(f"source: {source[:12]}… has no artifact uploaded by {who.label}", 404)
+        return jsonify({"digest": digest, "batch": artifact.batch.to_json()})
 
     def leader_and_owner(digest: str) -> Response | None:
         """Why this scheduler will not place the caller's batches of `digest`: not the leader

@@ -2,7 +2,8 @@
 
 - the cluster token (daemons, operators' tools): every route;
 - a function's own token (its replicas' GPU client): `PUT /v1/models` (the upload is recorded
-  as the function's), and `POST /v1/jobs/<digest>` and `POST /v1/leases/<digest>` for digests it
+  as the function's), `GET /v1/model-sources/<source>` (the digest it uploaded for a source),
+  and `POST /v1/jobs/<digest>` and `POST /v1/leases/<digest>` for digests it
   uploaded itself (403 otherwise);
   status and any other route are cluster-only (403);
 - anything else: 401.
@@ -20,7 +21,7 @@ from faas_gpu.fn_credentials import CLUSTER, Caller, CredentialResolver
 from faas_gpu.models.batch_limits import BatchLimits
 from faas_gpu.serving import bearer_token, unauthorized
 
-FUNCTION_ROUTES = ("upload", "job", "lease", "healthz")  # endpoints a function's token may use
+FUNCTION_ROUTES = ("upload", "model_source", "job", "lease", "healthz")  # endpoints a function's token may use
 
 
 def _text(message: str, status: int) -> Response:

@@ -104,13 +104,18 @@ def _print_instances(d: dict) -> None:
     ka = d.get("keepAlive") or {}
     effort = ", best effort" if d.get("bestEffort") else ""
     print(f"{'Model:':<20} {d.get('model')} (SLO {d.get('sloMs'):g} ms{effort})")
+    if d.get("profile"):
+        print(f"{'Profile:':<20} {d['profile']}")
     span = f"[{d.get('rMin', 0):g}, {d.get('rMax', 0):g}]"
     print(f"{'Load:':<20} {d.get('rps', 0):.1f} rps; instances take {span} ({d.get('case')})")
     _print_capacity(d.get("capacity"))
     if ka.get("scaleZero"):
         windows = f"pre-warm {ka.get('prewarmS', 0):g} s, keep-alive {ka.get('keepAliveS', 0):g} s, scale to zero"
     else:
-        windows = "never below com.openfaas.scale.min; com.faas-gpu.scale-zero: true lets it idle to zero"
+        windows = (
+            'never below com.openfaas.scale.min; com.openfaas.scale.zero: "true" (or com.faas-gpu.scale-zero, '
+            "pre-warmed) lets it idle to zero"
+        )
     print(f"{'Keep-alive:':<20} {ka.get('policy')} ({windows})")
     head = ("INSTANCE", "B", "CPU", "GPU%", "EXEC ms", "R_LOW", "R_UP", "RATE")
     print("{:<28} {:>3} {:>4} {:>5} {:>8} {:>6} {:>6} {:>7}  READY".format(*head))

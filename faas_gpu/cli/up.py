@@ -10,6 +10,8 @@ supervisor (`faas_gpu.supervise`) starts them and restarts any that dies; `down`
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -374,7 +376,6 @@ def up_deploy(
     client = Client(gateway, credentials(argparse.Namespace(), gateway, paths.home()))
     failed: list[str] = []
     built = [spec for spec in stack.functions.values() if _build(spec, stack, docker, progress, failed)]
-    _profile_missing(path, stack)
     names: list[str] = []
     try:
         names = deploy_specs(client, built)
@@ -386,6 +387,7 @@ def up_deploy(
                 f"{spec.name} did not become ready within {ready_timeout_s:.0f}s; see `faas-gpu describe "
                 f"{spec.name}` and `faas-gpu logs {spec.name}`"
             )
+    _profile_missing(path, stack)  # in the background: the functions serve on a conservative plan meanwhile
     if failed:
         raise UpIncomplete(names, failed)
     return names
@@ -430,9 +432,13 @@ def _build(spec: FunctionSpec, stack: Stack, docker: DockerBuild | None, progres
 
 
 def _profile_missing(path: Path, stack) -> None:
-    """Profile the models the autoscaler will predict that have no profile yet (once per state folder)."""
+    """Profile, in the background, the models the autoscaler will predict that have no profile yet
+    (or only one taken on a busy machine). A deploy never waits for a profile: such a function
+    already serves on a conservative plan, and the autoscaler re-plans it once the profile is
+    stored. The profiler runs at the lowest CPU priority (it measures this node, the figures the
+    planner needs; nice keeps it behind the functions), its output in the state folder's
+    `profile.log`."""
     from faas_gpu.profiling.cli import MODEL_ANNOTATION, SOURCE_ANNOTATION
-    from faas_gpu.profiling.cli import main as profile_main
     from faas_gpu.profiling.predictor import LatencyPredictor
     from faas_gpu.profiling.store import ProfileStore, profiles_db
 
@@ -451,8 +457,24 @@ def _profile_missing(path: Path, stack) -> None:
                 missing.append((spec.name, False))
             elif store.noisy(model) is not None:  # measured on a busy machine last time: try again
                 missing.append((spec.name, True))
-    for name, noisy in missing:
-        why = "again: its last profile was taken on a busy machine" if noisy else "once"
-        print(f"Profiling {name}'s model for the autoscaler ({why})", flush=True)
-        if profile_main(["-f", str(path), name, "--repeat", "5", *(["--remeasure"] if noisy else [])]) != 0:
-            raise CliError(f"profiling {name} failed; run `faas-gpu profile -f {path} {name}` to see why")
+    if not missing:
+        return
+    names = [name for name, _ in missing]
+    again = any(noisy for _, noisy in missing)  # measured on a busy machine last time: measure again
+    log_path = paths.home() / "profile.log"
+    argv = [sys.executable, "-m", "faas_gpu.cli", "profile", "-f", str(path), *names, "--repeat", "5"]
+    with open(log_path, "ab") as log:
+        subprocess.Popen(
+            [*argv, *(["--remeasure"] if again else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives `up`, as the daemons do
+            preexec_fn=lambda: os.nice(19),
+            env={**os.environ, "FAAS_GPU_HOME": str(paths.home())},
+        )
+    print(
+        f"Profiling the model of {', '.join(names)} in the background (log: {log_path}); until it is stored "
+        f"{'they serve' if len(names) > 1 else 'it serves'} on a conservative plan, then the autoscaler re-plans",
+        flush=True,
+    )

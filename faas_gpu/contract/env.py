@@ -299,6 +299,14 @@ GPU_SHARE: Var[int] = Var("FAAS_GPU_GPU_SHARE", 0, int, "INFless: the instance's
 GPU_MEMORY_GB: Var[float | None] = Var("FAAS_GPU_GPU_MEMORY_GB", None, float, "HarmonyBatch: the group's GPU memory")
 CPU_THREADS: Var[int | None] = Var("FAAS_GPU_CPU_THREADS", None, int, "torch threads the autoscaler gave the instance")
 MAX_INFLIGHT: Var[int] = Var("FAAS_GPU_MAX_INFLIGHT", 32, int, "batches one instance sends the scheduler at once")
+BATCH_BOUND: Var[bool] = Var(
+    "FAAS_GPU_BATCH_BOUND",
+    True,
+    on_off,
+    "on: an instance with an SLO on the GPU path batches the calls that queue behind its batches, up to the largest "
+    "batch whose measured time fits half the SLO (`faas_gpu.batching.BatchBound`); off: only its planned batch size, "
+    "as before issue 46 (for measuring what the bound buys)",
+)
 LEASES: Var[bool] = Var(
     "FAAS_GPU_LEASES", True, on_off, "on: ask the scheduler for placement leases and send batches to the GPU Manager"
 )

@@ -37,6 +37,9 @@ FUNCTION = "X-Faas-Gpu-Function"
 LEASE = "X-Faas-Gpu-Lease"
 """A placement lease (`lease`): with the function's own token, lets its instance send a batch
 straight to the leased unit's GPU Manager."""
+MODEL_SOURCE = "X-Faas-Gpu-Model-Source"
+"""On an upload: the SHA-256 of what the artifact was made from (`faas_gpu.saving.source_digest`):
+a later replica of the same function asks the scheduler for the digest instead of exporting again."""
 MODEL_DIGEST = "X-Model-Digest"
 """On an upload: the SHA-256 the client computed; the store refuses bytes that hash otherwise."""
 
@@ -64,7 +67,14 @@ DEADLINE_MISSED = "X-Faas-Gpu-Deadline-Missed"
 """`true` on an answer whose job missed its deadline: the instance does not retry it."""
 ERROR = "X-Faas-Gpu-Error"
 """A machine-readable error code (`errors.ContractError.code`): what a caller acts on, never the text."""
-SHOWN_BY_INSTANCE = (UNIT, CACHE, BATCH)
+UPLOAD_SECONDS = "X-Faas-Gpu-Upload-Seconds"
+"""On the answer of a replica's first batch: the seconds the instance spent on its model's artifact
+before the batch could go (torch.export, unless an earlier replica's artifact was known, and the
+upload): the export/upload part of a cold start."""
+COLD_START_SECONDS = "X-Faas-Gpu-Cold-Start-Seconds"
+"""Set by the gateway on the answer to a call that found no ready replica (a function at zero, or
+one still starting): the seconds it waited for one. On a 503/504 after such a wait too."""
+SHOWN_BY_INSTANCE = (UNIT, CACHE, BATCH, LOAD_SECONDS, EXECUTE_SECONDS, UPLOAD_SECONDS)
 """What a python3-gpu instance copies from its last job onto its response."""
 
 # -- OpenFaaS -------------------------------------------------------------------------------

@@ -91,6 +91,9 @@ class ScalingContext:
     """The router's clock (monotonic seconds): policies read the time only from here."""
     state: Any
     """What the policy returned last time for this function (Ray Serve's `policy_state`)."""
+    idle_s: float = 0.0
+    """Seconds since a call of the function last arrived or was in flight (since its deploy when
+    none has), as the router's periods saw it: what scale to zero waits out."""
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,9 @@ from faas_gpu.policy_data.harmony import load_models
 
 from ..runtime import InstanceSpec
 from ..types import FunctionRecord, ValidationError
-from ..validation import APP_NAME_RE
+from ..validation import APP_NAME_RE, SCALE_ZERO_LABEL, zero_after_s
 from .base import Key, ScalingContext, ScalingDecision
+from .replicas import refuse_our_keep_alive
 
 APPS = annotation_keys.APPS
 MODEL = annotation_keys.HARMONY_MODEL
@@ -169,6 +170,12 @@ class HarmonyPools:
         return state
 
     def validate(self, record: FunctionRecord) -> None:
+        if zero_after_s(record.deployment.labels) is not None:
+            raise ValidationError(
+                f"labels: {SCALE_ZERO_LABEL}: HarmonyBatch keeps a pool for every group of apps at all times; a "
+                "function with com.faas-gpu.apps does not scale to zero"
+            )
+        refuse_our_keep_alive(record, "HarmonyBatch's pools (a pool per group, always)")
         self.state_of(record)
 
     def _plan(self, state: _State) -> Plan:

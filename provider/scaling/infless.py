@@ -15,9 +15,11 @@ measured footing, 30 s since the last), no batch is planned that the measured ar
 within its timeout (`fills`), a plan whose batches the arrivals no longer fill is made again for
 them (`underfilled`), and corrections fade back toward 1 while the demand is met.
 With `com.faas-gpu.scale-zero: "true"` the keep-alive policy (LSTH by default) also takes an idle
-function to zero and starts it again before the arrival it predicts; never while a request is in
-flight (one that started it from zero waits for its replica, however the windows read). `com.openfaas.scale.min` and
-`com.openfaas.scale.max` bound everything.
+function to zero and starts it again before the arrival it predicts; with OpenFaaS Pro's
+`com.openfaas.scale.zero: "true"` it goes to zero after `com.openfaas.scale.zero-duration` without a
+call. A call in flight is demand either way (`faas_gpu.policies.scale_zero`): a call waiting at the
+gateway for the instance its arrival at zero started keeps that instance, which is not released
+before it is ready. `com.openfaas.scale.min` and `com.openfaas.scale.max` bound everything.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from faas_gpu.policies.infless import (
 )
 from faas_gpu.policies.infless.capacity import batch_timeout_s, bounds
 from faas_gpu.policies.infless.replan import MIN_RESTART_GAP_S
+from faas_gpu.policies.scale_zero import holds, releasable, wake_to
 
 from ..types import FunctionRecord, ValidationError
 from .base import Key, ScalingContext, ScalingDecision
@@ -73,6 +76,10 @@ MIN_AGE_S = 10.0  # an instance serves this long before it may be released (no f
 MAX_CORRECTION = 4.0  # the most the observed capacity may slow the model (or make the path's CPU dearer) by
 SETTLE_WINDOWS = 4  # rate windows a plan serves before its capacity is judged (its cold starts are over)
 MEETS_DEMAND = 0.95  # answered at least this share of the arrivals with nothing queued: corrections fade
+PROVISIONAL_SLO_SHARE = 0.25
+"""Before its model is profiled, a batch of one is assumed to take this share of the SLO (the
+client's default batch timeout is the same quarter): a slow model's guess, so the conservative plan
+errs toward more instances, and what is observed at saturation corrects it (`_observe`)."""
 
 
 def scaled_wall(scale: float = 1.0, wall: Callable[[], float] = time.time) -> Callable[[], float]:
@@ -102,6 +109,7 @@ class InflessScaling:
         node: str = "local",
         window_s: float = 5.0,
         wall: Callable[[], float] = time.time,
+        time_scale: float = 1.0,
     ):
         self.ds = datastore
         self.history = history
@@ -109,6 +117,7 @@ class InflessScaling:
         self.cpus, self.gpus, self.node = cpus, gpus, node
         self.window_s = window_s
         self.wall = wall
+        self.time_scale = time_scale  # `wall`'s speed (`scaled_wall`): idle seconds are counted on it too
         self._states: dict[Key, InflessState] = {}
         """Every function this policy sizes: placement shares this node's CPUs and GPUs among them."""
 
@@ -129,13 +138,24 @@ class InflessScaling:
         path = self.path_cost()
         return None if path is None else path.cpu_scaled(state.path_correction)
 
-    def candidates(self, policy: FunctionPolicy, factor: float = 1.0, max_batch: int | None = None) -> list[Candidate]:
+    def candidates(
+        self,
+        policy: FunctionPolicy,
+        factor: float = 1.0,
+        max_batch: int | None = None,
+        provisional_s: float | None = None,
+    ) -> list[Candidate]:
         """The profiled configurations as the whole path serves them: model time + the path's cost
-        (`with_path`), times the function's observed `factor`; batches up to `max_batch`."""
+        (`with_path`), times the function's observed `factor`; batches up to `max_batch`. A model
+        with no profile yet has one, provisional configuration when `provisional_s` is given
+        (batch 1, one CPU thread, that long a batch: `_provisional`), else it is refused."""
         try:
             rows = self.predictor.configs(policy.model, gpu=self.gpus > 0)
         except LookupError as exc:
-            raise ValidationError(f"annotations: {MODEL}: {exc.args[0] if exc.args else exc}") from None
+            if provisional_s is not None:
+                rows = [(1, 1, 0, provisional_s * 1000.0)]
+            else:
+                raise ValidationError(f"annotations: {MODEL}: {exc.args[0] if exc.args else exc}") from None
         path = self.path_cost()
         return [
             with_path(Candidate(b, c, g, ms / 1000.0), path, factor)
@@ -143,11 +163,23 @@ class InflessScaling:
             if c <= self.cpus and (g == 0 or self.gpus) and (max_batch is None or b <= max_batch)
         ]
 
+    def profiled(self, model: str) -> bool:
+        """Whether the profile store knows the model (a profile may arrive while the function serves)."""
+        try:
+            self.predictor.configs(model, gpu=self.gpus > 0)
+        except LookupError:
+            return False
+        return True
+
     def policy_of(self, record: FunctionRecord) -> FunctionPolicy:
-        """Refuse a model without a profile, or an SLO below the model's best predicted latency."""
+        """Refuse an SLO below the model's best predicted latency. A model without a profile is
+        accepted (a deploy never waits for a profile): it is served on a conservative plan until
+        one is stored (`_provisional`), and its SLO is checked then (`_check_profile`)."""
         policy = FunctionPolicy.of(record)
         if policy is None:
             raise ValidationError(f"annotations: {MODEL} and {SLO} are required for INFless scaling")
+        if not self.profiled(policy.model):
+            return policy
         cands = self.candidates(policy)
         if not cands:
             raise ValidationError(
@@ -175,7 +207,17 @@ class InflessScaling:
         key = record.key
         state = InflessState(record, policy, rate_window=rate_window(self.window_s))
         state.planned_at = now
-        if previous is not None and previous.policy == policy:
+        if not self.profiled(policy.model):
+            state.provisional_s, state.profile_checked_at = policy.slo_s * PROVISIONAL_SLO_SHARE, now
+            log.warning(
+                "%s: model %r has no profile yet: served on a conservative plan (batch 1, %.0f ms a batch assumed, "
+                "batches grow under load within its SLO) until `faas-gpu profile` stores one; re-planned then",
+                record.name,
+                policy.model,
+                state.provisional_s * 1000,
+            )
+        same_footing = previous is not None and (previous.provisional_s is None) == (state.provisional_s is None)
+        if previous is not None and previous.policy == policy and same_footing:
             state.instances, state.splitter = previous.instances, previous.splitter
             state.rate_window = previous.rate_window
             state.correction, state.planned_at = previous.correction, previous.planned_at
@@ -221,9 +263,11 @@ class InflessScaling:
         return self._decision(state)
 
     def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:
+        """A call found no ready instance: the function's minimum (at least one) of the most
+        efficient batch-1 instances, unless instances are planned already (still starting)."""
         state: InflessState = ctx.state
         if not state.instances:
-            state.instances = self._fresh(state, 1, ctx.now)
+            state.instances = self._fresh(state, wake_to(state.policy.min_instances), ctx.now)
             state.planned_at = ctx.now
         return self._decision(state)
 
@@ -232,11 +276,13 @@ class InflessScaling:
         now = ctx.now
         p = state.policy
         rps = state.rps = self._measure(state, ctx.load.arrivals, now)
+        if state.provisional_s is not None:
+            self._check_profile(state, now)
         self._observe(state, ctx, now)
-        keep = 0 if p.scale_zero else p.min_instances
-        waiting = ctx.load.in_flight > 0  # a request in flight (maybe waiting for a cold start) keeps an instance
-        if waiting:
-            keep = max(keep, 1)
+        in_flight = ctx.load.in_flight  # calls being served or waiting for an instance: demand
+        # the dispatcher releases down to com.openfaas.scale.min; below it, to zero, only the
+        # keep-alive takes a scale-zero function (`_keep_alive`), never a release under load's dip
+        keep = max(p.min_instances, holds(in_flight))
         loads = [InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances]
         rps = demand(rps, sum(i.r_up for i in state.instances), state.saturated, state.observed)
         decision = dispatch(loads, rps, keep=keep)
@@ -247,14 +293,18 @@ class InflessScaling:
         elif decision.case == "scale-up":
             self._replan(state, rps, now, residual=decision.scale_up_rps)
         elif decision.case == "release":
-            old_enough = {i.id for i in state.instances if now - i.created >= MIN_AGE_S}
-            gone = {r for r in decision.release if r in old_enough}
+            may_go = {
+                i.id
+                for i in state.instances
+                if releasable(i.id in state.ready_ids, now - i.created, MIN_AGE_S, in_flight)
+            }
+            gone = {r for r in decision.release if r in may_go}
             state.instances = [i for i in state.instances if i.id not in gone]
         elif self._underfilled(state, now):
             state.case = "re-plan"
             self._refill(state, now)
-        if p.scale_zero and not waiting:
-            self._keep_alive(state, now)
+        if p.scale_zero:
+            self._keep_alive(state, now, in_flight, ctx.idle_s * self.time_scale)
         rates = dispatch([InstanceLoad(i.id, i.r_low, i.r_up) for i in state.instances], rps, keep=len(state.instances))
         for inst in state.instances:
             inst.rate = rates.rates.get(inst.id, 0.0)
@@ -304,6 +354,42 @@ class InflessScaling:
                 predicted,
                 state.path_correction,
                 state.correction,
+            )
+
+    def _check_profile(self, state: InflessState, now: float) -> None:
+        """A function served before its model was profiled: once the store has a profile (the
+        background `faas-gpu profile` that `faas-gpu up` starts, or one run by hand), its SLO is
+        checked as a deploy would, and it is planned afresh by Algorithm 1 for what arrives (the
+        runtime keeps each replaced instance serving until its successor is ready). Looked up once a
+        rate window. An SLO the profile says no configuration meets leaves the conservative plan
+        serving and `describe` saying why."""
+        if now - state.profile_checked_at < self.window_s:
+            return
+        state.profile_checked_at = now
+        if not self.profiled(state.policy.model):
+            return
+        try:
+            self.policy_of(state.record)
+        except ValidationError as exc:
+            if state.problem != str(exc):
+                log.error("%s: its profile arrived, but %s", state.record.name, exc)
+            state.problem = str(exc)
+            return
+        state.provisional_s, state.problem = None, None
+        state.correction = state.path_correction = 1.0  # they corrected the provisional guess, not the model
+        if not state.instances:
+            return  # at zero: the next instance is planned from the profile
+        n = max(len(state.instances), state.policy.min_instances)
+        fresh = self._place(state, state.rps, n, now, without_own=True) if state.rps > 0 else []
+        fresh = fresh or self._fresh(state, n, now)
+        if fresh:
+            state.instances = fresh
+            state.planned_at = state.restarted_at = now
+            log.info(
+                "%s: model %r profiled: re-planned as batch %s",
+                state.record.name,
+                state.policy.model,
+                ", ".join(str(i.candidate.batch) for i in fresh),
             )
 
     def _fade(self, state: InflessState, now: float) -> None:
@@ -359,7 +445,10 @@ class InflessScaling:
         """The running instances' rates under the corrected model, without restarting any: each
         configuration placed again (Algorithm 1, one instance) on what the node leaves; its batch,
         threads and timeout, which the instance runs with, are kept."""
-        cands = {(c.batch, c.cpu, c.gpu): c for c in self.candidates(state.policy, state.correction)}
+        cands = {
+            (c.batch, c.cpu, c.gpu): c
+            for c in self.candidates(state.policy, state.correction, provisional_s=state.provisional_s)
+        }
         servers = self._servers(state, without_own=True)
         path = self.path_cpu(state)
         for inst in sorted(state.instances, key=lambda i: -i.candidate.batch):
@@ -422,21 +511,26 @@ class InflessScaling:
         sliver of it that a slow average lets through, and a dip does not release at once."""
         return state.rate_window.observe(now, arrivals)
 
-    def _keep_alive(self, state: InflessState, now: float) -> None:
-        """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted arrival."""
+    def _keep_alive(self, state: InflessState, now: float, in_flight: int, idle_s: float) -> None:
+        """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted
+        arrival. The window counts from the last call itself (`idle_s`, the router's: since the
+        deploy when no call came), and calls in flight keep it warm (`warm`)."""
         name = f"{state.record.namespace}/{state.record.name}"
         now_wall = self.wall()
         now_min = int(now_wall // 60)
         minutes = self.history.active_minutes(name, now_min - 24 * 60)
         w = state.policy.keepalive.windows(minutes, now_min)
         state.windows = (w.prewarm_s, w.keepalive_s)
-        if not minutes or state.rps > 0:
+        if state.rps > 0:
             return
-        keep = warm(w, now_wall - minutes[-1] * 60)  # seconds since the last active minute began
+        since_minute = now_wall - minutes[-1] * 60 if minutes else idle_s  # since the last active minute began
+        keep = warm(w, since_minute, since_call_s=idle_s, in_flight=in_flight)
         if not keep and state.instances:
             state.instances = []
-        elif keep and not state.instances:
-            state.instances = self._fresh(state, 1, now)  # pre-warm before the predicted arrival
+        elif keep and not state.instances and minutes and w.prewarm_s > 0:
+            # pre-warm before the arrival the histogram predicts; a window without a pre-warm gap
+            # predicts none (it only keeps warm), and a function taken to zero waits for a call
+            state.instances = self._fresh(state, 1, now)
 
     # -- placement -------------------------------------------------------------------------
     def _servers(self, state: InflessState, without_own: bool = False) -> list[Server]:
@@ -464,7 +558,9 @@ class InflessScaling:
         slo = state.policy.slo_s
         cands = [
             c
-            for c in self.candidates(state.policy, state.correction, max_batch=state.concurrency)
+            for c in self.candidates(
+                state.policy, state.correction, max_batch=state.concurrency, provisional_s=state.provisional_s
+            )
             if fills(c, slo, state.rps)
         ]
         servers = self._servers(state, without_own)
@@ -501,7 +597,11 @@ class InflessScaling:
             placed = self._place(state, 1e-6, 1, now)
             if not placed:
                 cands = sorted(
-                    (c for c in self.candidates(state.policy, state.correction) if c.batch == 1),
+                    (
+                        c
+                        for c in self.candidates(state.policy, state.correction, provisional_s=state.provisional_s)
+                        if c.batch == 1
+                    ),
                     key=lambda c: c.t_exec_s,
                 )
                 if not cands:
@@ -559,6 +659,8 @@ class InflessScaling:
             "namespace": key[0],
             "policy": "infless",
             "model": p.model,
+            "profiled": state.provisional_s is None,
+            "profile": _profile_note(state),
             "sloMs": p.slo_s * 1000,
             "bestEffort": p.best_effort,
             "rps": round(state.rps, 3),
@@ -595,3 +697,16 @@ def _config(i: Instance) -> tuple[int, float, float]:
 
 def _configs(instances: list[Instance]) -> list[tuple[int, float, float]]:
     return sorted(_config(i) for i in instances)
+
+
+def _profile_note(state: InflessState) -> str | None:
+    """What `describe` says about the function's profile: None once planned from one."""
+    if state.problem is not None:
+        return state.problem
+    if state.provisional_s is None:
+        return None
+    return (
+        f"model {state.policy.model!r} is not profiled yet: served on a conservative plan (a batch of one assumed to "
+        f"take {state.provisional_s * 1000:.0f} ms, a quarter of the SLO; batches grow under load within the SLO) "
+        "until `faas-gpu profile` stores a profile (`faas-gpu up` runs it in the background); re-planned then"
+    )

@@ -17,6 +17,7 @@ from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.contract import env as contract_env
 from faas_gpu.policies.infless import (
     Candidate,
+    FixedKeepAlive,
     KeepAlivePolicy,
     RateWindow,
     WeightedSplitter,
@@ -26,12 +27,13 @@ from faas_gpu.policies.infless import (
 
 from ..runtime import InstanceSpec
 from ..types import FunctionRecord, ValidationError
+from ..validation import SCALE_ZERO_DURATION_LABEL, zero_after_s
 
 MODEL = annotation_keys.MODEL
 SLO = annotation_keys.SLO_MS
 BEST_EFFORT = annotation_keys.BEST_EFFORT
 KEEP_ALIVE = annotation_keys.KEEP_ALIVE
-SCALE_ZERO = annotation_keys.SCALE_ZERO  # CE refuses com.openfaas.scale.zero; this is our own scaler's
+SCALE_ZERO = annotation_keys.SCALE_ZERO  # LSTH's scale to zero, with pre-warming
 
 
 class Predictor(Protocol):
@@ -52,6 +54,9 @@ class FunctionPolicy:
     best_effort: bool
     keepalive: KeepAlivePolicy
     scale_zero: bool
+    """The keep-alive may take the function to zero: `com.faas-gpu.scale-zero` (LSTH, pre-warming
+    before the arrival it predicts) or OpenFaaS Pro's `com.openfaas.scale.zero` (a fixed window of
+    `com.openfaas.scale.zero-duration`, unless com.faas-gpu.keep-alive names the policy)."""
     min_instances: int
     max_instances: int
 
@@ -69,12 +74,24 @@ class FunctionPolicy:
         annotation_keys.SLO_CHECK(f"annotations: {SLO}", raw)  # the deploy rule, for records read back too
         slo_ms = float(raw)
         lo, hi = record.deployment.scale_bounds()
+        labels = record.deployment.labels or {}
+        zero_after = zero_after_s(labels)
+        if KEEP_ALIVE in ann and SCALE_ZERO_DURATION_LABEL in labels:
+            raise ValidationError(
+                f"labels: {SCALE_ZERO_DURATION_LABEL} and annotations: {KEEP_ALIVE} both say how long the function "
+                "is kept warm; give one"
+            )
+        lsth_zero = _flag(ann, SCALE_ZERO) and SCALE_ZERO_DURATION_LABEL not in labels
+        if KEEP_ALIVE in ann or zero_after is None or lsth_zero:
+            keepalive = _keepalive(ann.get(KEEP_ALIVE, "lsth"))
+        else:  # OpenFaaS's scale to zero: no call for zero-duration
+            keepalive = FixedKeepAlive(zero_after)
         return cls(
             model,
             slo_ms / 1000.0,
             _flag(ann, BEST_EFFORT),
-            _keepalive(ann.get(KEEP_ALIVE, "lsth")),
-            _flag(ann, SCALE_ZERO),
+            keepalive,
+            _flag(ann, SCALE_ZERO) or zero_after is not None,
             lo,
             hi,
         )
@@ -209,4 +226,10 @@ class InflessState:
     """When the corrections last faded toward 1."""
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
+    provisional_s: float | None = None
+    """Set while the model has no profile: the time assumed for a batch of one (the conservative
+    plan's only configuration); None once planned from a profile."""
+    profile_checked_at: float = -math.inf
+    problem: str | None = None
+    """Why a profile that arrived was not taken (an SLO it says no configuration meets)."""
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.contract.env import MAX_BATCH as MAX_BATCH_VAR
 from faas_gpu.policies.protean import FunctionLoad, ProteanScaling, ScaleSnapshot, containers_needed
+from faas_gpu.policies.scale_zero import ScaleToZero
 
 from ..types import FunctionRecord, ValidationError
+from ..validation import zero_after_s
 from .base import Key, ScalingContext, ScalingDecision
 
 log = logging.getLogger(__name__)
@@ -127,6 +129,9 @@ class ProteanFunctions:
         load = FunctionLoad(key, state.batch, n_r, 0, ctx.replicas, state.lo, state.hi)
         state.requests, state.needed = n_r, containers_needed(load)
         want = state.scaling.observe(ScaleSnapshot({key: load}), ctx.now).desired[key]
+        zero = zero_after_s(ctx.record.deployment.labels)  # OpenFaaS Pro's scale to zero, on top
+        if zero is not None and ctx.replicas > 0 and ScaleToZero(zero).idle(ctx.idle_s, ctx.load.in_flight):
+            want = 0
         if want != ctx.replicas:
             log.info(
                 "protean: %s.%s %d -> %d replicas (%d requests in flight, batch %d)",
@@ -142,6 +147,8 @@ class ProteanFunctions:
     def scale_to(self, ctx: ScalingContext, n: int) -> ScalingDecision:
         """Set now, within bounds; the next decisions judge it like any count."""
         state: _State = ctx.state
+        if n == 0 and zero_after_s(ctx.record.deployment.labels) is not None:
+            return ScalingDecision(state, 0)  # the provider API's scale to zero of a scale-zero function
         return ScalingDecision(state, min(max(n, state.lo), state.hi))
 
     def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:

@@ -12,6 +12,12 @@ by `alert_replicas` (gateway/handlers/alerthandler.go `CalculateReplicas`). With
 beside faas-gpu, `InvocationRateRule` evaluates that rule and AlertManager's timing over the
 gateway's own counters, once a period, from the time the router hands it (no clock is read here);
 `/system/alert` stays for an external AlertManager (`faas-gpu serve --no-alert-rule` then).
+
+With `com.openfaas.scale.zero: "true"` the function also goes to zero once no call has reached it
+for `com.openfaas.scale.zero-duration` (OpenFaaS Pro's rule, `faas_gpu.policies.scale_zero`), and a
+call that finds it at zero starts `com.openfaas.scale.min` replicas (at least one) and waits for
+them. `com.faas-gpu.scale-zero` and `com.faas-gpu.keep-alive` (LSTH's pre-warming, which predicts
+from a model's profile and history) are refused here, not ignored: they name OpenFaaS's labels.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
-from ..types import FunctionRecord
-from ..validation import gateway_scale_bounds, scale_factor
+from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.policies.scale_zero import ScaleToZero, wake_to
+
+from ..types import FunctionRecord, ValidationError
+from ..validation import SCALE_ZERO_DURATION_LABEL, SCALE_ZERO_LABEL, gateway_scale_bounds, scale_factor, zero_after_s
 from .base import Key, ScalingContext, ScalingDecision
 
 FIRING = "firing"
@@ -118,13 +127,18 @@ class PlainReplicas:
         self.rule = rule
 
     def validate(self, record: FunctionRecord) -> None:
-        """Only the deployment's own validation (scale labels included) applies."""
+        """The deployment's own validation (scale labels included), and no keep-alive of ours."""
+        refuse_our_keep_alive(record, "a function without com.faas-gpu.model (plain replicas)")
 
     def adopt(self, record: FunctionRecord, now: float, previous: object | None) -> ScalingDecision:
         return ScalingDecision(previous, record.replicas)
 
     def decide(self, ctx: ScalingContext) -> ScalingDecision:
-        """The rule's notification due now, applied as `/system/alert` applies AlertManager's."""
+        """To zero when idle (`com.openfaas.scale.zero`); else the rule's notification due now,
+        applied as `/system/alert` applies AlertManager's."""
+        zero = zero_after_s(ctx.record.deployment.labels)
+        if zero is not None and ctx.replicas > 0 and ScaleToZero(zero).idle(ctx.idle_s, ctx.load.in_flight):
+            return ScalingDecision(ctx.state, 0)
         if self.rule is None:
             return ScalingDecision(ctx.state, ctx.replicas)
         prior = ctx.state if isinstance(ctx.state, AlertState) else AlertState()
@@ -143,7 +157,7 @@ class PlainReplicas:
 
     def scale_from_zero(self, ctx: ScalingContext) -> ScalingDecision:
         lo, _hi = ctx.record.deployment.scale_bounds()
-        return ScalingDecision(ctx.state, ctx.replicas if ctx.replicas > 0 else max(1, lo))
+        return ScalingDecision(ctx.state, ctx.replicas if ctx.replicas > 0 else wake_to(lo))
 
     def arrived(self, key: Key, state: object, headers: dict[str, str] | None) -> str | None:
         return None
@@ -160,3 +174,16 @@ class PlainReplicas:
 
     def describe(self, ctx: ScalingContext) -> dict | None:
         return None  # `/instances` lists the runtime's replicas as not managed
+
+
+def refuse_our_keep_alive(record: FunctionRecord, what: str) -> None:
+    """400 for `com.faas-gpu.scale-zero` / `keep-alive` on a function whose policy has no keep-alive
+    of ours: accepted, they would be ignored, and the function would never go to zero."""
+    ann = record.deployment.annotations or {}
+    for key in (annotation_keys.SCALE_ZERO, annotation_keys.KEEP_ALIVE):
+        if key in ann:
+            raise ValidationError(
+                f"annotations: {key} applies to functions INFless scales (a com.faas-gpu.model, whose profile and "
+                f'history LSTH pre-warms from), not to {what}: use the labels {SCALE_ZERO_LABEL}: "true" and '
+                f"{SCALE_ZERO_DURATION_LABEL} (a Go duration, 15m by default)"
+            )

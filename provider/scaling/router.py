@@ -17,11 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from faas_gpu.contract import annotations as annotation_keys
 from faas_gpu.datastore import DatastoreUnavailable
+from faas_gpu.policies.scale_zero import holds
 
 from ..runtime import InstanceSpec, LaunchError, Runtime
 from ..types import FunctionRecord, ValidationError
@@ -68,6 +69,9 @@ class _Governed:
     meter: LoadMeter
     replicas: int
     instances: tuple[InstanceSpec, ...] | None = None
+    active_at: float = 0.0
+    """When a call last arrived or was in flight (or the function was deployed): `idle_s`."""
+    arrivals_seen: int = 0
 
 
 class ScalingRouter:
@@ -119,7 +123,9 @@ class ScalingRouter:
             if old is not None and old.policy is not policy:
                 old.policy.forget(key, deleted=False)
             meter = old.meter if old is not None else LoadMeter()
-            entry = _Governed(policy, record, decision.state, meter, record.replicas)
+            now = self.clock()
+            entry = _Governed(policy, record, decision.state, meter, record.replicas, active_at=now)
+            entry.arrivals_seen = meter.read().arrivals
             self._fns[key] = entry
             if decision.instances is not None:
                 self._run_plan(entry, decision)
@@ -177,11 +183,14 @@ class ScalingRouter:
             return True
 
     def scale_from_zero(self, key: Key) -> bool:
+        """A call found no ready replica: the policy starts what serves it (the call is demand)."""
         with self._lock:
             entry = self._fns.get(key)
             if entry is None:
                 return False
-            self._apply(entry, entry.policy.scale_from_zero(self._context(entry, self.clock())), force=False)
+            now = self.clock()
+            entry.active_at = now
+            self._apply(entry, entry.policy.scale_from_zero(self._context(entry, now)), force=False)
             return True
 
     def describe(self, key: Key) -> dict | None:
@@ -219,10 +228,23 @@ class ScalingRouter:
         with self._lock:
             for entry in list(self._fns.values()):
                 ctx = self._context(entry, now, new_period=True)
-                self._apply(entry, entry.policy.decide(ctx), force=False)
+                self._apply(entry, self._held(entry, ctx, entry.policy.decide(ctx)), force=False)
+
+    def _held(self, entry: _Governed, ctx: ScalingContext, decision: ScalingDecision) -> ScalingDecision:
+        """A decision that would leave nothing running under calls in flight (waiting at the gateway
+        for a replica, or being served) is the policy's answer to a call at zero instead: whatever
+        a policy's keep-alive says, those calls are demand (`scale_zero.holds`)."""
+        if decision.replicas >= holds(ctx.load.in_flight):
+            return decision
+        log.info("%s.%s: %d calls in flight: kept from zero", ctx.record.name, ctx.record.namespace, ctx.load.in_flight)
+        return entry.policy.scale_from_zero(replace(ctx, state=decision.state, replicas=0))
 
     def _context(self, entry: _Governed, now: float, *, new_period: bool = False) -> ScalingContext:
-        return ScalingContext(entry.record, entry.meter.read(new_period=new_period), entry.replicas, now, entry.state)
+        load = entry.meter.read(new_period=new_period)
+        if load.arrivals != entry.arrivals_seen or load.in_flight > 0 or load.peak_in_flight > 0:
+            entry.active_at, entry.arrivals_seen = now, load.arrivals
+        idle_s = max(0.0, now - entry.active_at)
+        return ScalingContext(entry.record, load, entry.replicas, now, entry.state, idle_s)
 
     # -- applying decisions ------------------------------------------------------------------
     def _apply(self, entry: _Governed, decision: ScalingDecision, *, force: bool) -> None:

@@ -148,12 +148,18 @@ def drive(stack, rps: float, seconds: float) -> list[requests.Response]:
     return out
 
 
-def test_deploy_without_a_profile_is_refused_naming_the_model(project, stack):
+def test_deploy_without_a_profile_is_served_on_a_conservative_plan(project, stack):
+    """Issue 46: a deploy never waits for a profile (it was `400 ... no profile for model`)."""
     cli(project, stack, "build", "-f", "stack.yml")
-    proc = cli(project, stack, "deploy", "-f", "stack.yml", "--gateway", stack.url, check=False)
-    assert proc.returncode != 0
-    err = proc.stdout.decode() + proc.stderr.decode()
-    assert "mlp-35x2048" in err and "faas-gpu profile" in err
+    cli(project, stack, "deploy", "-f", "stack.yml", "--gateway", stack.url)
+    stack.wait_ready("mlp", timeout_s=120)
+    r = requests.post(f"{stack.url}/function/mlp", json={"seed": 1}, timeout=60)
+    assert r.status_code == 200, r.text
+    d = instances(stack)
+    assert d["managed"] and not d["profiled"] and "faas-gpu profile" in d["profile"]
+    described = cli(project, stack, "describe", "mlp", "--gateway", stack.url).stdout.decode()
+    assert "not profiled yet" in described
+    cli(project, stack, "remove", "mlp", "--gateway", stack.url)  # the tests below deploy it afresh
 
 
 def test_an_slo_below_the_predicted_latency_is_refused_with_the_figure(project, stack):
@@ -189,7 +195,8 @@ def test_instances_of_two_batch_sizes_follow_a_changing_load(project, stack):
         watcher.join()
     codes = Counter(r.status_code for r in answers)
     trace = [(d["rps"], d["rMax"], [i["batch"] for i in d["instances"]]) for d in seen]
-    assert codes[200] >= 0.9 * len(answers), (codes, trace)
+    bad = [(r.text[:200], dict(r.headers)) for r in answers if r.status_code != 200][:3]
+    assert codes[200] >= 0.9 * len(answers), (codes, trace, bad)
     busiest = max(seen, key=lambda d: len({i["batch"] for i in d["instances"]}))
     batches = {i["batch"] for i in busiest["instances"]}
     assert len(batches) >= 2, [(d["rps"], d["rMax"], [i["batch"] for i in d["instances"]]) for d in seen]

@@ -148,3 +148,22 @@ def test_a_function_that_drops_its_apps_goes_back_to_identical_replicas(pools):
     pools.prepare(plain)
     assert pools.runtime.plans[r.key] is None and not pools.manages(r.key)
     assert pools.describe(r.key) is None
+
+
+def test_harmonybatch_refuses_scale_to_zero_naming_why(tmp_path):
+    """A pool per group at all times: OpenFaaS's scale-zero label is refused with 400, not ignored."""
+    import pytest
+
+    from provider.scaling import HarmonyPools
+    from provider.types import FunctionDeployment, FunctionRecord, ValidationError
+
+    dep = FunctionDeployment.from_json(
+        {
+            "service": "fn",
+            "image": "img",
+            "labels": {"com.openfaas.scale.zero": "true"},
+            "annotations": {"com.faas-gpu.apps": "a=200", "com.faas-gpu.model": "VGG-19"},
+        }
+    )
+    with pytest.raises(ValidationError, match="labels: com.openfaas.scale.zero: HarmonyBatch keeps a pool"):
+        HarmonyPools(tmp_path / "absent.json", gpu_path=False).validate(FunctionRecord(dep, "openfaas-fn", 1))

@@ -134,6 +134,24 @@ def test_surplus_replicas_stay_for_the_window_then_go(scaler):
     assert scaler.runtime.applied[r.key] == 1
 
 
+def test_a_protean_function_with_openfaas_scale_zero_idles_to_zero_and_a_call_wakes_it(scaler):
+    """Issue 46: OpenFaaS Pro's labels work for PROTEAN's functions too (its own keep-alive is
+    delayed termination; `com.faas-gpu.scale-zero` stays refused for it)."""
+    zero = {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "30s"}
+    r = deploy(scaler, record(PROTEAN, zero))
+    seen = []
+    for _ in range(40):
+        tick(scaler)
+        seen.append(replicas(scaler, r))
+    assert seen[:28] == [1] * 28 and seen[-1] == 0
+    scaler.arrived(r.key)  # a call at zero: it waits for the replica it starts
+    assert scaler.scale_from_zero(r.key) and replicas(scaler, r) == 1
+    for _ in range(60):
+        tick(scaler)
+        assert replicas(scaler, r) == 1
+    scaler.departed(r.key, 200)
+
+
 def test_load_back_within_the_window_keeps_the_replicas(scaler):
     r = deploy(scaler, record(PROTEAN, {"com.openfaas.scale.max": "10"}))
     for _ in range(12):

@@ -133,7 +133,7 @@ def test_unknown_function_answers_404(stack):
         ({"service": "ok-name"}, "image"),
         ({"service": "ok-name", "image": "x", "envVars": {"A": 1}}, "envVars"),
         ({"service": "ok-name", "image": "x", "namespace": "other"}, "namespace"),
-        ({"service": "ok-name", "image": "x", "labels": {"com.openfaas.scale.zero": "true"}}, "labels"),
+        ({"service": "ok-name", "image": "x", "labels": {"com.openfaas.scale.zero": "maybe"}}, "labels"),
         ({"service": "ok-name", "image": "no/such-image:1"}, "image"),
     ],
 )

@@ -322,3 +322,65 @@ def test_through_the_gateway_a_timeout_answers_504(replicas):
 
     r = call(gateway(invoker(upstream_timeout_s=0.2), [replicas(silent).url]))
     assert (r.status, r.body) == (504, b"Timeout reaching service for: fn.\n")
+
+
+# -- a call at zero: it waits for the replica it starts, and says so (issue 46) -------------------
+
+
+def at_zero(inv: Invoker, url: str, ready_after_s: float | None) -> tuple[InvocationApp, list]:
+    """The gateway over a function at zero: the call's `scale_from_zero` starts a replica that is
+    ready `ready_after_s` later (None: never)."""
+    started: list[float] = []
+
+    def ready() -> bool:
+        return bool(started) and ready_after_s is not None and time.monotonic() - started[0] >= ready_after_s
+
+    def wait_ready(namespace, name, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return ready()
+
+    inv.runtime = SimpleNamespace(
+        endpoints=lambda name, namespace: [url] if ready() else [], wait_ready=wait_ready, problem=lambda *a: None
+    )
+    inv.exists = lambda key: True
+    inv.pick = lambda key, headers=None: url if ready() else None
+    app = InvocationApp.__new__(InvocationApp)
+    app.invoker = inv
+    record = SimpleNamespace(deployment=SimpleNamespace(annotations={}))
+    app.provider = SimpleNamespace(
+        store=SimpleNamespace(cached=lambda name, namespace: record),
+        scale_from_zero=lambda key: started.append(time.monotonic()),
+    )
+    return app, started
+
+
+def header(result, name):
+    return next((v for k, v in result.headers if k.lower() == name.lower()), None)
+
+
+def test_a_call_at_zero_waits_for_the_replica_it_starts_and_says_how_long(replicas):
+    app, started = at_zero(invoker(ready_timeout_s=5.0), replicas(keep_alive).url, 0.3)
+    r = call(app)
+    assert r.status == 200 and len(started) == 1
+    assert 0.3 <= float(header(r, "X-Faas-Gpu-Cold-Start-Seconds")) < 3
+
+
+def test_a_cold_start_past_the_ready_timeout_is_a_503_that_says_so_and_how_long_it_waited(replicas):
+    app, _ = at_zero(invoker(ready_timeout_s=0.4), replicas(keep_alive).url, None)
+    r = call(app)
+    assert r.status == 503
+    assert b"No endpoints available for: fn: cold start: no replica became ready within 0." in r.body
+    assert 0.4 <= float(header(r, "X-Faas-Gpu-Cold-Start-Seconds")) < 2
+
+
+def test_a_timeout_after_a_cold_start_says_the_call_woke_the_function(replicas):
+    def silent(replica: Replica, conn: socket.socket, n: int) -> None:
+        replica.read(conn)
+        time.sleep(1.0)
+
+    app, _ = at_zero(invoker(upstream_timeout_s=0.2, ready_timeout_s=5.0), replicas(silent).url, 0.2)
+    r = call(app)
+    assert r.status == 504 and b"Timeout reaching service for: fn. (after a cold start of 0." in r.body
+    assert header(r, "X-Faas-Gpu-Cold-Start-Seconds") is not None

@@ -120,15 +120,45 @@ def test_faas_gpu_keys_in_labels_follow_the_same_rules():
     [
         ({"com.openfaas.scale.max": "1000000000"}, "labels: com.openfaas.scale.max"),
         ({"com.openfaas.scale.max": str(MAX_REPLICAS + 1)}, "labels: com.openfaas.scale.max"),
-        ({"com.openfaas.scale.min": "0"}, "labels: com.openfaas.scale.min"),
+        ({"com.openfaas.scale.min": "-1"}, "labels: com.openfaas.scale.min"),
         ({"com.openfaas.scale.min": "two"}, "labels: com.openfaas.scale.min"),
         ({"com.openfaas.scale.factor": "101"}, "labels: com.openfaas.scale.factor"),
         ({"com.openfaas.scale.min": "5", "com.openfaas.scale.max": "2"}, "labels: com.openfaas.scale.min"),
-        ({"com.openfaas.scale.zero": "true"}, "labels: com.openfaas.scale.zero"),
+        ({"com.openfaas.scale.zero": "yes"}, "labels: com.openfaas.scale.zero"),
+        (
+            {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "soon"},
+            "labels: com.openfaas.scale.zero-duration",
+        ),
+        (
+            {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "0s"},
+            "labels: com.openfaas.scale.zero-duration",
+        ),
+        (
+            {"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "9000h"},
+            "labels: com.openfaas.scale.zero-duration",
+        ),
+        ({"com.openfaas.scale.target": "50"}, "labels: com.openfaas.scale.target"),
+        ({"com.openfaas.scale.type": "rps"}, "labels: com.openfaas.scale.type"),
     ],
 )
 def test_openfaas_scale_labels_have_types_and_a_cap(labels, field):
     refused(field, labels=labels)
+
+
+def test_openfaas_pro_scale_to_zero_labels_are_accepted_and_read():
+    from provider.validation import zero_after_s
+
+    on = dep(labels={"com.openfaas.scale.zero": "true", "com.openfaas.scale.zero-duration": "1m30s"})
+    assert zero_after_s(on.labels) == 90.0
+    assert zero_after_s(dep(labels={"com.openfaas.scale.zero": "true"}).labels) == 15 * 60  # Pro's default
+    assert zero_after_s(dep(labels={"com.openfaas.scale.zero": "false"}).labels) is None
+    assert zero_after_s(dep().labels) is None
+
+
+def test_scale_min_0_is_read_as_faas_netes_reads_it():
+    """faas-netes' getMinReplicaCount ignores a minimum below 1: the function deploys with, and
+    wakes to, the default minimum of 1 (going to zero is com.openfaas.scale.zero)."""
+    assert dep(labels={"com.openfaas.scale.min": "0", "com.openfaas.scale.max": "3"}).scale_bounds() == (1, 3)
 
 
 def test_scale_max_up_to_the_cap_is_accepted():

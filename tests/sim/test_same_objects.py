@@ -213,6 +213,19 @@ def test_warm_rule(prewarm, keep, since, expected):
     assert keepalive.warm(keepalive.Windows(prewarm, keep), since) is expected
 
 
+def test_both_count_the_keep_alive_from_the_last_call_and_hold_calls_in_flight():
+    """Issue 46: the keep-alive window is counted from the last call itself and calls in flight keep
+    the function warm; the provider and the simulator hand `warm` the same inputs."""
+    assert "since_call_s=idle_s, in_flight=in_flight" in inspect.getsource(live_infless.InflessScaling._keep_alive)
+    assert "since_call_s=since_call, in_flight=0" in inspect.getsource(sim_infless.INFlessSystem._warm_window)
+    sim = INFlessSystem.__new__(INFlessSystem)
+    sim.last_call, sim.sim = {"f": 100.0}, SimpleNamespace(active={"f": [1]})  # a call at 1:40
+    fn = SimpleNamespace(name="f")
+    w = keepalive.Windows(0.0, 20.0)
+    assert sim._warm_window(fn, w, 115.0)  # 15 s after the call, 55 s after its minute began
+    assert not sim._warm_window(fn, w, 125.0)
+
+
 # -- HarmonyBatch's live pools -------------------------------------------------------------
 
 

@@ -68,12 +68,21 @@ def _windows(head_min: float, tail_min: float, margin: float) -> Windows:
     return Windows(prewarm * MINUTE, max(1, end - prewarm) * MINUTE)
 
 
-def warm(w: Windows, since_s: float) -> bool:
+def warm(w: Windows, since_s: float, *, since_call_s: float | None = None, in_flight: int = 0) -> bool:
     """The keep-alive rule the provider applies and the simulator replays: an idle function is
     kept (or pre-warmed) while inside [prewarm, prewarm + keep-alive] seconds after its last
     active minute began; with no pre-warm gap it stays warm from the start, and the minute of
-    the invocation itself is always warm. `since_s`: seconds since the last active minute began."""
-    in_window = since_s <= w.prewarm_s + w.keepalive_s
+    the invocation itself is always warm. `since_s`: seconds since the last active minute began.
+
+    Where the last call's own time is known (`since_call_s`), the window ends prewarm + keep-alive
+    after that call, not after the start of its minute: a call at 0:45 with a 20 s keep-alive is
+    kept until 1:05, not unloaded at once. A function with calls in flight (`in_flight`: being
+    served, or waiting at the gateway for the instance a wake-up started) is always warm: those
+    calls are demand, whatever the windows say (`faas_gpu.policies.scale_zero.holds`)."""
+    if in_flight > 0:
+        return True
+    last = since_s if since_call_s is None else min(since_s, since_call_s)
+    in_window = last <= w.prewarm_s + w.keepalive_s
     return in_window and (w.prewarm_s == 0 or since_s < MINUTE or since_s >= w.prewarm_s)
 
 

@@ -50,6 +50,7 @@ class INFlessSystem:
         self._windows: dict[tuple[str, int], Windows] = {}
         self.windows: dict[str, RateWindow] = {}  # the provider's rate measurement, per function
         self.arrived: dict[str, float] = {}  # requests counted so far, per function
+        self.last_call: dict[str, float] = {}  # when the last step with requests was counted
 
     def _window(self, fn: Function, now: float) -> Windows | None:
         minutes = self.sim.active[fn.name]
@@ -61,8 +62,14 @@ class INFlessSystem:
         return self._windows[key]
 
     def _warm_window(self, fn: Function, w: Windows | None, now: float) -> bool:
-        """The provider's rule (`keepalive.warm`) after the function's last active minute."""
-        return w is not None and warm(w, now - self.sim.active[fn.name][-1] * MINUTE)
+        """The provider's rule (`keepalive.warm`) after the function's last active minute, its window
+        counted from the last call as the provider counts it. Nothing waits at a gateway here:
+        requests that find no warm instance are counted as cold at once (`Simulation._serve`)."""
+        last_call = self.last_call.get(fn.name)
+        since_call = None if last_call is None else now - last_call
+        return w is not None and warm(
+            w, now - self.sim.active[fn.name][-1] * MINUTE, since_call_s=since_call, in_flight=0
+        )
 
     def measure(self, fn: Function, step_rps: float, now: float) -> float:
         """The rate the provider would scale on: its `RateWindow` fed the arrivals counted so far
@@ -89,6 +96,8 @@ class INFlessSystem:
 
     def control(self, fn: Function, rps: float, now: float) -> None:
         """One control period: `rps` is the last step's arrival rate, measured as the provider does."""
+        if rps > 0:
+            self.last_call[fn.name] = now
         rps = self.measure(fn, rps, now)
         w = self._window(fn, now)
         every = self.sim.instances[fn.name]
