@@ -257,11 +257,14 @@ def test_a_function_started_from_zero_is_not_taken_to_zero_while_its_request_wai
         scaler.tick()
         assert len(scaler.describe(r.key)["instances"]) == 1
     scaler.departed(r.key, 200)  # answered: now idle, and the keep-alive decides again
+    counts = []
     for _ in range(30):
         scaler.fake_wall.t += 15
         scaler.fake_clock.t += 15
         scaler.tick()
-    assert scaler.describe(r.key)["instances"] == []
+        counts.append(len(scaler.describe(r.key)["instances"]))
+    # to zero once idle (LSTH may pre-warm it again later for the arrival its histogram predicts)
+    assert counts[0] == 0, counts
 
 
 # -- plain functions: OpenFaaS CE's alert-driven autoscaling (provider/scaling/replicas.py) ---------

@@ -348,9 +348,10 @@ def at_zero(inv: Invoker, url: str, ready_after_s: float | None) -> tuple[Invoca
     inv.pick = lambda key, headers=None: url if ready() else None
     app = InvocationApp.__new__(InvocationApp)
     app.invoker = inv
-    record = SimpleNamespace(deployment=SimpleNamespace(annotations={}))
+    record = SimpleNamespace(deployment=SimpleNamespace(annotations={}, envVars={}))
+    inv.store = SimpleNamespace(cached=lambda namespace, name: record)  # max_inflight's share reads it
     app.provider = SimpleNamespace(
-        store=SimpleNamespace(cached=lambda name, namespace: record),
+        store=inv.store,
         scale_from_zero=lambda key: started.append(time.monotonic()),
     )
     return app, started
