@@ -116,10 +116,13 @@ class InvocationApp:
         start_ns = headers.setdefault(h.START_TIME, str(time.time_ns()))
         headers.setdefault("X-Forwarded-Host", environ.get("HTTP_HOST", ""))
         headers.setdefault("X-Forwarded-For", environ.get("REMOTE_ADDR", ""))
-        result = self.call(raw_name, method, "/" + sub, environ.get("QUERY_STRING", ""), headers, body)
+        result = self.call(raw_name, method, "/" + sub, environ.get("QUERY_STRING", ""), headers, body, stream=True)
         out = result.headers + [(h.CALL_ID, call_id), (h.START_TIME, start_ns)]
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
+        if result.stream is not None:  # sent on as it arrives, chunked (`provider.streaming`)
+            start_response(status_line(result.status), out)
+            return result.stream
         out.append(("Content-Length", str(len(result.body))))
         start_response(status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
@@ -134,12 +137,15 @@ class InvocationApp:
         body: bytes,
         *,
         wait_for_slot: bool = False,
+        stream: bool = False,
     ) -> Result:
         """One invocation through the dispatcher; errors become OpenFaaS's proxy answers.
 
         Past the function's in-flight limit it answers 429 at once (`provider.inflight`), so a
         slow function never holds the threads others need; `wait_for_slot` (queued work, which
-        holds no gateway thread) waits for a slot instead."""
+        holds no gateway thread) waits for a slot instead. `stream`: an answer the replica
+        streams comes back at its head (`Result.stream`), and the call stays in flight (its slot,
+        its metrics) until that stream is closed."""
         try:
             key = self.invoker.resolve(raw_name)
         except ValueError:
@@ -159,25 +165,46 @@ class InvocationApp:
             result = _error(429, str(exc))
             self._finished(key, label, result.status, time.perf_counter() - t0, slo)
             return result
+        streamed = None
         try:
             if tracing.enabled():
-                result = self._traced_forward(key, raw_name, method, path, query, headers, body)
+                result = self._traced_forward(key, raw_name, method, path, query, headers, body, stream)
             else:
-                result = self._forward(key, raw_name, method, path, query, headers, body)
+                result = self._forward(key, raw_name, method, path, query, headers, body, stream)
+            streamed = result.stream
         finally:
-            self.invoker.inflight.leave(key)
+            if streamed is None:
+                self.invoker.inflight.leave(key)
+        if streamed is not None:  # in flight until the stream ends; its duration counted then
+            status = result.status
+            streamed.label = label
+
+            def finish(whole: bool) -> None:
+                self.invoker.inflight.leave(key)
+                self._finished(key, label, status, time.perf_counter() - t0, slo)
+
+            streamed.at_end(finish)
+            return result
         self._finished(key, label, result.status, time.perf_counter() - t0, slo)
         return result
 
     def _traced_forward(
-        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        raw_name: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        stream: bool = False,
     ) -> Result:
         """`_forward` inside the gateway's spans, the replica given our `traceparent` (the caller's
         is this trace's parent). Only while tracing is on: off, the hot path makes no span."""
         function = f"{key[1]}.{key[0]}"
         with tracing.server_span("gateway.invoke", headers, {"faas.name": function, "http.method": method}) as sp:
             with tracing.span("gateway.forward", kind="client", attributes={"faas.name": function}):
-                result = self._forward(key, raw_name, method, path, query, tracing.inject(dict(headers)), body)
+                result = self._forward(key, raw_name, method, path, query, tracing.inject(dict(headers)), body, stream)
             tracing.set_attributes(sp, **{"http.status_code": result.status})
         return result
 
@@ -197,20 +224,33 @@ class InvocationApp:
         self.provider.activity.record(key, status, seconds, slo_ms)
 
     def _forward(
-        self, key: tuple[str, str], raw_name: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        raw_name: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        stream: bool = False,
     ) -> Result:
         try:
             url = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
             status = None
+            streamed = None
             try:
                 if url is None:
                     result = _error(503, f"No endpoints available for: {raw_name}.")
                 else:
-                    result = self._send(key, url, method, path, query, headers, body)
+                    result = self._send(key, url, method, path, query, headers, body, stream)
                     status = result.status
+                    streamed = result.stream
                     self.invoker.count(key)
             finally:
-                self.invoker.done(key, status)
+                if streamed is None:
+                    self.invoker.done(key, status)
+            if streamed is not None:  # the dispatcher's in-flight count: until the stream ends
+                streamed.at_end(lambda whole: self.invoker.done(key, status if whole else None))
         except NotFound:
             result = _error(404, f"No endpoints available for: {raw_name}.")
         except Unavailable as exc:  # crash-looping or failing to start: say so at once
@@ -226,7 +266,15 @@ class InvocationApp:
         return result
 
     def _send(
-        self, key: tuple[str, str], url: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        url: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        stream: bool = False,
     ) -> Result:
         """Forward to `url`; a replica that refuses the connection has died (the call never reached
         it, so sending it again is safe even for a POST): the call goes to another ready replica,
@@ -239,7 +287,8 @@ class InvocationApp:
         annotated `com.faas-gpu.retry-on-reset: "false"` (one whose call must not run twice),
         which gets OpenFaaS's 502. A replica whose watchdog answers its own 500 for a function
         process that had gone (`lost_its_function`: a container being killed loses its handler
-        first) is the same loss, under the same rule."""
+        first) is the same loss, under the same rule. A streamed answer (`stream`) comes back at
+        its head: whatever happens to it afterwards, the call is never sent again."""
         deadline = time.monotonic() + self.invoker.ready_timeout_s
         resent = False
         while True:
@@ -247,7 +296,9 @@ class InvocationApp:
                 # a kept-alive connection the replica closed under the call: sent once more on a
                 # fresh one where a dropped call would be resent, and not after this gateway's resend
                 may_resend = (lambda: False) if resent else (lambda: self._retry_on_reset(key))
-                result = self.invoker.forward(url, method, path, query, headers, body, may_resend=may_resend)
+                result = self.invoker.forward(
+                    url, method, path, query, headers, body, may_resend=may_resend, stream=stream
+                )
                 if result.status != 500 or resent or not lost_its_function(result) or not self._retry_on_reset(key):
                     return result
                 # the replica's watchdog answered, but its function process had gone (a container
@@ -369,6 +420,19 @@ def lost_its_function(result: Result) -> bool:
     `X-OpenFaaS-Internal: of-watchdog`, "Can't reach service for: ..."), not the function's 500."""
     internal = next((v for k, v in result.headers if k.lower() == "x-openfaas-internal"), None)
     return internal == "of-watchdog" and result.body.startswith(b"Can't reach service for")
+
+
+def _gathered(result: Result, function: str) -> Result:
+    """A streamed answer as a whole one; a stream that breaks is OpenFaaS's 502 (its answer had
+    begun: never resent), saying how much had come."""
+    stream = result.stream
+    assert stream is not None
+    try:
+        return Result(result.status, result.headers, stream.whole_body())
+    except ReplicaError as exc:
+        return _error(
+            502, f"Can't reach service for: {function}: its streamed answer was cut after {stream.sent} bytes ({exc})"
+        )
 
 
 def _error(code: int, message: str) -> Result:
@@ -501,7 +565,10 @@ class AsyncWorker:
             headers,
             body,
             wait_for_slot=True,
+            stream=True,
         )
+        if result.stream is not None:  # a callback posts a whole body: the stream, gathered
+            result = _gathered(result, msg["Function"])
         duration = time.perf_counter() - t0
         call_id = headers.get(h.CALL_ID, "")
         raw = msg.get("CallbackUrl")

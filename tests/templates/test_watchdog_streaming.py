@@ -142,9 +142,7 @@ def test_a_caller_that_goes_away_has_the_generator_closed(watchdogs, streaming_d
 
 
 @pytest.mark.parametrize("kind, logged", [("raise", "RuntimeError: the model fell over"), ("wrong-type", "is dict")])
-def test_a_stream_that_fails_mid_way_is_cut_without_its_last_chunk(
-    watchdogs, streaming_dir, serve_env, kind, logged
-):
+def test_a_stream_that_fails_mid_way_is_cut_without_its_last_chunk(watchdogs, streaming_dir, serve_env, kind, logged):
     """An exception, or an item that is neither str nor bytes, after the first chunk: the answer
     (200 already sent) ends without its last chunk, so the caller sees it incomplete, not short;
     the watchdog logs the cut and why."""
