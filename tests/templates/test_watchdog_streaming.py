@@ -236,3 +236,17 @@ def test_whole_answers_keep_their_length(watchdogs, streaming_dir):
     r = conn.getresponse()
     assert r.read() == b"whole" and r.getheader("Content-Length") == "5" and r.getheader("Transfer-Encoding") is None
     conn.close()
+
+
+def test_a_head_request_gets_the_head_and_the_generator_is_closed(watchdogs, streaming_dir, tmp_path):
+    """HEAD: the stream's status and headers, no body, and the generator closed, not run on."""
+    wd = watchdogs(inproc_env(), cwd=streaming_dir)
+    gate, mark = tmp_path / "gate", tmp_path / "mark"
+    conn = _conn(wd)
+    conn.request("HEAD", "/gated", headers={"X-Gate": str(gate), "X-Mark": str(mark)})
+    r = conn.getresponse()
+    assert (r.status, r.getheader("X-Kind"), r.read()) == (202, "gated", b"")
+    _wait_for(mark, wd)  # closed at its first yield: it never waited for the gate
+    conn.request("GET", "/whole")
+    assert conn.getresponse().read() == b"whole"
+    conn.close()

@@ -140,7 +140,7 @@ def pump(
     iterator: Iterator[object] = iter(items)
     index = 0
     try:
-        while True:
+        while stream.body:  # a HEAD, a 204 or a 304 has no body: the function's iterator is not run
             try:
                 item = next(iterator)
             except StopIteration:
