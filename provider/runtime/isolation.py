@@ -108,7 +108,7 @@ def hidden_paths(home: Path) -> list[str]:
     """What no replica sees: the state folder, the stack's config folder, its user's home, and,
     for a stack run as a user (whose replicas keep that user's uid and groups), that user's
     runtime folder and the Docker socket."""
-    out = [home, paths.config_dir()]
+    out = [home, paths.config_file().parent]
     user_home = _user_home()
     if user_home:
         out.append(Path(user_home))

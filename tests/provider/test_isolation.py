@@ -8,7 +8,7 @@ import sys
 
 from faas_gpu import sandbox
 from faas_gpu.paths import REPO_ROOT
-from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, outermost, stack_paths
+from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, hidden_paths, outermost, stack_paths
 
 
 def test_each_path_is_bound_once_unless_a_hidden_folder_lies_between():
@@ -32,6 +32,18 @@ def test_the_stacks_code_and_interpreter_come_in_read_only_and_the_state_folder_
     assert writable == {"/tmp": str(folders.tmp), "/var/tmp": str(folders.var_tmp), "/home/app": str(folders.home)}
     assert {"/var/openfaas/secrets", "/var/openfaas/faas-gpu"} <= read_only
     assert box.cwd == "/home/app" and box.mode == sandbox.ISOLATED_BY_USERNS
+
+
+def test_the_folder_of_the_config_file_faas_gpu_config_names_is_hidden(tmp_path, monkeypatch):
+    """FAAS_GPU_CONFIG names the per-user config file (it records where the running stack is):
+    the folder that holds it is out of a replica's sight, wherever it is."""
+    config = tmp_path / "elsewhere" / "faas-gpu.yml"
+    config.parent.mkdir()
+    config.write_text("{}\n")
+    monkeypatch.setenv("FAAS_GPU_CONFIG", str(config))
+    home = tmp_path / ".faas-gpu"
+    home.mkdir()
+    assert str(config.parent.resolve()) in hidden_paths(home)
 
 
 def test_unisolated_a_replica_finds_its_folders_where_they_are(tmp_path):
