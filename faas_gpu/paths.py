@@ -41,7 +41,11 @@ def config_file() -> Path:
     value = os.environ.get("FAAS_GPU_CONFIG")
     if value:
         path = Path(value).expanduser().resolve()
-        if not path.is_dir():
+        try:
+            folder = path.is_dir()
+        except OSError:  # a folder this user may not look into: not one of its own
+            folder = False
+        if not folder:
             return path
         if value not in _folder_noted:
             _folder_noted.add(value)

@@ -292,7 +292,7 @@ class Provider:
         runtime = self.config.runtime or "local"
         orchestration = ORCHESTRATION.get(runtime, runtime)
         info = {"provider": "faas-gpu", "orchestration": orchestration, "version": _version_info()}
-        isolation = self.runtime.isolation()
+        isolation = self.runtime.isolation() if self.runtime is not None else None
         if isolation is not None:
             info["faasGpuIsolation"] = isolation.describe()
         return info

@@ -194,7 +194,7 @@ def test_archives_two_readers_would_read_apart_are_refused_and_nothing_runs(gpu_
     torch's reader takes (a .pt2 whose shape expression is a command; TorchScript whose __setstate__
     writes a file), uploaded to the scheduler, and to a manager with the cluster token."""
     deploy_printenv(gpu_stack, "printenv")
-    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    token = stolen(gpu_stack, "printenv")
     marker = tmp_path / "pwned"
     for payload in (hostile_program(exported_linear(), marker), hostile_torchscript(marker)):
         r = upload(gpu_stack, token, payload)
@@ -214,7 +214,7 @@ def test_a_zip_bomb_is_refused_and_no_daemon_inflates_it(gpu_stack):
     scheduler to 866 MB and the manager from 248 to 859 MB. Refused now from the archive's directory:
     neither daemon's peak memory moves by more than the upload's own size."""
     deploy_printenv(gpu_stack, "printenv")
-    token = stolen(gpu_stack, "printenv")["FAAS_GPU_TOKEN"]
+    token = stolen(gpu_stack, "printenv")
     bomb = zip_bomb(exported_linear())
     for daemon, send in (
         (gpu_stack.scheduler, lambda: upload(gpu_stack, token, bomb)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -565,17 +566,16 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
 """
 
 
-def test_a_functions_own_status_reaches_the_caller_with_gos_reason_phrase(stack, tmp_path):
+def test_a_functions_own_status_reaches_the_caller_with_gos_reason_phrase(stack):
     """The gateway writes the status line of a function's answer as Go's gateway does (`401
     Unauthorized`), from one table of Go's phrases, for every code (not `401 Unknown`)."""
     import http.client
     import sys
 
-    script = tmp_path / "status_server.py"
-    script.write_text(STATUS_SERVER)
     upstream = free_port()
     env = {"mode": "http", "upstream_url": f"http://127.0.0.1:{upstream}"}
-    process = f"{sys.executable} {script} {upstream}"
+    # inline: the replica's sandbox has a /tmp of its own, where the test's files are not
+    process = f"{sys.executable} -c {shlex.quote(STATUS_SERVER)} {upstream}"
     assert deploy(stack, "status-fn", envProcess=process, envVars=env).status_code == 202
     stack.wait_ready("status-fn")
     host, port = stack.url.removeprefix("http://").split(":")

@@ -10,9 +10,10 @@ import subprocess
 from faas_gpu.paths import REPO_ROOT
 
 # built from parts, so this file does not match itself
-MACHINE_HOME = re.compile(r"(?<![\w.~-])/(" + "|".join(("wo" + "rk", "ro" + "ot", "Us" + "ers")) + r")/")
+MACHINE_HOME = re.compile(r"(?<![\w.~}-])/(" + "|".join(("wo" + "rk", "ro" + "ot", "Us" + "ers")) + r")/")
 CONTAINER_FILES = ("Dockerfile",)  # the app folder there is the image's own (OpenFaaS templates)
-HOME = re.compile(r"(?<![\w.~-])/ho" + r"me/")
+# /home/app is OpenFaaS's function home inside an image and a replica's sandbox, no machine's
+HOME = re.compile(r"(?<![\w.~-])/ho" + r"me/(?!app\b)")
 
 
 def _tracked_text_files():
@@ -38,3 +39,5 @@ def test_no_tracked_file_names_an_absolute_home_of_a_machine():
 def test_the_guard_sees_such_a_path():
     assert MACHINE_HOME.search('DATA = Path("/' + 'work/shared/data/x")')
     assert HOME.search("/" + "home/someone/data") and not MACHINE_HOME.search("/var/openfaas/secrets")
+    assert not HOME.search("HOME=/" + "home/app") and HOME.search("/" + "home/apple/x")
+    assert not MACHINE_HOME.search("/proc/{pid}/" + "root/") and MACHINE_HOME.search("cd /" + "root/x")
