@@ -121,6 +121,7 @@ class InvocationApp:
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
         if result.stream is not None:  # sent on as it arrives, chunked (`provider.streaming`)
+            result.stream.bind(environ.get("gunicorn.socket"))  # a caller that stops reading is dropped
             start_response(status_line(result.status), out)
             return result.stream
         out.append(("Content-Length", str(len(result.body))))

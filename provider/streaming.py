@@ -14,12 +14,21 @@ stream breaks (cut short, or past the call's timeout) the caller's connection is
 the last chunk, so the caller sees an incomplete answer; the call is never resent once its answer
 has begun. A caller that goes away closes the replica's connection, which is how the replica's
 watchdog learns it and closes the function's generator.
+
+A caller that stops reading (its connection open, its window shut) would hold the write of the
+next piece, the request thread and the in-flight slot forever: the replica's side ends at the
+call's timeout, but nothing bounds the gateway's own write. So each piece is written to the
+caller within what is left of the call's timeout (`bind`: the caller's socket gets that timeout
+before each piece); past it the write fails, the server drops the connection and `close` frees
+the slot, as for a caller that went away.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import socket
+import time
 from collections.abc import Callable, Iterator
 
 from .upstream import ReplicaError, ReplicaStream
@@ -35,7 +44,7 @@ class StreamCut(ConnectionResetError):
 class StreamedAnswer:
     """The WSGI iterable of one streamed answer."""
 
-    __slots__ = ("body", "label", "sent", "whole", "_finishers", "_closed")
+    __slots__ = ("body", "label", "sent", "whole", "_finishers", "_closed", "_caller")
 
     def __init__(self, body: ReplicaStream, label: str):
         self.body = body
@@ -44,6 +53,19 @@ class StreamedAnswer:
         self.whole = False
         self._finishers: list[Callable[[bool], None]] = []
         self._closed = False
+        self._caller: socket.socket | None = None
+
+    def bind(self, caller: socket.socket | None) -> None:
+        """The caller's connection, whose writes are then bounded by the call's deadline."""
+        self._caller = caller
+
+    def _bound_next_write(self) -> None:
+        if self._caller is None:
+            return
+        try:  # at least a moment: 0 would make the socket non-blocking, not bounded
+            self._caller.settimeout(max(0.001, self.body.deadline - time.monotonic()))
+        except OSError:  # closed under us: the write itself says so
+            pass
 
     def at_end(self, finish: Callable[[bool], None]) -> None:
         """Call `finish(whole)` when the stream ends (last registered, first called)."""
@@ -53,6 +75,7 @@ class StreamedAnswer:
         try:
             for piece in self.body:
                 self.sent += len(piece)
+                self._bound_next_write()
                 yield piece
         except ReplicaError as exc:
             log.warning("%s: its streamed answer was cut after %d bytes: %s", self.label, self.sent, exc)
@@ -77,6 +100,11 @@ class StreamedAnswer:
             return
         self._closed = True
         self.body.close()
+        if self._caller is not None:
+            try:  # the connection's next request (kept alive) is read without the call's bound
+                self._caller.settimeout(None)
+            except OSError:
+                pass
         for finish in reversed(self._finishers):
             try:
                 finish(self.whole)

@@ -183,6 +183,11 @@ class ReplicaStream:
     def complete(self) -> bool:
         return self._body.complete
 
+    @property
+    def deadline(self) -> float:
+        """`time.monotonic()` by which the whole body must have come (the call's timeout)."""
+        return self._deadline
+
     def __iter__(self) -> ReplicaStream:
         return self
 

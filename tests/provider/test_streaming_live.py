@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import http.client
 import re
+import socket
 import threading
 import time
 import uuid
@@ -28,6 +29,10 @@ from tests.stack_process import StackProcess
 pytestmark = pytest.mark.slow
 
 NAME = "streamer"
+ONE = "streamer-one"
+"""The same image deployed with OpenFaaS's `max_inflight: "1"`: one call in flight at a time."""
+CALL_TIMEOUT_S = 10
+"""The gateway's upstream_timeout in these tests: a stream's whole time, its writes to the caller included."""
 HANDLER = """\
 import os
 import time
@@ -62,6 +67,15 @@ def handle(event, context):
             finally:
                 _tell(base, "closed", call)
         return {"body": tokens()}
+    if kind == "flood":
+        def pieces():
+            try:
+                _tell(base, "ran", call)
+                while True:
+                    yield b"x" * 262144
+            finally:
+                _tell(base, "closed", call)
+        return {"body": pieces()}
     if kind == "cut":
         def tokens():
             _tell(base, "ran", call)
@@ -130,7 +144,9 @@ def tests_server():
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("streaming") / "home"
-    s = StackProcess(home, "--callback-allow", "127.0.0.1").start()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("upstream_timeout", f"{CALL_TIMEOUT_S}s")
+        s = StackProcess(home, "--callback-allow", "127.0.0.1").start()
     project = home.parent / "project"
     (project / "fn").mkdir(parents=True)
     (project / "fn" / "handler.py").write_text(HANDLER)
@@ -138,7 +154,11 @@ def stack(tmp_path_factory):
     build(load_stack(project / "stack.yml").functions[NAME], ImageStore(home / "images"), stack_dir=project)
     r = s.request("POST", "/system/functions", json={"service": NAME, "image": f"{NAME}:latest"}, timeout=30)
     assert r.status_code == 202, r.text
+    one = {"service": ONE, "image": f"{NAME}:latest", "envVars": {"max_inflight": "1"}}
+    r = s.request("POST", "/system/functions", json=one, timeout=30)
+    assert r.status_code == 202, r.text
     s.wait_ready(NAME, timeout_s=120)
+    s.wait_ready(ONE, timeout_s=120)
     yield s
     s.stop()
 
@@ -241,3 +261,47 @@ def test_an_async_call_posts_the_whole_streamed_body_to_its_callback(stack, test
     headers, body = tests_server.callbacks[-1]
     assert body == b"one two three" and headers["X-Function-Status"] == "200"
     assert headers["Content-Length"] == str(len(body)) and "Transfer-Encoding" not in headers
+
+
+def _status_becomes(stack: StackProcess, status: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (got := requests.get(f"{stack.url}/function/{ONE}/whole", timeout=30).status_code) != status:
+        assert time.monotonic() < deadline, f"/function/{ONE} still answers {got}, not {status}"
+        time.sleep(0.2)
+
+
+def test_a_stream_holds_its_in_flight_slot_until_it_ends(stack, tests_server):
+    """With max_inflight 1, a second call is refused (429) while a stream is open, and gets in
+    once the stream has ended: the slot is the stream's until its last chunk, not its head."""
+    call = uuid.uuid4().hex
+    conn = _conn(stack.url)
+    conn.request("GET", f"/function/{ONE}/gated", headers=tests_server.headers(call))
+    r = conn.getresponse()
+    assert r.read1(65536) == b"data: first\n\n"
+    assert requests.get(f"{stack.url}/function/{ONE}/whole", timeout=30).status_code == 429
+    tests_server.gates[call].set()
+    assert r.read() == b"data: second\n\n"
+    conn.close()
+    _status_becomes(stack, 200, timeout_s=10)
+
+
+def test_a_caller_that_stops_reading_loses_its_stream_at_the_calls_timeout(stack, tests_server):
+    """A caller that sends a call and never reads its streamed answer (its connection open, its
+    window shut) holds the gateway's write to it; at the call's timeout that write fails, the
+    connection is dropped, the in-flight slot is freed and the function's generator closed.
+    Before, the gateway's thread and the slot were held for as long as the caller kept still."""
+    call = uuid.uuid4().hex
+    host, port = stack.url.removeprefix("http://").split(":")
+    caller = socket.socket()
+    caller.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    caller.connect((host, int(port)))
+    try:
+        head = f"GET /function/{ONE}/flood HTTP/1.1\r\nHost: {host}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in tests_server.headers(call).items())
+        caller.sendall(head.encode() + b"\r\n")
+        tests_server.until("ran", call)
+        assert requests.get(f"{stack.url}/function/{ONE}/whole", timeout=30).status_code == 429
+        _status_becomes(stack, 200, timeout_s=CALL_TIMEOUT_S + 30)
+        tests_server.until("closed", call)
+    finally:
+        caller.close()
