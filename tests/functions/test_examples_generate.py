@@ -19,8 +19,12 @@ import sys
 import pytest
 import torch
 
-from faas_gpu.paths import TEMPLATES_DIR
+from faas_gpu.build import build
+from faas_gpu.imagestore import ImageStore
+from faas_gpu.paths import REPO_ROOT, TEMPLATES_DIR
+from faas_gpu.stack import load_stack
 from tests.functions.handler_import import FUNCTIONS, Event, load_handler
+from tests.stack_process import StackProcess
 from tests.templates.test_watchdog import Watchdog, inproc_env
 
 pytestmark = pytest.mark.skipif(
@@ -179,3 +183,39 @@ def test_the_function_streams_through_the_watchdog(tmp_path):
         conn.close()
     finally:
         wd.stop()
+
+
+@pytest.mark.slow
+def test_the_function_streams_from_its_sandboxed_replica_in_a_stack(tmp_path):
+    """generate as `make up` runs it: built from the repository's stack.yml into a real stack's
+    image store and deployed as `faas-gpu up` deploys it, in a replica's sandbox (its own uid,
+    its own /tmp, the state folder hidden): the model's files are found in the stack's
+    environment and read there, and the events arrive through the gateway as chunks."""
+    home = tmp_path / "home"
+    spec = load_stack(REPO_ROOT / "stack.yml").functions["generate"]
+    stack = StackProcess(home).start()
+    try:
+        build(spec, ImageStore(home / "images"), stack_dir=REPO_ROOT)
+        r = stack.request("POST", "/system/functions", json=spec.to_deployment(), timeout=30)
+        assert r.status_code == 202, r.text
+        stack.wait_ready("generate", timeout_s=180)
+        host, port = stack.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        conn.request(
+            "POST",
+            "/function/generate",
+            body=json.dumps({"prefix": "The best", "max_chars": 25, "seed": 3}),
+            headers={"Content-Type": "application/json"},
+        )
+        res = conn.getresponse()
+        assert res.status == 200 and res.getheader("Transfer-Encoding") == "chunked", res.read()[:300]
+        assert res.getheader("Content-Type") == "text/event-stream" and res.getheader("X-Model") == "textgenrnn"
+        first = res.read1(65536).decode()
+        assert first.startswith("data: {")
+        events = _events([first, res.read().decode()])
+        assert events[-1][0] == "end" and len(events) == events[-1][1]["chars"] + 1
+        conn.close()
+        bad = stack.send("POST", f"{stack.url}/function/generate", data=b'{"max_chars": 0}', timeout=60)
+        assert bad.status_code == 400 and bad.text.startswith("max_chars:")
+    finally:
+        stack.stop()
