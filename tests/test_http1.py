@@ -256,3 +256,25 @@ def test_a_streamed_body_is_read_piece_by_piece_to_its_end(peers):
     bad.send("GET", "/")
     with pytest.raises(ProtocolError):
         bad.read_answer("GET", stream=True).stream.read()
+
+
+def test_a_huge_chunk_is_handed_on_in_bounded_pieces_and_a_cut_one_is_an_error(peers):
+    """A hostile replica announcing a chunk of a terabyte: its bytes come in pieces of at most
+    the reader's size, as they arrive (nothing gathered), and the chunk cut short is a
+    ProtocolError; a chunk-size line over 64 KiB or a negative size is one too."""
+    huge = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000\r\n" + b"x" * 300_000
+    conn = peers(lambda n: (huge,)).connection()
+    conn.send("GET", "/")
+    stream = conn.read_answer("GET", stream=True).stream
+    got = 0
+    with pytest.raises(ProtocolError, match="cut short"):
+        while piece := stream.read(65536):
+            assert len(piece) <= 65536
+            got += len(piece)
+    assert got == 300_000 and not stream.complete
+    for bad_size in (b"1" * 70_000, b"-5"):
+        answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + bad_size + b"\r\nhello\r\n0\r\n\r\n"
+        bad = peers(lambda n, answer=answer: (answer,)).connection()
+        bad.send("GET", "/")
+        with pytest.raises(ProtocolError):
+            bad.read_answer("GET", stream=True).stream.read()
