@@ -8,6 +8,7 @@ writing one (`X-Mark`), so a test knows what the handler is doing without timing
 from __future__ import annotations
 
 import http.client
+import socket
 import time
 from pathlib import Path
 
@@ -57,6 +58,23 @@ def handle(event, context):
                     yield f"{n}\\n"
                     n += 1
                     time.sleep(0.05)
+            finally:
+                _closed(mark)
+        return {"body": tokens()}
+    if kind == "flood":
+        def pieces():
+            try:
+                while True:
+                    yield b"x" * 1048576
+            finally:
+                _closed(mark)
+        return {"body": pieces()}
+    if kind == "stuck":
+        def tokens():
+            try:
+                yield "first"
+                time.sleep(60)  # a model that hangs mid-stream: no next item to cut at
+                yield "never"
             finally:
                 _closed(mark)
         return {"body": tokens()}
@@ -193,6 +211,41 @@ def test_the_exec_timeout_cuts_a_stream_and_closes_its_generator(watchdogs, stre
     conn = _conn(wd)
     conn.request("GET", "/whole")
     assert conn.getresponse().read() == b"whole"
+    conn.close()
+
+
+def test_a_caller_that_never_reads_a_flood_is_cut_at_the_exec_timeout(watchdogs, streaming_dir, serve_env, tmp_path):
+    """A caller that sends a call and reads nothing of an answer of 1 MiB pieces without end (its
+    window shut): the write blocked on it fails at exec_timeout, the stream is cut, the generator
+    closed, and the watchdog serves on; nothing waits for the caller."""
+    wd = watchdogs(serve_env(exec_timeout="1s"), cwd=streaming_dir)
+    mark = tmp_path / "mark"
+    caller = socket.socket()
+    caller.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    caller.connect(("127.0.0.1", wd.port))
+    try:
+        caller.sendall(f"GET /flood HTTP/1.1\r\nHost: x\r\nX-Mark: {mark}\r\n\r\n".encode())
+        _wait_for(mark, wd)
+        conn = _conn(wd)
+        conn.request("GET", "/whole")
+        assert conn.getresponse().read() == b"whole"
+        conn.close()
+    finally:
+        caller.close()
+
+
+def test_a_generator_that_hangs_mid_stream_is_cut_at_the_exec_timeout_not_at_its_next_item(
+    watchdogs, streaming_dir, serve_env, tmp_path
+):
+    """The generator hangs after its first item (it would yield again a minute later): at
+    exec_timeout the caller's answer ends cut, without waiting for an item to cut at."""
+    wd = watchdogs(serve_env(exec_timeout="1s"), cwd=streaming_dir)
+    conn = http.client.HTTPConnection("127.0.0.1", wd.port, timeout=30)  # well under the hang
+    conn.request("GET", "/stuck", headers={"X-Mark": str(tmp_path / "mark")})
+    r = conn.getresponse()
+    assert r.status == 200 and r.read1(65536) == b"first"
+    with pytest.raises(http.client.IncompleteRead):
+        r.read()
     conn.close()
 
 

@@ -113,8 +113,13 @@ def _streamed(resp: http.client.HTTPResponse, method: str) -> bool:
 
 def _relay(h: Handler, resp: http.client.HTTPResponse, sock: socket.socket, headers, deadline: float | None) -> int:
     """Relay a streamed upstream answer chunk by chunk as it arrives (`streams`), the whole of it
-    within the request's timeout; the upstream connection is kept only after a whole answer."""
+    within the request's timeout, the writes to the caller too (one that stops reading is cut at
+    the timeout, not at the connection's own, minutes later); the upstream connection is kept
+    only after a whole answer."""
     from .streams import Stream, pump
+
+    caller = h.connection
+    caller_timeout = caller.gettimeout()
 
     def chunks():
         while True:
@@ -126,6 +131,8 @@ def _relay(h: Handler, resp: http.client.HTTPResponse, sock: socket.socket, head
             data = resp.read1(65536)
             if not data:
                 return
+            if deadline is not None:  # at least a moment: 0 would make the socket non-blocking
+                caller.settimeout(max(0.001, deadline - time.monotonic()))
             yield data
 
     def cut_reason() -> str | None:
@@ -135,13 +142,19 @@ def _relay(h: Handler, resp: http.client.HTTPResponse, sock: socket.socket, head
 
     stream = Stream(h)
     stream.head(resp.status, headers, h.wd.cfg.content_type)
-    whole = pump(
-        h,
-        stream,
-        chunks(),
-        cut_reason=cut_reason,
-        on_error=lambda exc: f"the function's answer ended early ({type(exc).__name__}: {exc})",
-    )
+    try:
+        whole = pump(
+            h,
+            stream,
+            chunks(),
+            cut_reason=cut_reason,
+            on_error=lambda exc: f"the function's answer ended early ({type(exc).__name__}: {exc})",
+        )
+    finally:
+        try:  # the connection's next request is read within its own timeout again
+            caller.settimeout(caller_timeout)
+        except OSError:
+            pass
     h.sent = stream.sent
     if not whole or resp.will_close:
         h.wd.upstream.drop()  # mid-answer: closing it is how the function's server learns the caller went
