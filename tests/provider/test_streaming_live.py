@@ -305,3 +305,19 @@ def test_a_caller_that_stops_reading_loses_its_stream_at_the_calls_timeout(stack
         tests_server.until("closed", call)
     finally:
         caller.close()
+
+
+def test_a_head_call_to_a_streaming_function_gets_the_head_and_its_generator_is_closed(stack, tests_server):
+    """HEAD through the gateway: the function's status and headers, no body, and its generator
+    closed at its first item (read before the head, as for any stream), never run on to the next
+    (which would wait for the test's gate, never opened here); the connection serves on."""
+    call = uuid.uuid4().hex
+    conn = _conn(stack.url)
+    conn.request("HEAD", f"/function/{NAME}/gated", headers=tests_server.headers(call))
+    r = conn.getresponse()
+    assert (r.status, r.getheader("X-Kind"), r.read()) == (201, "sse", b"")
+    conn.request("GET", f"/function/{NAME}/whole")
+    assert conn.getresponse().read() == b"whole"
+    conn.close()
+    tests_server.until("closed", call)
+    assert not tests_server.seen[("wait", call)]
