@@ -23,6 +23,7 @@ from faas_gpu.build import build
 from faas_gpu.imagestore import ImageStore
 from faas_gpu.paths import REPO_ROOT, TEMPLATES_DIR
 from faas_gpu.stack import load_stack
+from tests.daemon_process import Daemon
 from tests.functions.handler_import import FUNCTIONS, Event, load_handler
 from tests.stack_process import StackProcess
 from tests.templates.test_watchdog import Watchdog, inproc_env
@@ -189,11 +190,18 @@ def test_the_function_streams_through_the_watchdog(tmp_path):
 def test_the_function_streams_from_its_sandboxed_replica_in_a_stack(tmp_path):
     """generate as `make up` runs it: built from the repository's stack.yml into a real stack's
     image store and deployed as `faas-gpu up` deploys it, in a replica's sandbox (its own uid,
-    its own /tmp, the state folder hidden): the model's files are found in the stack's
-    environment and read there, and the events arrive through the gateway as chunks."""
+    its own /tmp, the state folder hidden, its token a file), each step on the GPU path (a
+    scheduler and a GPU Manager on the cpu back end, which check the exported step and run it):
+    the model's files are found in the stack's environment and read there, and the events
+    arrive through the gateway as chunks."""
     home = tmp_path / "home"
+    home.mkdir()
     spec = load_stack(REPO_ROOT / "stack.yml").functions["generate"]
-    stack = StackProcess(home).start()
+    manager = Daemon("gpu_manager", home, "--units", "1", "--unit-memory-mb", "256", "--node", "local")
+    scheduler = Daemon("scheduler", home)
+    with pytest.MonkeyPatch.context() as env:  # the first step exports, uploads and loads it: a cold start
+        env.setenv("upstream_timeout", "300s")
+        stack = StackProcess(home, "--scheduler", scheduler.url).start()
     try:
         build(spec, ImageStore(home / "images"), stack_dir=REPO_ROOT)
         r = stack.request("POST", "/system/functions", json=spec.to_deployment(), timeout=30)
@@ -208,7 +216,11 @@ def test_the_function_streams_from_its_sandboxed_replica_in_a_stack(tmp_path):
             headers={"Content-Type": "application/json"},
         )
         res = conn.getresponse()
-        assert res.status == 200 and res.getheader("Transfer-Encoding") == "chunked", res.read()[:300]
+        assert res.status == 200 and res.getheader("Transfer-Encoding") == "chunked", (
+            res.read()[:300],
+            stack.log_tail(6000),
+            manager.log.read_text()[-3000:],
+        )
         assert res.getheader("Content-Type") == "text/event-stream" and res.getheader("X-Model") == "textgenrnn"
         first = res.read1(65536).decode()
         assert first.startswith("data: {")
@@ -219,3 +231,5 @@ def test_the_function_streams_from_its_sandboxed_replica_in_a_stack(tmp_path):
         assert bad.status_code == 400 and bad.text.startswith("max_chars:")
     finally:
         stack.stop()
+        scheduler.kill()
+        manager.kill()
