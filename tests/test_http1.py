@@ -226,3 +226,55 @@ def test_the_host_header_names_the_port_unless_it_is_http_s_own():
         "[::1]",
         "[::1]:81",
     ]
+
+
+def test_a_streamed_body_is_read_piece_by_piece_to_its_end(peers):
+    """`read_answer(stream=True)` leaves a body without a length to `Answer.stream`: chunked, to
+    the connection's end, or malformed (ProtocolError, never a wrong body); one with a length is
+    read whole as ever."""
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1;x=y\r\n!\r\n0\r\n\r\n"
+    conn = peers(lambda n: chunked).connection()
+    conn.send("GET", "/")
+    answer = conn.read_answer("GET", stream=True)
+    assert answer.body == b"" and answer.stream is not None and not answer.will_close
+    pieces = []
+    while piece := answer.stream.read():
+        pieces.append(piece)
+    assert pieces == [b"hello", b"!"] and answer.stream.complete and answer.stream.read() == b""
+    assert conn.request("GET", "/").body == b"hello!"  # the connection is where the next answer starts
+
+    to_close = peers(lambda n: (b"HTTP/1.1 200 OK\r\n\r\nuntil the end",)).connection()
+    to_close.send("GET", "/")
+    answer = to_close.read_answer("GET", stream=True)
+    assert answer.will_close and answer.stream.read() == b"until the end" and answer.stream.read() == b""
+
+    sized = peers(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").connection()
+    sized.send("GET", "/")
+    assert sized.read_answer("GET", stream=True).stream is None
+
+    bad = peers(lambda n: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n",)).connection()
+    bad.send("GET", "/")
+    with pytest.raises(ProtocolError):
+        bad.read_answer("GET", stream=True).stream.read()
+
+
+def test_a_huge_chunk_is_handed_on_in_bounded_pieces_and_a_cut_one_is_an_error(peers):
+    """A hostile replica announcing a chunk of a terabyte: its bytes come in pieces of at most
+    the reader's size, as they arrive (nothing gathered), and the chunk cut short is a
+    ProtocolError; a chunk-size line over 64 KiB or a negative size is one too."""
+    huge = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000\r\n" + b"x" * 300_000
+    conn = peers(lambda n: (huge,)).connection()
+    conn.send("GET", "/")
+    stream = conn.read_answer("GET", stream=True).stream
+    got = 0
+    with pytest.raises(ProtocolError, match="cut short"):
+        while piece := stream.read(65536):
+            assert len(piece) <= 65536
+            got += len(piece)
+    assert got == 300_000 and not stream.complete
+    for bad_size in (b"1" * 70_000, b"-5"):
+        answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + bad_size + b"\r\nhello\r\n0\r\n\r\n"
+        bad = peers(lambda n, answer=answer: (answer,)).connection()
+        bad.send("GET", "/")
+        with pytest.raises(ProtocolError):
+            bad.read_answer("GET", stream=True).stream.read()

@@ -9,10 +9,16 @@
 Both give the handler the same `event` and `context` and turn what it returns into the same
 answer (`_answer`: Flask's own conversion where the fast one does not apply). The handler module
 is imported once, at start-up: a model loaded at import time is loaded once per instance.
+
+A handler whose answer's `body` is a generator or another iterator of str or bytes (or that
+returns one, as a Flask view may) has its answer streamed: the status and headers first, then
+each item as a chunk as it is yielded (`_stream`; the watchdog's `streams` module, or waitress in
+http mode, sends them).
 """
 
 import os
 import traceback
+from collections.abc import Iterator
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from flask import Flask, request
@@ -153,7 +159,8 @@ def get_content_type(res):
 
 def _call(event):
     """The handler's answer to `event` as (status, [(header, value)], body bytes), what Flask
-    would send for python3-http's conversions of it; an exception is this call's error."""
+    would send for python3-http's conversions of it; an exception is this call's error. A body
+    that is a generator or another iterator is streamed: the body is then an iterator of bytes."""
     headers = event.headers
     if handler is None:
         return 500, [("Content-Type", "text/plain")], _import_error.encode()
@@ -168,20 +175,84 @@ def _call(event):
         else:
             res = handler.handle(event, _CONTEXT)
     except Exception as exc:  # the instance keeps serving; the caller gets the error
-        traceback.print_exc()
-        status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)
-        return (
-            status if isinstance(status, int) else 500,
-            [("Content-Type", "text/plain")],
-            f"{type(exc).__name__}: {exc}\n".encode(),
-        )
+        return _error(exc)
     status, out, data = _answer(res)
+    if not isinstance(data, bytes):
+        try:  # a streamed body: its first item now, so that a failure before it is a plain error
+            data = _stream(data)
+        except Exception as exc:
+            return _error(exc)
     job = gpu_client.last_job.get() if gpu_client is not None else None
     if job:  # which unit ran the model, whether it was a cache hit, and the batch it ran in
         shown = {k.lower() for k in gpu_headers.SHOWN_BY_INSTANCE if k in job}
         out = [(k, v) for k, v in out if k.lower() not in shown]
         out.extend((k, job[k]) for k in gpu_headers.SHOWN_BY_INSTANCE if k in job)
     return status, out, data
+
+
+def _error(exc):
+    traceback.print_exc()
+    status = getattr(exc, "status", 500)  # the GPU client's errors keep theirs (400, 503, 507)
+    return (
+        status if isinstance(status, int) else 500,
+        [("Content-Type", "text/plain")],
+        f"{type(exc).__name__}: {exc}\n".encode(),
+    )
+
+
+def _chunk(item, index):
+    """One item of a streamed body as bytes: str as UTF-8, bytes as they are; any other type is
+    the handler's error (a number or a dict has no one encoding: yield json.dumps(x) + "\\n")."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, bytearray | memoryview):
+        return bytes(item)
+    raise TypeError(f"item {index} of the streamed body is {type(item).__name__}: a streamed body yields str or bytes")
+
+
+def _stream(items):
+    """A streamed body (a generator or any iterator of str or bytes) as an iterator of bytes, its
+    first item read already: an exception or a wrong type before it is answered as a handler's
+    error (500 and why, nothing sent yet). After it, the watchdog (or waitress, in http mode)
+    sends each item as a chunk; an exception or a wrong type then cuts the answer short.
+    Closing what this returns closes the handler's iterator (GeneratorExit at its yield)."""
+    it = iter(items)
+    try:
+        first = _chunk(next(it), 0)
+    except StopIteration:
+        first = None
+    except BaseException:
+        _close(it)
+        raise
+    return _chunks(it, first)
+
+
+def _chunks(it, first):
+    try:
+        if first is not None:
+            yield first
+        for index, item in enumerate(it, start=1):
+            yield _chunk(item, index)
+    except GeneratorExit:  # the caller went away, or the stream was cut: nothing to report
+        raise
+    except Exception:
+        traceback.print_exc()  # the watchdog logs the cut; the traceback says where
+        raise
+    finally:
+        _close(it)
+
+
+def _close(it):
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def _streams(body):
+    """A body to stream: an iterator (a generator, a file); a list or a string is not one."""
+    return isinstance(body, Iterator) and not isinstance(body, str | bytes)
 
 
 _HTML = ("Content-Type", "text/html; charset=utf-8")  # Flask's default mimetype
@@ -196,12 +267,19 @@ def _answer(res):
         return 200, [_HTML], b""
     if isinstance(res, str | bytes):
         return 200, [_HTML], res.encode() if isinstance(res, str) else res
+    if _streams(res):  # Flask streams a generator a view returns
+        return 200, [_HTML], res
     if not isinstance(res, dict):
         return _flask_answer(res)
     status = format_status_code(res)
     headers = format_headers(res)
     octet = get_content_type(res) == "application/octet-stream"
     body = res.get("body", "")
+    if _streams(body) and isinstance(status, int) and isinstance(headers, list):
+        out = list(headers)
+        if not any(k.lower() == "content-type" for k, _ in out):
+            out.append(_HTML)
+        return status, out, body
     if not octet and isinstance(body, dict):
         # jsonify: the app's JSON provider, compact; Flask's tuple conversion then *updates* its
         # headers (a handler's Content-Type replaces application/json)
@@ -223,12 +301,15 @@ def _answer(res):
 def _flask_answer(rv):
     with app.app_context():
         resp = app.make_response(rv)
+        if resp.is_streamed:  # a generator in a tuple, or a streamed Response: streamed here too
+            headers = [(k, v) for k, v in resp.headers.to_wsgi_list() if k.lower() != "content-length"]
+            return resp.status_code, headers, resp.response
         return resp.status_code, resp.headers.to_wsgi_list(), resp.get_data()
 
 
 def handle_http(method, path, query, headers, body):
     """One call, from the watchdog's `mode=inproc`: `headers` as the watchdog parsed them;
-    (status, [(header, value)], body bytes)."""
+    (status, [(header, value)], body bytes, or an iterator of bytes for a streamed body)."""
     if path == READY_PATH and method == "GET":
         return _ready()
     event = Event(

@@ -32,7 +32,7 @@ class Replicas:
         self.ready, self.turn = list(ready), 0
         self.runtime = SimpleNamespace(endpoints=lambda name, namespace: self.ready)
 
-    def forward(self, url, method, path, query, headers, body, may_resend=None) -> Result:
+    def forward(self, url, method, path, query, headers, body, may_resend=None, stream=False) -> Result:
         self.sent_to.append(url)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):

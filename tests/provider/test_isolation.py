@@ -9,7 +9,7 @@ from pathlib import Path
 
 from faas_gpu.paths import REPO_ROOT
 from faas_gpu.sandbox import replica as sandbox
-from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, outermost, stack_paths
+from provider.runtime.isolation import Isolation, ReplicaFolders, Walls, hidden_paths, outermost, stack_paths
 
 
 def test_each_path_is_bound_once_unless_a_hidden_folder_lies_between():

@@ -385,3 +385,108 @@ def test_a_timeout_after_a_cold_start_says_the_call_woke_the_function(replicas):
     r = call(app)
     assert r.status == 504 and b"Timeout reaching service for: fn. (after a cold start of 0." in r.body
     assert header(r, "X-Faas-Gpu-Cold-Start-Seconds") is not None
+
+
+# -- streamed answers (issue 43) -----------------------------------------------------------
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%X\r\n%b\r\n" % (len(data), data)
+
+
+def test_a_streamed_answer_comes_back_at_its_head_and_each_piece_as_it_arrives(replicas):
+    """A chunked answer is handed on at its head with `stream=True`; each chunk as it comes (the
+    second is sent only once the first was read); read to its end, the connection is kept."""
+    first_read = threading.Event()
+
+    def streaming(replica: Replica, conn: socket.socket, n: int) -> None:
+        while replica.read(conn) is not None:
+            conn.sendall(CHUNKED_HEAD + _chunk(b"data: 1\n\n"))
+            first_read.wait(10)
+            conn.sendall(_chunk(b"data: 2\n\n") + b"0\r\n\r\n")
+
+    replica = replicas(streaming)
+    inv = invoker()
+    result = inv.forward(replica.url, "GET", "/", "", {}, b"", stream=True)
+    assert result.status == 200 and result.body == b"" and result.stream is not None
+    assert ("Content-Type", "text/event-stream") in result.headers
+    assert not any(k.lower() == "transfer-encoding" for k, _ in result.headers)  # hop-by-hop: the gateway frames it
+    pieces = iter(result.stream)
+    assert next(pieces) == b"data: 1\n\n"
+    first_read.set()
+    assert list(pieces) == [b"data: 2\n\n"]
+    result.stream.close()
+    assert result.stream.whole
+    first_read.clear()
+    again = inv.forward(replica.url, "GET", "/", "", {}, b"", stream=True)
+    first_read.set()
+    assert again.stream.whole_body() == b"data: 1\n\ndata: 2\n\n" and replica.connections == 1
+
+
+def test_a_whole_answer_is_read_whole_even_when_a_stream_is_allowed(replicas):
+    result = invoker().forward(replicas(keep_alive).url, "POST", "/", "", {}, b"x", stream=True)
+    assert (result.status, result.body, result.stream) == (200, b"ok", None)
+
+
+def test_a_stream_cut_short_reaches_the_caller_as_a_reset_and_closes_the_connection(replicas):
+    """The replica dies mid-stream: the WSGI server gets a connection reset to close the caller's
+    connection without the last chunk (StreamCut); the call is not retried here (it had begun)."""
+    from provider.streaming import StreamCut
+
+    def cut(replica: Replica, conn: socket.socket, n: int) -> None:
+        replica.read(conn)
+        conn.sendall(CHUNKED_HEAD + _chunk(b"partial") + b"10\r\nhal")
+
+    replica = replicas(cut)
+    result = invoker().forward(replica.url, "GET", "/", "", {}, b"", stream=True)
+    got = []
+    with pytest.raises(StreamCut) as cut_exc:
+        for piece in result.stream:
+            got.append(piece)
+    assert b"".join(got).startswith(b"partial") and isinstance(cut_exc.value.__cause__, ReplicaDropped)
+    result.stream.close()
+    assert not result.stream.whole and replica.connections == 1
+
+
+def test_a_stream_that_runs_past_the_calls_timeout_is_cut(replicas):
+    """The call's timeout bounds the whole stream, not each piece: a replica that keeps sending
+    slowly is cut once it has passed."""
+    from provider.streaming import StreamCut
+
+    def slow(replica: Replica, conn: socket.socket, n: int) -> None:
+        replica.read(conn)
+        conn.sendall(CHUNKED_HEAD)
+        try:
+            for _ in range(100):
+                conn.sendall(_chunk(b"."))
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+    result = invoker(upstream_timeout_s=0.6).forward(replicas(slow).url, "GET", "/", "", {}, b"", stream=True)
+    with pytest.raises(StreamCut) as cut_exc:
+        for _ in result.stream:
+            pass
+    assert isinstance(cut_exc.value.__cause__, ReplicaTimeout)
+    result.stream.close()
+
+
+def test_closing_a_stream_early_closes_the_replicas_connection_and_finishes_the_call(replicas):
+    """A caller gone mid-stream: the WSGI server closes the iterable, which closes the connection
+    (how the replica's watchdog learns it) and runs the call's bookkeeping once, as not whole."""
+    saw_close = threading.Event()
+
+    def endless(replica: Replica, conn: socket.socket, n: int) -> None:
+        replica.read(conn)
+        conn.sendall(CHUNKED_HEAD + _chunk(b"first"))
+        if conn.recv(1) == b"":
+            saw_close.set()
+
+    result = invoker().forward(replicas(endless).url, "GET", "/", "", {}, b"", stream=True)
+    ended: list[bool] = []
+    result.stream.at_end(ended.append)
+    assert next(iter(result.stream)) == b"first"
+    result.stream.close()
+    result.stream.close()
+    assert saw_close.wait(5) and ended == [False]

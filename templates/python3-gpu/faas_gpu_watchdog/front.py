@@ -74,6 +74,21 @@ class Handler(BaseHTTPRequestHandler):
         content_type: str = "text/plain; charset=utf-8",
         close: bool = False,
     ) -> None:
+        self.head(code, headers, content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+        # end_headers + write, in one send: the caller reads the head and the body in one
+        # receive, and no second system call here (issue 20's CPU a request)
+        self._headers_buffer.append(b"\r\n")
+        if self.command != "HEAD":
+            self._headers_buffer.append(body)
+        self.sent = len(body)
+        self.flush_headers()
+
+    def head(self, code: int, headers: list[tuple[str, str]] | None, content_type: str) -> None:
+        """An answer's status line and headers, buffered; the caller adds its framing (a
+        Content-Length, or a stream's `Transfer-Encoding`) and ends them."""
         # the upstream's own Date and Server win (of-watchdog copies them and Go adds a Date only
         # when none is set); BaseHTTPRequestHandler.send_response would add a second of each
         upstream = {k.lower() for k, _ in headers or ()}
@@ -91,16 +106,6 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         if not has_ct:
             self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if close:
-            self.send_header("Connection", "close")
-        # end_headers + write, in one send: the caller reads the head and the body in one
-        # receive, and no second system call here (issue 20's CPU a request)
-        self._headers_buffer.append(b"\r\n")
-        if self.command != "HEAD":
-            self._headers_buffer.append(body)
-        self.sent = len(body)
-        self.flush_headers()
 
     def request_timeout(self) -> float:
         """This request's timeout in seconds (0: none)."""

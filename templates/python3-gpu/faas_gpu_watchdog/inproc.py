@@ -33,16 +33,18 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
 from .logs import log
+from .streams import Stream, is_stream, pump
 
 if TYPE_CHECKING:
     from .front import Handler
 
 _PYTHON = re.compile(r"python[0-9.]*")
-CallResult = tuple[int, list[tuple[str, str]], bytes]
+CallResult = tuple[int, list[tuple[str, str]], bytes | Iterable[bytes]]
 
 
 def script_of(fprocess: str) -> tuple[str, list[str]]:
@@ -133,6 +135,11 @@ class WsgiCall:
             got[:] = [int(status_line.split(" ", 1)[0]), list(response_headers)]
 
         chunks = self.app(env, start_response)
+        if not isinstance(chunks, list | tuple):
+            if not got:  # a generator calls start_response when first iterated (PEP 3333)
+                chunks = _first_pulled(chunks)
+            if not any(k.lower() == "content-length" for k, _ in got[1]):
+                return got[0], got[1], chunks  # no length, not a list: streamed, as a WSGI server sends it
         try:
             data = b"".join(chunks)
         finally:
@@ -142,18 +149,43 @@ class WsgiCall:
         return got[0], got[1], data
 
 
+class _first_pulled:  # noqa: N801 — an iterable, named for what it is
+    """A WSGI iterable whose first item is read now (so that start_response has been called),
+    iterated from that item; `close` is the iterable's."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+        self.it = iter(chunks)
+        self.first = [next(self.it, b"")]
+
+    def __iter__(self):
+        yield from self.first
+        yield from self.it
+
+    def close(self):
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
+
+
 def _unquote_latin1(path: str) -> str:
     """PATH_INFO as a WSGI server gives it: %-escapes decoded, bytes as latin-1 (PEP 3333)."""
     return unquote_to_bytes(path).decode("latin-1") if "%" in path else path
 
 
 class _Call:
-    """One call's answer, given once: by the handler's thread, or at the deadline by the timer."""
+    """One call's answer, given once: by the handler's thread, or at the deadline by the timer.
 
-    __slots__ = ("h", "lock", "answered", "t0")
+    A streamed answer has begun once its head is sent (`begin_stream`); the deadline then cuts it
+    (`cut`: the connection shut, the stream's thread closes the function's iterator at its next
+    item) instead of answering 504."""
+
+    __slots__ = ("h", "lock", "answered", "t0", "streaming", "cut")
 
     def __init__(self, h: Handler, t0: float):
         self.h, self.t0, self.lock, self.answered = h, t0, threading.Lock(), False
+        self.streaming = False
+        self.cut: str | None = None
 
     def answer(self, status: int, headers: list[tuple[str, str]], data: bytes) -> bool:
         with self.lock:
@@ -163,9 +195,26 @@ class _Call:
             self.h.reply(status, data, headers, content_type=self.h.wd.cfg.content_type)
             return True
 
+    def begin_stream(self, stream: Stream, status: int, headers: list[tuple[str, str]]) -> bool:
+        """The stream's head, unless the deadline answered 504 first."""
+        with self.lock:
+            if self.answered:
+                return False
+            self.answered = self.streaming = True
+            stream.head(status, headers, self.h.wd.cfg.content_type)
+            return True
+
     def time_out(self) -> None:
         h = self.h
         with self.lock:
+            if self.streaming:
+                took = time.monotonic() - self.t0
+                self.cut = f"the exec timeout passed ({took:.3f}s)"
+                try:  # the caller sees the cut now, not when the function yields its next item
+                    h.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
             if self.answered:
                 return
             self.answered = True
@@ -185,7 +234,8 @@ class _Call:
 
 def serve_inproc(h: Handler, body: bytes, t0: float) -> int:
     """Call the function in this thread and answer with what it returns plus X-Duration-Seconds
-    (504 at the request's timeout, 503 if the script has not loaded by then); returns the status."""
+    (504 at the request's timeout, 503 if the script has not loaded by then); an answer whose body
+    is an iterator is streamed (`streams`), within the same timeout. Returns the status."""
     wd = h.wd
     timeout = h.request_timeout()
     fn = wd.function
@@ -196,16 +246,34 @@ def serve_inproc(h: Handler, body: bytes, t0: float) -> int:
     ticket = wd.deadlines.add(t0 + timeout, call.time_out) if timeout else None
     path, _, query = h.path.partition("?")
     try:
-        status, headers, data = fn.call(h.command, path, query, h.headers, body)
-    except Exception as exc:  # noqa: BLE001 — the entry point's own failure: this call's 500
-        traceback.print_exc()
-        status, headers, data = 500, [], f"{type(exc).__name__}: {exc}\n".encode()
+        try:
+            status, headers, data = fn.call(h.command, path, query, h.headers, body)
+        except Exception as exc:  # noqa: BLE001 — the entry point's own failure: this call's 500
+            traceback.print_exc()
+            status, headers, data = 500, [], f"{type(exc).__name__}: {exc}\n".encode()
+        out = [(k, v) for k, v in headers if k.lower() != "x-duration-seconds"]
+        out.append(("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}"))  # a stream's: to its head
+        if is_stream(data):
+            return _stream(h, call, status, out, data)
     finally:
         if ticket is not None:
             wd.deadlines.cancel(ticket)
-    out = [(k, v) for k, v in headers if k.lower() != "x-duration-seconds"]
-    out.append(("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}"))
     if not call.answer(status, out, data if isinstance(data, bytes) else bytes(data)):
         h.close_connection = True
         return 504
+    return status
+
+
+def _stream(h: Handler, call: _Call, status: int, headers: list[tuple[str, str]], items) -> int:
+    stream = Stream(h)
+    if not call.begin_stream(stream, status, headers):  # the deadline answered 504 first
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+        h.close_connection = True
+        return 504
+    pump(h, stream, items, cut_reason=lambda: call.cut)
+    with call.lock:  # ended: the deadline, if it comes before it is cancelled, finds nothing to cut
+        call.streaming = False
+    h.sent = stream.sent
     return status

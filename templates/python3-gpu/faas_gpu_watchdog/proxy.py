@@ -70,8 +70,9 @@ def proxy(h: Handler, body: bytes, t0: float) -> int:
         conn = upstream.conn(timeout)
         try:
             conn.request(h.command, h.path, body=body, headers=headers)
+            sock = conn.sock  # the response may take the connection over (http.client's will_close)
             resp = conn.getresponse()
-            data = resp.read()
+            data = None if _streamed(resp, h.command) else resp.read()
             break
         except TimeoutError:
             upstream.drop()
@@ -95,6 +96,66 @@ def proxy(h: Handler, body: bytes, t0: float) -> int:
     if resp.will_close:
         upstream.drop()
     out = [(k, v) for k, v in resp.getheaders() if k.lower() != "x-duration-seconds"]
-    out.append(("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}"))
+    out.append(("X-Duration-Seconds", f"{time.monotonic() - t0:.6f}"))  # a stream's: to its head
+    if data is None:
+        return _relay(h, resp, sock, out, t0 + timeout if timeout else None)
     h.reply(resp.status, data, out, content_type=wd.cfg.content_type)
+    return resp.status
+
+
+def _streamed(resp: http.client.HTTPResponse, method: str) -> bool:
+    """An upstream answer without a length (chunked, or to the connection's end) is a stream:
+    index.py's waitress sends a Content-Length for every whole answer."""
+    if method == "HEAD" or resp.status in (204, 304) or resp.status < 200:
+        return False
+    return bool(resp.chunked) or resp.length is None
+
+
+def _relay(h: Handler, resp: http.client.HTTPResponse, sock: socket.socket, headers, deadline: float | None) -> int:
+    """Relay a streamed upstream answer chunk by chunk as it arrives (`streams`), the whole of it
+    within the request's timeout, the writes to the caller too (one that stops reading is cut at
+    the timeout, not at the connection's own, minutes later); the upstream connection is kept
+    only after a whole answer."""
+    from .streams import Stream, pump
+
+    caller = h.connection
+    caller_timeout = caller.gettimeout()
+
+    def chunks():
+        while True:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return  # cut_reason says why
+                sock.settimeout(left)
+            data = resp.read1(65536)
+            if not data:
+                return
+            if deadline is not None:  # at least a moment: 0 would make the socket non-blocking
+                caller.settimeout(max(0.001, deadline - time.monotonic()))
+            yield data
+
+    def cut_reason() -> str | None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return "the exec timeout passed"
+        return None
+
+    stream = Stream(h)
+    stream.head(resp.status, headers, h.wd.cfg.content_type)
+    try:
+        whole = pump(
+            h,
+            stream,
+            chunks(),
+            cut_reason=cut_reason,
+            on_error=lambda exc: f"the function's answer ended early ({type(exc).__name__}: {exc})",
+        )
+    finally:
+        try:  # the connection's next request is read within its own timeout again
+            caller.settimeout(caller_timeout)
+        except OSError:
+            pass
+    h.sent = stream.sent
+    if not whole or resp.will_close:
+        h.wd.upstream.drop()  # mid-answer: closing it is how the function's server learns the caller went
     return resp.status
