@@ -50,7 +50,7 @@ def test_unisolated_a_replica_finds_its_folders_where_they_are(tmp_path):
 def test_the_config_is_hidden_by_its_own_folder_never_by_a_folder_every_program_needs(tmp_path, monkeypatch):
     """Hiding $FAAS_GPU_CONFIG's folder took /etc from every replica when it named /etc/faas-gpu.yml."""
     from faas_gpu import paths
-    from provider.runtime.isolation import config_hidden, hidden_paths
+    from provider.runtime.isolation import config_hidden
 
     assert config_hidden(tmp_path / "xdg" / "faas-gpu" / "config.yml") == tmp_path / "xdg" / "faas-gpu"
     assert config_hidden(Path("/etc/faas-gpu.yml")) == Path("/etc/faas-gpu.yml")
