@@ -17,9 +17,10 @@ What runs here, and in which process:
   it into one buffer, forks the relay and zeroes the buffer, so that no function's environment or
   paths are left in its memory (freed or not) for a replica forked later to read.
 - per request, a **relay** (the server's child, in a session of its own): decodes and checks the
-  request (a refusal is its answer; it exits), makes the replica's namespaces (`replica.unshare_namespaces`), forks the replica and says its own pid; then it
-  relays the provider's signals to the replica, and when the replica exits writes its status on
-  the request's connection and exits. When the provider dies (EOF on that connection) it kills the
+  request (a refusal is its answer; it exits), makes the replica's namespaces
+  (`replica.unshare_namespaces`), forks the replica and says its own pid; then it relays the
+  provider's signals to the replica, and when the replica exits writes its status on the
+  request's connection and exits. When the provider dies (EOF on that connection) it kills the
   replica. It outlives a crash of the server: replicas keep serving while a new one starts.
 - the **replica** (PID 1 of its PID namespace): keeps only the descriptors the provider sent for
   it, enters the walls (`replica.enter`: the same sandbox, uid, mounts, seccomp filter, not

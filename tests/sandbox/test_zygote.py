@@ -205,9 +205,7 @@ def test_a_request_leaves_nothing_of_its_function_in_the_server_for_later_replic
     replica of every function forked after it (issue 41)."""
     proc, path = server
     secret = "sk-" + os.urandom(24).hex()
-    sb = Sandbox(
-        ["/bin/true"], {"API_KEY": secret}, "/", mode=ISOLATED_BY_UID, uid=FIRST_UID + 7, gid=FIRST_UID + 7
-    )
+    sb = Sandbox(["/bin/true"], {"API_KEY": secret}, "/", mode=ISOLATED_BY_UID, uid=FIRST_UID + 7, gid=FIRST_UID + 7)
     for site in (["relative"], [], ["relative"]):  # refused by the relay, and one too many descriptors
         out_r, out_w = os.pipe()
         extra = os.open("/dev/null", os.O_WRONLY)
