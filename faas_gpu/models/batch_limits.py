@@ -164,7 +164,7 @@ def _symbol(expr: Any, where: str) -> str | None:
         raise _field(where, "is not a short string")
     try:
         node = ast.parse(expr, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: nested past the parser's stack
         raise _field(where, f"does not parse: {expr[:80]!r}") from None
     if isinstance(node, ast.Name):
         return node.id

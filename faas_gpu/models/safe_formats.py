@@ -337,7 +337,7 @@ def _check_expr(expr: Any) -> None:
         raise ArtifactError("artifact: a shape expression is not a short string")
     try:
         tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: nested past the parser's stack
         raise ArtifactError(f"artifact: shape expression {expr[:80]!r} does not parse") from None
     for node in ast.walk(tree):
         if not isinstance(node, _EXPR_NODES):

@@ -13,11 +13,14 @@ What runs here, and in which process:
   a handler, an image's file or a function environment's package. It listens on a unix socket in
   a folder only its user may enter, and serves a peer that is its own parent (the provider, by
   SO_PEERCRED's pid and uid) and nobody else. It exits when the provider does (EOF on its stdin).
-  It checks it is single-threaded before every fork.
-- per request, a **relay** (the server's child, in a session of its own): makes the replica's
-  namespaces (`replica.unshare_namespaces`), forks the replica and says its own pid; then it
-  relays the provider's signals to the replica, and when the replica exits writes its status on
-  the request's connection and exits. When the provider dies (EOF on that connection) it kills the
+  It checks it is single-threaded before every fork. It never decodes a request: it receives
+  it into one buffer, forks the relay and zeroes the buffer, so that no function's environment or
+  paths are left in its memory (freed or not) for a replica forked later to read.
+- per request, a **relay** (the server's child, in a session of its own): decodes and checks the
+  request (a refusal is its answer; it exits), makes the replica's namespaces
+  (`replica.unshare_namespaces`), forks the replica and says its own pid; then it relays the
+  provider's signals to the replica, and when the replica exits writes its status on the
+  request's connection and exits. When the provider dies (EOF on that connection) it kills the
   replica. It outlives a crash of the server: replicas keep serving while a new one starts.
 - the **replica** (PID 1 of its PID namespace): keeps only the descriptors the provider sent for
   it, enters the walls (`replica.enter`: the same sandbox, uid, mounts, seccomp filter, not
@@ -40,6 +43,7 @@ when the provider should exec the replica instead}; then {"exit": exit code} whe
 
 from __future__ import annotations
 
+import array
 import gc
 import marshal
 import os
@@ -170,6 +174,11 @@ def _answer(conn: socket.socket, message: dict) -> None:
 
 
 def _handle(listener: socket.socket, conn: socket.socket, provider: int) -> None:
+    """Take the request, fork its relay, and forget it. The server never decodes a request: a
+    function's environment and paths become objects in the relay only, and the bytes received
+    here are zeroed once the relay has its copy. A forked replica inherits the server's memory,
+    freed blocks included; anything of one tenant's request left there would be readable by every
+    replica forked after it (issue 41)."""
     pid, uid, _gid = peer(conn)
     if pid != provider or uid != os.geteuid():
         _answer(conn, {"error": "refused: only the provider that started the fork server may use it"})
@@ -178,23 +187,37 @@ def _handle(listener: socket.socket, conn: socket.socket, provider: int) -> None
     fds: list[int] = []
     try:
         conn.settimeout(10)
-        raw, fds, flags, _addr = socket.recv_fds(conn, MAX_REQUEST, MAX_FDS)
+        size, fds, flags = _receive(conn)
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise Refused(f"request: over {MAX_REQUEST} bytes or {MAX_FDS} descriptors", fallback=True)
-        sb, site = parse(raw, len(fds))
-        check_site(site)
         if not p.single_threaded():
             raise Refused("the fork server runs threads: it does not fork", fallback=True)
         child = os.fork()
         if child == 0:
-            _relay(listener, conn, sb, site, fds)  # never returns
+            _relay(listener, conn, bytes(_REQUEST[:size]), fds)  # never returns
     except Refused as exc:
         _answer(conn, {"error": str(exc), "fallback": exc.fallback})
     except (OSError, ValueError) as exc:
         _answer(conn, {"error": f"fork server: {exc}", "fallback": True})
     finally:
+        _REQUEST[:] = _ZEROS
         for fd in fds:
             os.close(fd)
+
+
+_REQUEST = bytearray(MAX_REQUEST)
+"""Where every request is received, in place (no bytes object of it is made in the server)."""
+_ZEROS = bytes(MAX_REQUEST)
+
+
+def _receive(conn: socket.socket) -> tuple[int, list[int], int]:
+    """One message into `_REQUEST`: (its size, the descriptors that came with it, the flags)."""
+    size, ancdata, flags, _addr = conn.recvmsg_into([_REQUEST], socket.CMSG_LEN(MAX_FDS * 4))
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+    return size, fds, flags
 
 
 def _discard(conn: socket.socket) -> None:
@@ -202,11 +225,13 @@ def _discard(conn: socket.socket) -> None:
     rather than a reset connection."""
     try:
         conn.settimeout(0.5)
-        _raw, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST, MAX_FDS)
+        _size, fds, _flags = _receive(conn)
         for fd in fds:
             os.close(fd)
     except OSError:
         pass
+    finally:
+        _REQUEST[:] = _ZEROS
 
 
 def parse(raw: bytes, nfds: int) -> tuple[Sandbox, list[str]]:
@@ -253,11 +278,17 @@ def check_site(site: list[str]) -> None:
 
 
 # -- the relay ---------------------------------------------------------------------------------------
-def _relay(listener: socket.socket, conn: socket.socket, sb: Sandbox, site: list[str], fds: list[int]) -> None:
+def _relay(listener: socket.socket, conn: socket.socket, raw: bytes, fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()  # the provider signals the replica's group, as it does a launcher's
         listener.close()
+        try:
+            sb, site = parse(raw, len(fds))
+            check_site(site)
+        except Refused as exc:
+            _answer(conn, {"error": str(exc), "fallback": exc.fallback})
+            os._exit(1)
         try:
             unshare_namespaces(sb)
         except (SandboxError, OSError) as exc:

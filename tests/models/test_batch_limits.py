@@ -204,3 +204,35 @@ def test_a_garbled_batch_at_the_gpu_managers_upload_is_a_400_naming_the_field(tm
     garbled = tampered(ranged, lambda e: edit_json(e, MODEL, lambda d: _ranges(d)[_symbol(d)].update(max_val="x")))
     r = client.put("/v1/models", data=garbled, headers=auth)
     assert r.status_code == 400 and b"max_val" in r.data
+
+
+@pytest.mark.parametrize("expr", ["-" * 9990 + "s0", "~" * 9000 + "s0", "+" * 9990 + "1"])
+def test_a_shape_expression_too_deep_for_the_parser_is_a_400_not_a_500(tmp_path, ranged, expr):
+    """Python's parser answers an expression nested past its stack with MemoryError, not a
+    SyntaxError: a function's token uploading one got a 500 from the upload (issue 41)."""
+    from gpu_manager.api import create_app
+    from gpu_manager.discovery import cpu_units
+    from gpu_manager.manager import GPUManager
+
+    deep = tampered(ranged, lambda e: edit_json(e, MODEL, lambda d: _x_sizes(d)[0]["as_expr"].update(expr_str=expr)))
+    with pytest.raises(ArtifactError, match="shape expression .* does not parse"):
+        ModelStore(tmp_path / "store").put(deep)
+    client = create_app(GPUManager(cpu_units(1, 0.1), ModelStore(tmp_path / "api")), "t").test_client()
+    r = client.put("/v1/models", data=deep, headers={"Authorization": "Bearer t"})
+    assert r.status_code == 400 and b"does not parse" in r.data, r.data[:200]
+
+
+def test_the_batch_reader_refuses_an_expression_too_deep_for_the_parser():
+    """`of_program` on its own (`faas-gpu export` reads the batch of what it sends): the same
+    expression is an ArtifactError naming the field, never a MemoryError."""
+    from faas_gpu.models.batch_limits import of_program
+
+    program = {
+        "graph_module": {
+            "signature": {"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": "x"}}}}]},
+            "graph": {"tensor_values": {"x": {"sizes": [{"as_expr": {"expr_str": "-" * 9990 + "s0"}}]}}},
+        },
+        "range_constraints": {},
+    }
+    with pytest.raises(ArtifactError, match="expr_str does not parse"):
+        of_program(program)

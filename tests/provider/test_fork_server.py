@@ -109,8 +109,9 @@ def _until(check, timeout_s: float = 30.0):
     return check()
 
 
-def _start(runtime: LocalRuntime, home: Path, name: str, secret: str):
-    dep = FunctionDeployment(service=name, image=f"{name}:latest", secrets=[secret], envVars={"PROBE_HOME": str(home)})
+def _start(runtime: LocalRuntime, home: Path, name: str, secret: str, **env: str):
+    env_vars = {"PROBE_HOME": str(home), **env}
+    dep = FunctionDeployment(service=name, image=f"{name}:latest", secrets=[secret], envVars=env_vars)
     record = FunctionRecord(dep, "openfaas-fn", 1)
     fn = FunctionReplicas(record, runtime.plan(record))
     replica = runtime._spawn(fn)
@@ -194,6 +195,46 @@ def test_a_forked_replica_gets_no_descriptor_of_the_server_or_of_another_functio
         assert mine & theirs <= {null}, "a descriptor of the server's or of another function's replica"
     finally:
         runtime._stop_all([a, b], 5)
+
+
+def _memory(pid: int) -> bytes:
+    """Every readable byte of `pid`'s memory (what its own code can read of itself)."""
+    chunks = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            if fields[1][0] != "r" or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                chunks.append(mem.read(end - start))
+            except (OSError, ValueError, OverflowError):
+                continue
+    return b"".join(chunks)
+
+
+def test_the_fork_server_keeps_nothing_of_a_function_for_the_replicas_it_forks_later(node):
+    """Every replica starts with the fork server's memory, freed blocks and all. The server
+    decoded each request itself: tenant a's envVars (an API key) stayed in its heap after a's
+    replica was forked, and after b's too, there for any replica forked later that reads its own
+    memory before reusing those blocks (issue 41)."""
+    runtime, home = node
+    key = ("sk-" + os.urandom(24).hex()).encode()
+    a = _start(
+        runtime, home, "tenant-a", "key-a", **{f"VAR_{i}": f"value {i}" for i in range(30)}, API_KEY=key.decode()
+    )
+    try:
+        assert _facts(a)["env"]["API_KEY"] == key.decode()  # a has it
+        server = runtime.fork_server.proc.pid
+        assert key not in _memory(server)
+        b = _start(runtime, home, "tenant-b", "key-b")
+        try:
+            assert key not in _memory(server) and key not in _memory(_replica_pid(b))
+        finally:
+            runtime._stop_all([b], 5)
+    finally:
+        runtime._stop_all([a], 5)
 
 
 def test_a_crashed_fork_server_is_started_again_and_its_replicas_serve_on(node):

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,31 @@ def server(tmp_path_factory):
 
 
 def children(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    """The server's children once the relays of refused requests (they answer, then exit) are
+    reaped; a relay that stays is a replica forked for a request that should have had none."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def memory(pid: int) -> bytes:
+    """Every readable byte of `pid`'s memory: what a replica forked from it starts with."""
+    chunks = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            if fields[1][0] != "r" or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                chunks.append(mem.read(end - start))
+            except (OSError, ValueError, OverflowError):
+                continue
+    return b"".join(chunks)
 
 
 def ask(path: str, payload: bytes, fds: list[int] | None = None) -> dict:
@@ -172,3 +197,25 @@ def test_the_server_is_single_threaded_with_a_clean_environment(server):
     environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
     assert sorted(e.split(b"=")[0] for e in environ if e) == [b"OMP_NUM_THREADS", b"PATH", b"PYTHONPATH"]
     assert proc.poll() is None
+
+
+def test_a_request_leaves_nothing_of_its_function_in_the_server_for_later_replicas(server):
+    """A forked replica starts with the server's memory, freed blocks and all: one function's
+    environment (its envVars, an API key among them) decoded there would be readable by every
+    replica of every function forked after it (issue 41)."""
+    proc, path = server
+    secret = "sk-" + os.urandom(24).hex()
+    sb = Sandbox(["/bin/true"], {"API_KEY": secret}, "/", mode=ISOLATED_BY_UID, uid=FIRST_UID + 7, gid=FIRST_UID + 7)
+    for site in (["relative"], [], ["relative"]):  # refused by the relay, and one too many descriptors
+        out_r, out_w = os.pipe()
+        extra = os.open("/dev/null", os.O_WRONLY)
+        try:
+            said = ask(path, request(sb, site), [out_w] + ([extra] if not site else []))
+        finally:
+            for fd in (out_r, out_w, extra):
+                os.close(fd)
+        assert "pid" not in said and said.get("error"), said
+    assert children(proc.pid) == []
+    seen = memory(proc.pid)
+    assert secret.encode() not in seen and secret.encode("utf-16-le") not in seen
+    assert secret.encode("utf-32-le") not in seen
