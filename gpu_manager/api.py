@@ -42,6 +42,11 @@ with `X-Faas-Gpu-Lease`, a placement lease the scheduler signed for that token, 
 the instance sends the batch through the scheduler instead). A leased job never loads its model:
 one not loaded on the unit is answered 409, and goes through the scheduler.
 
+A batch the model does not accept (its first dimension outside the batch its archive declares,
+`faas_gpu.models.batch_limits`: a static batch of 1 sent 3 rows) is answered 400, code
+`batch-refused`, naming `shape[0]` and the batch the model accepts, before the job waits for its
+unit or loads anything: the scheduler answers the same, but a leased batch comes here directly.
+
 A job may carry the budget left of its SLO (`X-Faas-Gpu-Deadline-Ms`, which the instance sends
 with a leased batch): it becomes a deadline when the job arrives, and a job still waiting for its
 unit then is answered as the scheduler answers a late job (504, `X-Faas-Gpu-Deadline-Missed:
@@ -61,6 +66,7 @@ from faas_gpu.contract import headers as h
 from faas_gpu.contract.errors import (
     ArtifactError,
     ArtifactTooLarge,
+    BatchRefused,
     DeadlineMissed,
     WireError,
     deadline_missed_headers,
@@ -69,6 +75,7 @@ from faas_gpu.contract.errors import (
 from faas_gpu.contract.lease import LeaseError, verify
 from faas_gpu.contract.slo import parse_budget_ms
 from faas_gpu.contract.wire import TENSOR_TYPE, check
+from faas_gpu.models.batch_limits import check_batch
 from faas_gpu.mps import MPSError
 from faas_gpu.serving import bearer_token, request_json, require_bearer_token
 
@@ -145,6 +152,14 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
             tracing.set_attributes(sp, **{"http.status_code": resp.status_code, "faas_gpu.cache": cache})
             return resp
 
+    def check_batch_of(digest: str, shape: list[int]) -> None:
+        """BatchRefused for a batch the model would refuse (`batch_limits.check_batch`): the
+        model's own 400 would come only after a load, worded by torch. A model not stored here is
+        left to `manager.run` (UnknownModel, which the scheduler answers by uploading it)."""
+        artifact = manager.store.get(digest)
+        if artifact is not None:
+            check_batch(artifact.batch, shape, f"model {digest[:12]}…")
+
     def run_job(digest: str) -> Response:
         unit = request.args.get("unit")
         if not unit:
@@ -175,11 +190,16 @@ def create_app(manager: GPUManager, token: str, max_job_bytes: int = 256 * 1024 
         deadline = None if budget_ms is None else time.monotonic() + budget_ms / 1000
         payload = request.get_data(cache=False)
         try:
-            check(payload)  # a malformed batch is the caller's error, not the model's (read, not copied)
+            _, shape, _ = check(payload)  # a malformed batch is the caller's error, not the model's (read, not copied)
+            check_batch_of(digest, shape)
             result = manager.run(digest, unit, payload, resident_only=leased is not None, deadline=deadline)
         except DeadlineMissed as exc:  # as the scheduler answers a late job: a miss, not run
             resp = _text(str(exc), exc.status)
             resp.headers.update(deadline_missed_headers(exc))
+            return resp
+        except BatchRefused as exc:  # before the generic 400s: its code says the caller sent a batch the model refuses
+            resp = _text(str(exc), exc.status)
+            resp.headers.update(error_headers(exc))
             return resp
         except (WireError, ArtifactError) as exc:
             return _text(str(exc), 400)

@@ -9,6 +9,10 @@ is a miss at once) and `X-Faas-Gpu-Model`: the model's name in PROTEAN's assumpt
 GPU Reconfigurator uses for a best-effort job's memory; any other name is only a label.
 `X-Faas-Gpu-App` (HarmonyBatch's application), when the caller sends one, labels the job's SLO count.
 
+A batch its model does not accept (its first dimension outside the batch its archive declares)
+is answered 400, code `batch-refused`, naming `shape[0]` and the batch the model accepts, before
+it is queued: as a GPU Manager answers one sent to it under a lease.
+
 `POST /v1/leases/<digest>` (with `X-Faas-Gpu-Class`, and a JSON body {"ran": [[rows, status,
 execute s, had an SLO, app], ...]} of the batches run on the previous lease, which the metrics count
 as the jobs run through here): a placement lease for the caller's batches of
@@ -33,12 +37,20 @@ from faas_gpu import tracing
 from faas_gpu.contract import headers as h
 from faas_gpu.contract import lease as leases
 from faas_gpu.contract import metrics as m
-from faas_gpu.contract.errors import ArtifactError, ArtifactTooLarge, ContractError, WireError, error_headers
+from faas_gpu.contract.errors import (
+    ArtifactError,
+    ArtifactTooLarge,
+    BatchRefused,
+    ContractError,
+    WireError,
+    error_headers,
+)
 from faas_gpu.contract.slo import RequestClass, parse_budget_ms, parse_class
 from faas_gpu.contract.wire import TENSOR_TYPE as TENSOR
 from faas_gpu.contract.wire import decode
 from faas_gpu.datastore import DatastoreUnavailable
 from faas_gpu.fn_credentials import CredentialResolver
+from faas_gpu.models.batch_limits import check_batch
 from faas_gpu.policies import PlacementError
 from faas_gpu.serving import bearer_token, request_json
 
@@ -230,6 +242,9 @@ def create_app(
         payload = request.get_data(cache=False)
         try:
             x = decode(payload)
+            artifact = scheduler.store.get(digest)  # None: never uploaded, which submit answers (404)
+            if artifact is not None:  # a batch its model would refuse is not placed, loaded and run first
+                check_batch(artifact.batch, list(x.shape), f"model {digest[:12]}…")
             budget_ms = parse_budget_ms(request.headers.get(h.BUDGET_MS))  # Scheduler.submit makes it a deadline
             klass = parse_class(request.headers.get(h.CLASS))
             model = (request.headers.get(h.MODEL) or "").strip()[:100] or None
@@ -246,6 +261,10 @@ def create_app(
             )
         except PlacementError as exc:  # a model bigger than every unit (before ValueError: a subclass)
             return _text(str(exc), 507)
+        except BatchRefused as exc:  # as the GPU Manager answers it, code and all
+            resp = _text(str(exc), exc.status)
+            resp.headers.update(error_headers(exc))
+            return resp
         except (WireError, ValueError) as exc:
             return _text(str(exc), 400)
         except LookupError as exc:

@@ -39,6 +39,14 @@ class ArtifactError(ContractError, ValueError):
     status, code = 400, "bad-artifact"
 
 
+class BatchRefused(ContractError, ValueError):
+    """A batch whose size (its first dimension) the model does not accept, by the limits read from
+    its archive (`faas_gpu.models.batch_limits`): answered 400 by the scheduler and the GPU Manager
+    before anything is placed, loaded or run, naming the dimension and what the model accepts."""
+
+    status, code = 400, "batch-refused"
+
+
 class ArtifactTooLarge(ContractError, ValueError):
     """Over the store's size limit (answered 413)."""
 

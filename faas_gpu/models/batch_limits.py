@@ -17,17 +17,20 @@ to 1, but got 3`. The batch a program accepts is in its `models/model.json`, nev
 
 What the batch queues do with it (`max_rows`): a static batch, or an unknown one, runs each call
 alone (calls are still admitted concurrently, never stacked); a dynamic range stacks calls up
-to its maximum. A malformed field is an `ArtifactError` naming it (a 400 at upload), never a
-crash: the file comes from whoever uploads it.
+to its maximum. The scheduler and the GPU Manager refuse (400, `BatchRefused`) a batch the
+model would refuse, before anything is placed or run (`check_batch`). A malformed field is an
+`ArtifactError` naming it (a 400 at upload), never a crash: the file comes from whoever uploads
+it.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faas_gpu.contract.errors import ArtifactError
+from faas_gpu.contract.errors import ArtifactError, BatchRefused
 
 UNBOUNDED_FROM = 2**62  # a max_val this large is torch's infinity written as an integer
 _MAX_INT = 2**63
@@ -87,6 +90,31 @@ def tighter(limit: int, limits: BatchLimits | None) -> int:
     if limits is None or limits.max_rows is None:
         return limit
     return max(1, min(limit, limits.max_rows))
+
+
+def check_batch(limits: BatchLimits | None, shape: Sequence[int], model: str = "the model") -> None:
+    """BatchRefused, naming the batch dimension and what `model` accepts, for a batch of `shape`
+    its program would refuse; nothing for one it accepts or whose batch is unknown.
+
+    Why here and not left to the model: the scheduler and the GPU Manager take batches from
+    callers that need not have read the limits (a stale client, a hostile one with a function
+    token, a leased batch sent straight to a manager), and the model's own refusal comes only
+    after a placement and a load, worded by torch. The rule is torch's own input check (its
+    `module()`'s pre-hook, which runs with the guards off too): a static batch N takes exactly N
+    rows; a dynamic one at most its maximum, and at least its minimum where that is above 1 (a
+    minimum read as 1 was torch's 0..2, which it does not enforce: an empty batch runs)."""
+    if limits is None or limits.kind not in ("static", "dynamic"):
+        return
+    accepts = f"{model} accepts batch {limits.text()}"
+    if len(shape) == 0:
+        raise BatchRefused(f"shape: a scalar has no batch dimension (shape[0]); {accepts}")
+    rows = shape[0]
+    if limits.kind == "static":
+        refused = rows != limits.low
+    else:
+        refused = (limits.high is not None and rows > limits.high) or (limits.low > 1 and rows < limits.low)
+    if refused:
+        raise BatchRefused(f"shape[0]: a batch of {rows} rows; {accepts}")
 
 
 def _is_int(v: Any) -> bool:

@@ -89,6 +89,8 @@ class ContainerReplica:
     """How the container ended (set by its log thread once the engine says it exited)."""
     oom_noted: bool = False
     """An OOM kill in it was reported already (the engine's oom event, before or without an exit)."""
+    superseded: bool = False
+    """Replaced as a replica of an older version is (`replicas.reconcile_count`); never set here."""
 
     @property
     def url(self) -> str:

@@ -6,7 +6,11 @@ unisolated replica would be a fork of a root process with nothing between it and
 python3-gpu image (the template's watchdog in mode inproc, in a function environment of this
 interpreter). Everything else, and every replica while the server is starting, restarting or
 refuses (a function environment with its own copy of a package the server has loaded), is
-exec'd through the launcher as before: the answer a caller gets never depends on which.
+exec'd through the launcher as before: the answer a caller gets never depends on which. A
+replica exec'd only because the server was not ready yet (`NotReady`: the first replica after
+the first python3-gpu deploy, always, as the server imports torch meanwhile) does not stay so:
+once the server is ready the supervisor replaces it with a forked one as in a rollout, the new
+replica first and the exec'd one stopped once the new one is ready (`LocalRuntime`).
 
 The server runs as the provider's user, in its own session, with a clean environment; its socket
 is in the state folder's `forkserver/` (0700), and it serves only its parent (SO_PEERCRED). A
@@ -45,6 +49,12 @@ RESTART_BACKOFF_S = (1.0, 5.0, 30.0)
 
 class Unavailable(Exception):
     """No replica from the fork server this time: the runtime execs it instead."""
+
+
+class NotReady(Unavailable):
+    """The server is starting, or down until it is started again: a replica exec'd for this reason
+    alone is replaced by a forked one once it is ready (`LocalRuntime`). Not for a refusal or a
+    broken connection, which would refuse its replacement too."""
 
 
 def forkable(spec: LaunchSpec) -> str | None:
@@ -215,7 +225,7 @@ class ForkServer:
         if restart:
             self._begin()
         if state != "ready":
-            raise Unavailable(reason)
+            raise NotReady(reason)
 
     def ready(self) -> bool:
         """Whether replicas are forked now (a dead server noticed, and started again when due)."""

@@ -31,7 +31,7 @@ from ..store import SecretStore
 from ..types import FunctionRecord
 from .base import InstanceSpec, Readiness, probe_readiness
 from .cpu_usage import CpuRate
-from .forkserver import ForkedProcess, ForkServer, Unavailable, forkable, site_folders
+from .forkserver import ForkedProcess, ForkServer, NotReady, Unavailable, forkable, site_folders
 from .isolation import Isolation, ReplicaFolders, Walls
 from .launch import LaunchSpec, plan_launch
 from .output import pump
@@ -119,6 +119,28 @@ class LocalRuntime(SupervisedRuntime):
         return {"cpu": cpu, "totalMemoryBytes": float(rss_bytes(replicas))}
 
     # -- a replica as a process ------------------------------------------------------------
+    def _tick(self) -> None:
+        self._supersede_execd()
+        super()._tick()
+
+    def _supersede_execd(self) -> None:
+        """Replicas exec'd only because the fork server was still starting (the first replica
+        after the first python3-gpu deploy, always: the server imports torch meanwhile) are
+        replaced by forked ones once it is ready, as in a rollout: the forked replica first, the
+        exec'd one stopped once it is ready (`replicas.reconcile_count`). Why not wait for the
+        server instead: the wait would hold the supervisor, and a server slower than the bound
+        (a loaded node, a cold page cache) would still leave a replica of ~160 MB for good."""
+        if self.fork_server is None:
+            return
+        with self._lock:
+            execd = [r for fn in self._fns.values() for r in fn.replicas if r.fork_later and not r.superseded]
+        if not execd or not self.fork_server.ready():
+            return
+        with self._lock:
+            for r in execd:
+                r.superseded = True
+        log.info("fork server ready: replacing %d replica(s) exec'd while it started", len(execd))
+
     def _closing(self) -> None:
         if self.schedulers is not None:
             self.schedulers.close()
@@ -196,7 +218,8 @@ class LocalRuntime(SupervisedRuntime):
         box = self.walls.sandbox_of(spec.argv, env, spec.cwd, folders, uid, spec.image)
         cpus = self.pins.take(_threads(env)) if self.pins is not None else None
         try:
-            proc = self._forked(spec, box, run_dir, port) or popen(box, run_dir, port)
+            forked, fork_later = self._forked(spec, box, run_dir, port)
+            proc = forked or popen(box, run_dir, port)
             if cpus is not None:
                 pin_tree(proc.pid, cpus)  # it inherited the gateway's CPU; again once ready (`_became_ready`)
         except BaseException:
@@ -204,23 +227,25 @@ class LocalRuntime(SupervisedRuntime):
                 self.pins.give(cpus)
             raise
         replica = Replica(rid, port, proc, run_dir, digest or spec.digest, slot=inst.id if inst else None, cpus=cpus)
+        replica.fork_later = fork_later
         args = (self.logs, record.namespace, record.name, rid, proc)
         threading.Thread(target=pump, args=args, daemon=True).start()
         return replica
 
-    def _forked(self, spec: LaunchSpec, box: Sandbox, run_dir: Path, port: int) -> ForkedProcess | None:
+    def _forked(self, spec: LaunchSpec, box: Sandbox, run_dir: Path, port: int) -> tuple[ForkedProcess | None, bool]:
         """The replica forked by the fork server, or None: exec it (not a python3-gpu replica, or
-        the server is starting, restarting or refused; the provider's log says why)."""
+        the server is starting, restarting or refused; the provider's log says why); and whether
+        it is exec'd only because the server is not ready yet (`fork_later`: replaced once it is)."""
         if self.fork_server is None or forkable(spec) is not None:
-            return None
+            return None, False
         try:
             proc = self.fork_server.spawn(box, site_folders(spec.argv[0]))
         except Unavailable as exc:
             log.info("replica %s exec'd: %s", run_dir.name, exc)
-            return None
+            return None, isinstance(exc, NotReady)
         (run_dir / "pid").write_text(str(proc.pid))
         (run_dir / "port").write_text(str(port))
-        return proc
+        return proc, False
 
 
 def _threads(env: dict[str, str]) -> int:

@@ -41,6 +41,11 @@ class Replica:
     stopping: bool = False
     cpus: frozenset[int] | None = None
     """The CPUs it is pinned to (`pins`); None: not pinned."""
+    fork_later: bool = False
+    """Exec'd only because the fork server was not ready (`forkserver.NotReady`): to be replaced
+    by a forked replica once it is (`LocalRuntime`)."""
+    superseded: bool = False
+    """Replaced as a replica of an older version is, new first (`replicas.reconcile_count`)."""
 
     @property
     def url(self) -> str:

@@ -11,6 +11,10 @@ than the desired count less floor(25%) (for 1 to 3 replicas: one new replica at 
 one stopped only once a new one is ready). A version whose replicas never become ready (a handler
 that raised at import, a crash loop, a spec that cannot start) does not take over: the previous
 version's replicas serve on, and the rollout is reported stalled with the new replicas' error.
+
+A replica of the current version can be `superseded` (one exec'd only because the fork server
+was starting, `local`): it is replaced as an older version's replica is, by the same bounds, but
+it is no rollout (`stale`, `rollout` and describe count versions only).
 """
 
 from __future__ import annotations
@@ -203,7 +207,8 @@ def reconcile_count(fn: FunctionReplicas, now: float, start: Start) -> list[Repl
     assert fn.spec is not None
     want = max(fn.record.replicas, 0)
     surge, unavailable = rolling_bounds(want)
-    current, stale = fn.current(), fn.stale()
+    current = [r for r in fn.current() if not r.superseded]
+    stale = fn.stale() + [r for r in fn.current() if r.superseded]  # replaced as an older version's are
     to_stop: list[Replica] = []
     extra = len(current) - want
     if extra > 0:
@@ -243,8 +248,8 @@ def reconcile_plan(fn: FunctionReplicas, now: float, start: Start) -> list[Repli
             by_slot.setdefault(r.slot, []).append(r)
     for slot, inst in want.items():
         mine = by_slot.get(slot, [])
-        current = [r for r in mine if r.digest == digests[slot]]
-        old = [r for r in mine if r.digest != digests[slot]]
+        current = [r for r in mine if r.digest == digests[slot] and not r.superseded]
+        old = [r for r in mine if r not in current]
         if old and current and current[0].ready:  # its successor serves (else the old one serves on)
             to_stop += old
         if not current and now >= fn.next_start and not start(inst, digests[slot]):

@@ -11,9 +11,9 @@ import io
 import pytest
 import torch
 
-from faas_gpu.contract.errors import ArtifactError
+from faas_gpu.contract.errors import ArtifactError, BatchRefused
 from faas_gpu.models import ModelStore
-from faas_gpu.models.batch_limits import BatchLimits, tighter
+from faas_gpu.models.batch_limits import BatchLimits, check_batch, tighter
 from tests.malicious import edit_json, tampered, torchscript
 
 MODEL = "models/model.json"
@@ -88,6 +88,47 @@ def test_the_store_reads_the_batch_a_program_accepts(tmp_path, what, make, kind,
     assert a.batch.text() == text
     # read again from the kept file (a restarted daemon's store): the same facts
     assert ModelStore(tmp_path).get(a.digest).batch == a.batch
+
+
+@pytest.mark.parametrize(
+    ("example", "dynamic_shapes"),
+    [
+        (1, None),
+        (3, None),
+        (2, ({0: torch.export.Dim("b", min=1, max=8)},)),
+        (2, ({0: torch.export.Dim.AUTO},)),
+        (5, ({0: torch.export.Dim("b", min=4, max=8)},)),
+    ],
+)
+def test_the_batches_refused_are_exactly_those_torch_refuses(tmp_path, example, dynamic_shapes):
+    """`check_batch` is what the scheduler and the GPU Manager answer before torch would: it must
+    refuse no batch the model runs and pass none its input check refuses (as the worker loads it,
+    guards off)."""
+    program = _program(torch.randn(example, 4), dynamic_shapes)
+    limits = ModelStore(tmp_path).put(program).batch
+    module = torch.export.load(io.BytesIO(program)).module(check_guards=False)
+    for rows in (0, 1, 2, 3, 4, 5, 8, 9):
+        try:
+            module(torch.randn(rows, 4))
+            torch_refuses = False
+        except RuntimeError as exc:
+            assert "Expected input at *args[0].shape[0]" in str(exc), exc
+            torch_refuses = True
+        try:
+            check_batch(limits, [rows, 4], "m")
+            refused = False
+        except BatchRefused as exc:
+            refused = True
+            assert str(exc) == f"shape[0]: a batch of {rows} rows; m accepts batch {limits.text()}"
+        assert refused == torch_refuses, (limits.text(), rows)
+
+
+def test_a_batch_of_a_model_whose_batch_is_unknown_is_left_to_the_model():
+    for limits in (None, BatchLimits("unknown", why="TorchScript declares no batch")):
+        check_batch(limits, [1000, 4])
+        check_batch(limits, [])
+    with pytest.raises(BatchRefused, match=r"^shape: a scalar"):
+        check_batch(BatchLimits("static", 1, 1), [])
 
 
 def test_torchscript_declares_no_batch_so_its_calls_run_one_at_a_time(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from faas_gpu.imagestore import ImageStore
 from faas_gpu.sandbox.uids import FIRST_UID, UID_COUNT
 from faas_gpu.stack.schema import load_stack
 from provider.logs import LogStore
-from provider.runtime.forkserver import ForkedProcess
+from provider.runtime.forkserver import ForkedProcess, ForkServer
 from provider.runtime.local import LocalRuntime
 from provider.runtime.processes import probe, uss_bytes
 from provider.runtime.replicas import FunctionReplicas
@@ -263,6 +264,53 @@ def test_a_crashed_fork_server_is_started_again_and_its_replicas_serve_on(node):
             runtime._stop_all([c], 5)
     finally:
         runtime._stop_all([a], 5)
+
+
+def test_a_replica_execd_while_the_server_started_is_replaced_by_a_forked_one(tmp_path, monkeypatch):
+    """The first replica after the first python3-gpu deploy is exec'd (the server imports torch
+    meanwhile); it must not stay the heavy kind: once the server is ready the supervisor starts a
+    forked replica and stops the exec'd one when that serves, the function served throughout.
+    The server's start is held here until the exec'd replica serves, so the order is certain."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    _build(tmp_path / "a", "tenant-a", home)
+    held, start = threading.Event(), ForkServer._start
+
+    def held_start(server: ForkServer) -> None:
+        held.wait(120)
+        start(server)
+
+    monkeypatch.setattr(ForkServer, "_start", held_start)
+    runtime = LocalRuntime(home, ImageStore(home / "images"), SecretStore(home / "function-secrets"),
+                           LogStore(home / "logs"), isolation="on", fork_server=True)  # fmt: skip
+    try:
+        dep = FunctionDeployment(service="tenant-a", image="tenant-a:latest", envVars={"PROBE_HOME": str(home)})
+        runtime.apply(FunctionRecord(dep, "openfaas-fn", 1))
+        fn = runtime._fns[("openfaas-fn", "tenant-a")]
+        assert _until(lambda: runtime.available("openfaas-fn", "tenant-a") == 1, 120), runtime.instances(
+            "openfaas-fn", "tenant-a"
+        )
+        (execd,) = list(fn.replicas)
+        assert not isinstance(execd.proc, ForkedProcess) and runtime.fork_server.state == "starting"
+        held.set()
+
+        served: list[int] = []
+
+        def replaced() -> bool:
+            served.append(runtime.available("openfaas-fn", "tenant-a"))
+            now = list(fn.replicas)
+            return len(now) == 1 and now[0].ready and isinstance(now[0].proc, ForkedProcess)
+
+        assert _until(replaced, 180), (runtime.fork_server.describe(), [(r.id, r.ready, r.proc) for r in fn.replicas])
+        assert min(served) >= 1, "the function had no ready replica while its exec'd one was replaced"
+        assert _until(lambda: execd.proc.poll() is not None, 40), "the exec'd replica was not stopped"
+        (forked,) = list(fn.replicas)
+        assert _facts(forked)["pid"] == 1  # it serves, behind its walls
+        assert 0 < uss_bytes(forked.proc.pid) <= 40 * 2**20
+        assert runtime.rollout("openfaas-fn", "tenant-a") is None  # one version all along: no rollout said
+    finally:
+        held.set()
+        runtime.close()
 
 
 def test_system_info_says_how_replicas_start(node):

@@ -30,6 +30,7 @@ class FakeReplica:
     slot: str | None = None
     ready: bool = False
     stopping: bool = False
+    superseded: bool = False
     started: float = 0.0
     id: str = field(default_factory=lambda: f"r{next(_ids)}")
 
@@ -163,6 +164,33 @@ def test_a_planned_instance_is_replaced_only_once_its_successor_serves():
         r.ready = True
     stopped = _tick(fn)
     assert [r.digest for r in stopped] == [old_digest]
+
+
+def test_a_superseded_replica_is_replaced_new_first_without_a_rollout():
+    """A replica of the current version marked superseded (exec'd while the fork server started,
+    `LocalRuntime`) goes as an older version's does: its successor first, it once that serves."""
+    fn = _function(1)
+    fn.replicas[0].superseded = True
+    assert _tick(fn) == [] and len(fn.replicas) == 2  # the successor is started, the superseded one serves on
+    successor = next(r for r in fn.replicas if not r.superseded)
+    assert fn.rollout(now=1.0) is None and fn.problem is None  # one version: no rollout to report
+    assert _tick(fn) == [] and len(fn.replicas) == 2  # nothing more while the successor is not ready
+    successor.ready = True
+    stopped = _tick(fn)
+    assert [r.superseded for r in stopped] == [True] and fn.replicas == [successor]
+    assert _tick(fn) == [] and fn.replicas == [successor]  # settled
+
+
+def test_a_superseded_planned_instance_is_replaced_once_its_successor_serves():
+    fn = _function(0)
+    fn.plan = [InstanceSpec("a", {"FAAS_GPU_MAX_BATCH": "4"})]
+    digest = fn.plan[0].digest("v1")
+    fn.replicas = [FakeReplica(digest, slot="a", ready=True, superseded=True)]  # type: ignore[list-item]
+    assert _tick(fn) == [] and len(fn.replicas) == 2
+    successor = next(r for r in fn.replicas if not r.superseded)
+    assert _tick(fn) == [] and len(fn.replicas) == 2
+    successor.ready = True
+    assert [r.superseded for r in _tick(fn)] == [True] and fn.replicas == [successor]
 
 
 def test_status_numbers_are_typed_as_faas_provider_writes_them():

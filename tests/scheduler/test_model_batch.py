@@ -1,5 +1,6 @@
 """The batch a model accepts, read by the scheduler at upload and kept with the function's upload
-record (issue 43), against a real scheduler process and the real (sealed) datastore."""
+record, and a batch the model refuses answered before it is placed (issue 43), against real
+scheduler and GPU Manager processes and the real (sealed) datastore."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import io
 import requests
 import torch
 
+from faas_gpu.contract.errors import code_of
+from faas_gpu.contract.wire import encode
 from faas_gpu.credentials import ensure_token
 from faas_gpu.datastore import open_datastore
 from faas_gpu.fn_credentials import FunctionCredentials, uploaded_batches
+from tests.daemon_process import wait_units
 from tests.malicious import edit_json, tampered
 
 
@@ -41,5 +45,25 @@ def test_the_upload_answers_the_models_batch_and_keeps_it_for_the_function(clust
         )
         bad = requests.put(f"{sched.url}/v1/models", data=garbled, headers=fn, timeout=30)
         assert bad.status_code == 400 and "tensor_values['input'].sizes is not a list" in bad.text, bad.text
+    finally:
+        ds.close()
+
+
+def test_a_batch_its_model_refuses_is_answered_400_before_it_is_placed(cluster, etcd_server, tmp_path):
+    start, auth = cluster
+    manager = start("gpu_manager", "--node", "n1", "--units", "1", "--unit-memory-mb", "8")
+    sched = start("scheduler")
+    wait_units(sched.url, auth, 1)
+    ds = open_datastore(etcd_server.url, cluster_token=ensure_token(tmp_path / "secrets"))  # as the provider
+    try:
+        fn = {"Authorization": f"Bearer {FunctionCredentials(ds, tmp_path / 'tokens').issue('openfaas-fn', 'tiny')}"}
+        digest = requests.put(f"{sched.url}/v1/models", data=_static_one(), headers=fn, timeout=30).json()["digest"]
+        job = f"{sched.url}/v1/jobs/{digest}"
+        r = requests.post(job, data=encode(torch.randn(3, 4)), headers=fn, timeout=60)
+        assert r.status_code == 400 and code_of(r.headers) == "batch-refused", (r.status_code, r.headers, r.text)
+        assert r.text.startswith("shape[0]: a batch of 3 rows") and "accepts batch static 1" in r.text, r.text
+        units = requests.get(f"{manager.url}/v1/units", headers=auth, timeout=5).json()
+        assert all(not u["models"] for u in units), units  # never placed: nothing was loaded for it
+        assert requests.post(job, data=encode(torch.randn(1, 4)), headers=fn, timeout=60).status_code == 200
     finally:
         ds.close()
