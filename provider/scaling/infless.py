@@ -241,7 +241,8 @@ class InflessScaling:
     # -- the hot path -----------------------------------------------------------------------
     def arrived(self, key: Key, state: InflessState, headers: dict[str, str] | None) -> str | None:
         """Keep-alive predicts from the minutes with calls: record this one."""
-        self.history.record(f"{key[0]}/{key[1]}", self.wall())
+        state.called_at = now = self.wall()
+        self.history.record(f"{key[0]}/{key[1]}", now)
         return None
 
     def pick(self, state: InflessState, ready: list[tuple[str, str]], headers: dict[str, str] | None) -> str | None:
@@ -522,16 +523,16 @@ class InflessScaling:
         The windows are the ones the last active minute set (as the Fig. 16 replay, the Azure
         study's method, reads them): re-read as the clock moves on with no call, LSTH's 1-hour
         histogram lost its idle times one by one and a closed window could open again, a pre-warm
-        no arrival predicted. A call within the rate window (`window_s`, counted on the keep-alive
-        clock as `idle_s` is) is load, not idleness; the measured rate said so in wall seconds,
-        which a replay's compressed clock made 20-30 times longer than the rule's minutes."""
+        no arrival predicted. A call that arrived within the rate window (`window_s`, counted on the
+        keep-alive clock as `idle_s` is) is load, not idleness; the measured rate said so in wall
+        seconds, which a replay's compressed clock made 20-30 times longer than the rule's minutes."""
         name = f"{state.record.namespace}/{state.record.name}"
         now_wall = self.wall()
         now_min = int(now_wall // 60)
         minutes = self.history.active_minutes(name, now_min - 24 * 60)
         w = state.policy.keepalive.windows(minutes, minutes[-1] if minutes else now_min)
         state.windows = (w.prewarm_s, w.keepalive_s)
-        if idle_s < self.window_s:
+        if now_wall - state.called_at < self.window_s:
             return
         since_minute = now_wall - minutes[-1] * 60 if minutes else idle_s  # since the last active minute began
         keep = warm(w, since_minute, since_call_s=idle_s, in_flight=in_flight)

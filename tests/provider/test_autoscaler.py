@@ -923,9 +923,10 @@ def test_a_model_function_scaled_to_zero_stays_there_until_a_call(scaler):
 def live_cold_minutes(tmp_path, policy, active, compress=20.0, start_wall=1_700_000_040.0):
     """The provider's INFless scaling on a keep-alive clock `compress` times the wall's, as `faas-gpu
     replay` runs it: deployed 245 trace minutes ahead (with no history HHP keeps it 4 hours, LSTH
-    10 minutes: at zero when the trace begins, as the replay counts its first minute), two calls in each `active` trace minute (at 0:10 and 0:40), the autoscaler ticking
-    each wall second. A trace minute is a cold start when its first call finds no instance planned.
-    `start_wall`: the wall when the trace begins (the replay starts on a minute of the scaled clock)."""
+    10 minutes: at zero when the trace begins, as the replay counts its first minute), two calls in
+    each `active` trace minute (at 0:10 and 0:40), the autoscaler ticking each wall second. A trace
+    minute is a cold start when its first call finds no instance planned. `start_wall`: the wall
+    when the trace begins (the replay starts on a minute of the scaled clock)."""
     from provider.scaling import scaled_wall
 
     ds = EmbeddedDatastore(tmp_path / f"{policy}-state.db")
