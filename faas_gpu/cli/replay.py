@@ -471,7 +471,6 @@ def run_keepalive(plan: Plan, folder: Path, args: argparse.Namespace, policies: 
     samples: dict[str, list[ReplicaSample]] = {p: [] for p in policies}
     try:
         stack.start()
-        at_zero(stack, sorted(names))
         sender = Sender(stack.gateway, args.request_timeout)
         print(
             f"  keep-alive: replaying {len(plan.arrivals)} requests x {len(policies)} for {plan.duration_s:.0f} s",
@@ -512,36 +511,6 @@ def run_keepalive(plan: Plan, folder: Path, args: argparse.Namespace, policies: 
         o.function = function
         live[policy].append(o)
     return KeepAliveRun(live, samples, time.perf_counter() - t0)
-
-
-def at_zero(stack: LiveStack, functions: list[str], timeout_s: float = 120.0) -> None:
-    """Every keep-alive function taken to zero before the trace (`replicas: 0`, as OpenFaaS Pro's
-    idler asks), and waited for: the Fig. 16 replay counts each function's first active minute a
-    cold start, and live, without this, HHP kept the replica `faas-gpu up` started for 4 trace hours
-    (LSTH for its 10 default minutes), so the first call found it warm."""
-    for fn in functions:
-        r = requests.post(
-            f"{stack.gateway}/system/scale-function/{fn}",
-            json={"serviceName": fn, "replicas": 0},
-            auth=stack.auth,
-            timeout=10,
-        )
-        if r.status_code not in (200, 202):
-            raise CliError(f"faas-gpu replay: scale {fn} to zero: {r.status_code} {r.text.strip()[:200]}")
-    deadline = time.monotonic() + timeout_s
-    left = set(functions)
-    while left and time.monotonic() < deadline:
-        try:
-            listed = requests.get(f"{stack.gateway}/system/functions", auth=stack.auth, timeout=5).json()
-        except (requests.RequestException, ValueError):
-            listed = []
-        for fn in listed if isinstance(listed, list) else []:
-            if isinstance(fn, dict) and fn.get("name") in left and not _float(fn.get("availableReplicas")):
-                left.discard(fn["name"])
-        if left:
-            time.sleep(0.2)
-    if left:
-        raise CliError(f"faas-gpu replay: {', '.join(sorted(left))} not at zero within {timeout_s:.0f} s")
 
 
 def aligned_start(
