@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -476,7 +477,7 @@ def run_keepalive(plan: Plan, folder: Path, args: argparse.Namespace, policies: 
             file=sys.stderr,
         )
         stop = threading.Event()
-        start = time.perf_counter() + 0.5
+        start = aligned_start(plan.compress)
 
         def sample() -> None:
             session = requests.Session()
@@ -510,6 +511,21 @@ def run_keepalive(plan: Plan, folder: Path, args: argparse.Namespace, policies: 
         o.function = function
         live[policy].append(o)
     return KeepAliveRun(live, samples, time.perf_counter() - t0)
+
+
+def aligned_start(
+    compress: float,
+    lead_s: float = 0.5,
+    wall: Callable[[], float] = time.time,
+    counter: Callable[[], float] = time.perf_counter,
+) -> float:
+    """When (on `counter`'s clock) to send the trace's first minute: at least `lead_s` from now, at a
+    wall time that is a multiple of 60/compress, where the provider's compressed keep-alive clock
+    (`provider.scaling.scaled_wall`: the wall's times `compress`) begins a minute. Each trace minute
+    is then one minute of the live invocation history, as the simulator's replay counts it."""
+    period = 60.0 / compress
+    now_wall, now = wall(), counter()
+    return now + math.ceil((now_wall + lead_s) / period) * period - now_wall
 
 
 SAMPLE_S = 0.5
@@ -674,9 +690,17 @@ class Sender:
             load_s=_float(body.get("load_s")),
             exec_s=_float(body.get("exec_s")),
             model_mb=_float(body.get("model_mb")),
-            process=str(body["pid"]) if "pid" in body else None,
+            process=process_of(body),
             cold=None if _float(body.get("started")) is None else _float(body.get("started")) > due_wall,
         )
+
+
+def process_of(body: dict) -> str | None:
+    """The replica process that answered: its pid and when it started. A replica in a PID namespace
+    of its own is pid 1 in every start, and by pid alone every cold start of a function was one."""
+    if "pid" not in body:
+        return None
+    return f"{body['pid']}@{body.get('started')}"
 
 
 def _float(value: object) -> float | None:

@@ -83,13 +83,16 @@ errs toward more instances, and what is observed at saturation corrects it (`_ob
 
 
 def scaled_wall(scale: float = 1.0, wall: Callable[[], float] = time.time) -> Callable[[], float]:
-    """The keep-alive's clock: the wall's, running `scale` times faster from now on (1: the wall's
-    itself). A trace replayed F times compressed (`faas-gpu replay --keepalive`) then keeps its
-    minutes in the invocation history and in LSTH's and HHP's windows."""
+    """The keep-alive's clock: the wall's, running `scale` times faster (1: the wall's itself). A
+    trace replayed F times compressed (`faas-gpu replay --keepalive`) then keeps its minutes in the
+    invocation history and in LSTH's and HHP's windows. It is the wall's times `scale` (not counted
+    from the provider's start), so its minutes begin at wall times that are multiples of 60/scale:
+    a replay that starts on one (`aligned_start`) has each trace minute in one history minute. From
+    an arbitrary start a trace minute straddled two, and the extra 1-minute idle times moved the
+    histograms' windows (HHP's, LSTH's) away from the simulator's."""
     if scale == 1.0:
         return wall
-    start = wall()
-    return lambda: start + (wall() - start) * scale
+    return lambda: wall() * scale
 
 
 class InflessScaling:
@@ -238,7 +241,8 @@ class InflessScaling:
     # -- the hot path -----------------------------------------------------------------------
     def arrived(self, key: Key, state: InflessState, headers: dict[str, str] | None) -> str | None:
         """Keep-alive predicts from the minutes with calls: record this one."""
-        self.history.record(f"{key[0]}/{key[1]}", self.wall())
+        state.called_at = now = self.wall()
+        self.history.record(f"{key[0]}/{key[1]}", now)
         return None
 
     def pick(self, state: InflessState, ready: list[tuple[str, str]], headers: dict[str, str] | None) -> str | None:
@@ -514,14 +518,21 @@ class InflessScaling:
     def _keep_alive(self, state: InflessState, now: float, in_flight: int, idle_s: float) -> None:
         """Scale an idle function to zero after its keep-alive; pre-warm it before the predicted
         arrival. The window counts from the last call itself (`idle_s`, the router's: since the
-        deploy when no call came), and calls in flight keep it warm (`warm`)."""
+        deploy when no call came, on the keep-alive clock), and calls in flight keep it warm (`warm`).
+
+        The windows are the ones the last active minute set (as the Fig. 16 replay, the Azure
+        study's method, reads them): re-read as the clock moves on with no call, LSTH's 1-hour
+        histogram lost its idle times one by one and a closed window could open again, a pre-warm
+        no arrival predicted. A call that arrived within the rate window (`window_s`, counted on the
+        keep-alive clock as `idle_s` is) is load, not idleness; the measured rate said so in wall
+        seconds, which a replay's compressed clock made 20-30 times longer than the rule's minutes."""
         name = f"{state.record.namespace}/{state.record.name}"
         now_wall = self.wall()
         now_min = int(now_wall // 60)
         minutes = self.history.active_minutes(name, now_min - 24 * 60)
-        w = state.policy.keepalive.windows(minutes, now_min)
+        w = state.policy.keepalive.windows(minutes, minutes[-1] if minutes else now_min)
         state.windows = (w.prewarm_s, w.keepalive_s)
-        if state.rps > 0:
+        if now_wall - state.called_at < self.window_s:
             return
         since_minute = now_wall - minutes[-1] * 60 if minutes else idle_s  # since the last active minute began
         keep = warm(w, since_minute, since_call_s=idle_s, in_flight=in_flight)

@@ -226,6 +226,8 @@ class InflessState:
     """When the corrections last faded toward 1."""
     case: str = "steady"
     windows: tuple[float, float] = (0.0, 0.0)
+    called_at: float = -math.inf
+    """When the last call arrived, on the keep-alive clock (`InflessScaling.wall`)."""
     provisional_s: float | None = None
     """Set while the model has no profile: the time assumed for a batch of one (the conservative
     plan's only configuration); None once planned from a profile."""

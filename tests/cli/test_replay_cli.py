@@ -165,3 +165,41 @@ def test_a_stack_step_that_outlives_its_time_is_a_clear_error_and_the_stop_still
     stack.stop()  # no raise: a stop is best effort, and said
     assert ran[-1][-1] == "down"
     assert "stopping the stack: faas-gpu down did not finish within 180s" in capsys.readouterr().err
+
+
+class _Replica(BaseHTTPRequestHandler):
+    """A replica of the keep-alive run as each start of it answers: pid 1 (its own PID namespace),
+    started after the request was sent (a cold start)."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        import time
+
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"pid": 1, "started": time.time() + 1.0}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_each_cold_start_of_a_replica_in_its_own_pid_namespace_is_counted():
+    """Issue 45: a replica in a PID namespace of its own is pid 1 in every start, and the live side
+    counted a function's cold starts by pid: every cold start of a function was one (LSTH live 3
+    against the replay's 11, with 8 answers each saying it waited for a replica started for it)."""
+    import time
+
+    from faas_gpu.sim.replay import live_keepalive
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sender = Sender(f"http://127.0.0.1:{server.server_port}", timeout_s=10)
+        outcomes = [sender.call("replay-0", time.perf_counter(), float(s)) for s in range(3)]
+    finally:
+        server.shutdown()
+    assert all(o.cold for o in outcomes)
+    assert live_keepalive(outcomes, [], {"replay-0": [1, 1, 1]}, 20.0, 3).cold_starts == 3

@@ -708,8 +708,32 @@ def test_the_keep_alive_clock_runs_as_many_times_faster_as_the_environment_says(
     wall = Clock(1_700_000_000.0)
     assert scaled_wall(1.0, wall) is wall
     fast = scaled_wall(30.0, wall)
+    before = fast()
     wall.t += 2.0  # two seconds of the wall are a minute of the replayed trace
-    assert fast() == pytest.approx(1_700_000_000.0 + 60.0)
+    assert fast() - before == pytest.approx(60.0)
+
+
+def test_a_replay_started_on_a_minute_of_the_compressed_clock_keeps_each_trace_minute_in_one_history_minute():
+    """Issue 45: the compressed clock counted from the provider's start put its minutes' borders at an
+    arbitrary phase of the trace's, so one trace minute's calls fell in two history minutes (an idle
+    time of 1 that the simulator never saw, moving HHP's and LSTH's windows). `faas-gpu replay` starts
+    the trace on a minute of the provider's compressed clock."""
+    from faas_gpu.cli.replay import aligned_start
+    from provider.scaling import scaled_wall
+
+    wall = Clock(1_700_000_001.37)  # the provider starts at any time
+    fast = scaled_wall(30.0, wall)
+    wall.t += 7.91  # `faas-gpu up` took a while
+    counter = Clock(500.0)
+    start = aligned_start(30.0, wall=wall, counter=counter)
+    assert start - counter.t >= 0.5
+    t0 = wall.t + (start - counter.t)  # the wall when the trace's first minute is sent
+    for minute in range(5):
+        seen = set()
+        for second in (0.01, 15.0, 30.0, 59.9):
+            wall.t = t0 + (minute * 60 + second) / 30.0
+            seen.add(int(fast() // 60))
+        assert len(seen) == 1, (minute, seen)
 
 
 def test_a_compressed_keep_alive_clock_keeps_the_traces_minutes(tmp_path):
@@ -893,3 +917,88 @@ def test_a_model_function_scaled_to_zero_stays_there_until_a_call(scaler):
     scaler.scale_to(r.key, 0)
     load(scaler, r.key, 0, 30)
     assert scaler.describe(r.key)["instances"] == []
+
+
+# -- the live keep-alive against the simulator's replay of the same minutes (issue 45) ---------------
+def live_cold_minutes(tmp_path, policy, active, compress=20.0, start_wall=1_700_000_040.0):
+    """The provider's INFless scaling on a keep-alive clock `compress` times the wall's, as `faas-gpu
+    replay` runs it: deployed 245 trace minutes ahead (with no history HHP keeps it 4 hours, LSTH
+    10 minutes: at zero when the trace begins, as the replay counts its first minute), two calls in
+    each `active` trace minute (at 0:10 and 0:40), the autoscaler ticking each wall second. A trace
+    minute is a cold start when its first call finds no instance planned. `start_wall`: the wall
+    when the trace begins (the replay starts on a minute of the scaled clock)."""
+    from provider.scaling import scaled_wall
+
+    ds = EmbeddedDatastore(tmp_path / f"{policy}-state.db")
+    history = EmbeddedHistory(tmp_path / f"{policy}-history.db")
+    lead_s = 245 * 60 / compress
+    real, clock = Clock(start_wall - lead_s), Clock(0.0)
+    infless = InflessScaling(
+        ds,
+        history,
+        TablePredictor({"cnn": TABLE}),
+        cpus=8,
+        wall=scaled_wall(compress, real),
+        window_s=5.0,
+        time_scale=compress,
+    )
+    a = ScalingRouter(PlanRecorder(), [infless], set_replicas=lambda *_: None, clock=clock)
+    r = record(
+        {
+            "com.faas-gpu.model": "cnn",
+            "com.faas-gpu.slo-ms": "10000",
+            "com.faas-gpu.scale-zero": "true",
+            "com.faas-gpu.keep-alive": policy,
+        },
+        {"com.openfaas.scale.min": "1", "com.openfaas.scale.max": "1"},
+    )
+    a.prepare(r)
+    calls = [(m * 60 + s) / compress for m in active for s in (10, 40)]  # trace seconds on the wall
+    end = (max(active) + 1) * 60 / compress
+    cold, t, next_tick = [], -lead_s, -lead_s + 1.0
+    while t < end:
+        t = min(next_tick, calls[0]) if calls else next_tick
+        real.t, clock.t = start_wall + t, t + lead_s
+        if calls and t == calls[0]:
+            calls.pop(0)
+            a.arrived(r.key)
+            if not a.describe(r.key)["instances"]:
+                minute = int(round(t * compress, 6) // 60)
+                cold += [] if cold and cold[-1] == minute else [minute]
+                a.scale_from_zero(r.key)
+            a.departed(r.key, 200)
+        else:
+            a.tick()
+            next_tick += 1.0
+    history.close()
+    ds.close()
+    return cold
+
+
+@pytest.mark.parametrize(
+    "active",
+    [
+        # an idle time of 14 minutes sets a pre-warm gap of 12: the minute after the next call is cold
+        # in the replay; the rate window, 5 s of wall, was 100 s of the compressed trace and kept it
+        [4, 18, 19, 37, 39, 40, 41, 42],
+        # LSTH's hour of 2-minute idle times, then silence: the windows the last call set close after
+        # 24 minutes; re-read as the hour slid on, the long histogram took over and pre-warmed again
+        # (minute 213 warm live); minute 102 is the rate window's again
+        [0, 30, 60, *range(100, 171, 2), 213],
+    ],
+)
+@pytest.mark.parametrize("policy", ["lsth", "hhp"])
+def test_the_live_keep_alive_takes_a_function_to_zero_at_the_minutes_the_simulator_does(tmp_path, policy, active):
+    """Issue 45: replayed 20 times compressed, live LSTH had 4 cold starts where the simulator's
+    Fig. 16 replay of the same minutes had 11. The provider's keep-alive, driven over a trace on
+    its compressed clock, starts the function cold in exactly the trace minutes the replay counts
+    cold (`replay_keepalive`, the same policy object from `keepalive_policy`)."""
+    from faas_gpu.policies.infless import keepalive_policy
+    from faas_gpu.sim.infless import replay_keepalive
+
+    counts = [0] * (max(active) + 1)
+    for m in active:
+        counts[m] = 2
+    sim = replay_keepalive(counts, keepalive_policy(policy)).cold_minutes
+    assert len(sim) > 1 or policy == "hhp"  # the trace does take LSTH to zero
+    assert live_cold_minutes(tmp_path, policy, active) == sim

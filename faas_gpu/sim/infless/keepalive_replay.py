@@ -13,7 +13,7 @@ the last recorded minute is no waste the trace can show.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from faas_gpu.policies.infless import KeepAlivePolicy
 from faas_gpu.policies.infless.keepalive import MINUTE, warm
@@ -32,6 +32,7 @@ class KeepAliveStats:
     cold_starts: int
     wasted_minutes: float  # minutes an instance was loaded but idle, within the trace
     minutes: int = 0  # the trace's length
+    cold_minutes: list[int] = field(default_factory=list)  # the active minutes that were cold starts
 
     @property
     def cold_rate(self) -> float:
@@ -51,7 +52,7 @@ def replay_keepalive(counts: Sequence[float], policy: KeepAlivePolicy) -> KeepAl
     of minute t and the start of minute n (or the span's end, or the trace's) is idle waste."""
     end = len(counts)
     minutes = [m for m, c in enumerate(counts) if c > 0]
-    cold = 1 if minutes else 0
+    cold = minutes[:1]
     waste = 0.0
     for k, t in enumerate(minutes):
         w = policy.windows(minutes, t)  # the policies read only the minutes up to t
@@ -62,6 +63,6 @@ def replay_keepalive(counts: Sequence[float], policy: KeepAlivePolicy) -> KeepAl
             waste += max(0.0, b - max(a, t + 1))
             continue
         if not warm(w, (nxt - t) * MINUTE):  # the provider's rule: outside [a, b]
-            cold += 1
+            cold.append(nxt)
         waste += max(0.0, min(b, nxt) - max(a, t + 1))
-    return KeepAliveStats(int(sum(counts)), len(minutes), cold, waste, end)
+    return KeepAliveStats(int(sum(counts)), len(minutes), len(cold), waste, end, cold)
