@@ -33,7 +33,7 @@ class FakeWorker:
         self.alive = False
 
 
-_NO_INPUT = '{"graph_module": {"signature": {"input_specs": []}, "graph": {"tensor_values": {}}}}'
+PROGRAM_WITHOUT_INPUT = '{"graph_module": {"signature": {"input_specs": []}, "graph": {"tensor_values": {}}}}'
 
 
 def stored_program(store: ModelStore, tag: str = "m") -> str:
@@ -41,6 +41,6 @@ def stored_program(store: ModelStore, tag: str = "m") -> str:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", _NO_INPUT)  # read for its batch (unknown: the program takes no input)
+        z.writestr("m/models/model.json", PROGRAM_WITHOUT_INPUT)  # read for its batch: unknown
         z.writestr("m/data/extra/tag", tag)
     return store.put(buf.getvalue()).digest

@@ -33,6 +33,7 @@ from faas_gpu.policies.protean import CostMeter, NodeKind, Procurement
 from faas_gpu.ports import free_port
 from procurer import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
 from scheduler.core import Scheduler
+from tests.fake_worker import PROGRAM_WITHOUT_INPUT
 
 
 @pytest.fixture(params=["embedded", "etcd"])
@@ -95,7 +96,7 @@ def artifact() -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", "{}")
+        z.writestr("m/models/model.json", PROGRAM_WITHOUT_INPUT)  # read for its batch: unknown
         z.writestr("m/data/extra/tag", b"\x80\x04N.")
     return buf.getvalue()
 
