@@ -7,7 +7,6 @@ from __future__ import annotations
 import yaml
 
 import faas_gpu.cli.up as up
-import faas_gpu.profiling.cli as profiling_cli
 from faas_gpu.contract import env
 from faas_gpu.stack import load_stack
 
@@ -31,7 +30,10 @@ def test_a_model_named_by_several_functions_is_profiled_once(monkeypatch, tmp_pa
     (tmp_path / "fn").mkdir()
     path = tmp_path / "stack.yml"
     path.write_text(yaml.safe_dump({"version": 1.0, "provider": {"name": "openfaas"}, "functions": functions}))
-    profiled: list[list[str]] = []
-    monkeypatch.setattr(profiling_cli, "main", lambda argv: profiled.append(argv) or 0)
+    started: list[list[str]] = []  # the profiler runs in the background, as its own process
+    monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **kw: started.append(argv))
     up._profile_missing(path, load_stack(path))
-    assert [argv[2] for argv in profiled] == ["a", "d"]  # one per model, by the first function naming it
+    assert len(started) == 1  # one profiler for all of them
+    argv = started[0]
+    names = argv[argv.index(str(path)) + 1 : argv.index("--repeat")]
+    assert names == ["a", "d"]  # one per model, by the first function naming it
