@@ -23,6 +23,7 @@ from pathlib import Path
 
 from faas_gpu import paths
 from faas_gpu.contract import annotations as annotation_keys
+from faas_gpu.contract import env as contract_env
 from faas_gpu.contract.replica import STANDARD_PATH
 from faas_gpu.imagestore import ImageStore
 
@@ -205,8 +206,15 @@ def check_record(record: FunctionRecord, secrets: SecretStore) -> float:
 
 
 def gpu_settings(annotations: dict[str, str]) -> dict[str, str]:
-    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env."""
-    return {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
+    """The function's GPU settings (annotations, since faas-cli drops GPU limits) as the client's env.
+
+    A `com.faas-gpu.max-batch` the user wrote is a ceiling: the instance's batch bound, which grows
+    a planner's batch size under a load it did not foresee, is off for it (a function that says
+    "batches of one" gets batches of one)."""
+    out = {env: annotations[key] for key, env in GPU_ANNOTATIONS.items() if key in annotations}
+    if annotation_keys.MAX_BATCH in annotations:
+        out[contract_env.BATCH_BOUND.name] = "off"
+    return out
 
 
 def _missing_script(words: list[str]) -> str | None:

@@ -71,3 +71,13 @@ def test_a_process_replica_gets_its_images_mode_unless_the_function_sets_one(tmp
 def test_an_image_built_before_inproc_keeps_http_mode(tmp_path):
     spec = _plan(tmp_path, _image(tmp_path, None, python=False))
     assert spec.env["mode"] == "http" and spec.http_mode and spec.argv[0] == sys.executable
+
+
+def test_a_max_batch_the_user_wrote_is_a_ceiling_the_batch_bound_does_not_grow():
+    """`com.faas-gpu.max-batch: "1"` means batches of one: the instance's batch bound (which grows a
+    planned batch under a load the plan did not foresee) is off for it; without it the bound stays."""
+    from provider.runtime.launch import gpu_settings
+
+    capped = gpu_settings({"com.faas-gpu.max-batch": "1", "com.faas-gpu.slo-ms": "250"})
+    assert capped["FAAS_GPU_MAX_BATCH"] == "1" and capped["FAAS_GPU_BATCH_BOUND"] == "off"
+    assert "FAAS_GPU_BATCH_BOUND" not in gpu_settings({"com.faas-gpu.slo-ms": "250"})
