@@ -93,9 +93,13 @@ def state_db(state_home: Path | None = None) -> Path:
     return (home() if state_home is None else state_home) / "state.db"
 
 
+STACK_FILE = "stack.json"  # the daemons `faas-gpu up` started (`faas_gpu.supervise`)
+DOWN_FILE = "stack.down"  # written by `faas-gpu down` before it stops anything: nobody restarts the stack
+LOCK_FILE = "supervisor.lock"  # held by the one supervisor of a state folder
 STATE_ENTRIES = (
     "state.db*", "queue.db*", "history.db*", "profiles.db*", "logs", "images", "run", "secrets",
-    "function-secrets", "models", "scheduler-models", "mps", "nodes", "*.json", "*.log", "*.pid",
+    "function-secrets", "models", "scheduler-models", "mps", "nodes", "containers", "forkserver",
+    "*.json", "*.log", "*.pid", ".*.pid.*", DOWN_FILE, LOCK_FILE,
 )  # fmt: skip
 """What faas-gpu itself writes in the state folder (the only entries a start tightens)."""
 PRIVATE_UMASK = 0o077

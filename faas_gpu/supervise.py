@@ -39,19 +39,17 @@ import requests
 
 from faas_gpu import paths, procs
 from faas_gpu.contract.env import SUPERVISOR_HOME
+from faas_gpu.paths import DOWN_FILE, LOCK_FILE, STACK_FILE
 from faas_gpu.sandbox.launcher import LAUNCHER
 from faas_gpu.sandbox.zygote import ZYGOTE_MODULE
 
 log = logging.getLogger("faas-gpu.supervise")
 MODULE = "faas_gpu.supervise"
-STACK_FILE = "stack.json"
 MAX_BACKOFF_S = 30.0
 HEALTHY_RESET_S = 30.0  # a daemon that ran this long since its start has its back-off forgotten
 STOP_TIMEOUT_S = 45.0
 CHECK_EVERY_S = 0.25
 KEEP_EVERY_S = 1.0  # how often a daemon looks whether its supervisor still runs
-DOWN_FILE = "stack.down"  # written by `faas-gpu down` before it stops anything: nobody restarts the stack
-LOCK_FILE = "supervisor.lock"  # held by the one supervisor of a state folder
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,27 @@ def test_image_store_is_private_after_a_build(tmp_path, monkeypatch):
     images = tmp_path / "home" / "images"
     assert any(images.iterdir())
     assert leaks(tmp_path / "home") == []
+
+
+def test_a_start_tightens_every_entry_the_stack_writes_and_leaves_other_files_alone(tmp_path):
+    """An older version's state folder left readable: what faas-gpu wrote in it (the supervisor's
+    lock, `faas-gpu down`'s marker, the fork server's and the containers' folders, pid files being
+    replaced) becomes private on the next start; a file of the user's beside them keeps its mode."""
+    from faas_gpu import paths
+
+    ours = [paths.DOWN_FILE, paths.LOCK_FILE, paths.STACK_FILE, "replica-uids.json", ".provider.pid.42"]
+    folders = ["forkserver", "containers", "run", "logs"]
+    for name in ours:
+        (tmp_path / name).write_text("x")
+        (tmp_path / name).chmod(0o644)
+    for name in folders:
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").chmod(0o644)
+    paths.ensure_private_home(tmp_path)
+    assert {n: oct(stat.S_IMODE((tmp_path / n).stat().st_mode)) for n in ours + folders} == {
+        **{n: oct(0o600) for n in ours},
+        **{n: oct(0o700) for n in folders},
+    }
+    assert stat.S_IMODE((tmp_path / "notes.txt").stat().st_mode) == 0o644
