@@ -562,10 +562,11 @@ class InflessScaling:
     def _place(
         self, state: InflessState, rps: float, limit: int, now: float, *, without_own: bool = False
     ) -> list[Instance]:
-        """Algorithm 1 over the corrected candidates, batches no larger than the requests seen in
-        flight at once and no larger than the measured arrivals fill within the batch's timeout
-        (`fills`: a bigger batch would only ever leave by its timeout, part full), the path's CPU
-        reserved on the node."""
+        """Algorithm 1 over the corrected candidates, batches no larger than the measured arrivals
+        fill within the batch's timeout (`fills`: a bigger batch would only ever leave by its
+        timeout, part full), and the instances' batches together no more rows than the calls seen
+        in flight at once, less those of the instances kept beside them (`rows_in_flight`: the
+        same waste across instances); the path's CPU reserved on the node."""
         slo = state.policy.slo_s
         cands = [
             c
@@ -575,6 +576,7 @@ class InflessScaling:
             if fills(c, slo, state.rps)
         ]
         servers = self._servers(state, without_own)
+        kept_rows = 0 if without_own else sum(i.candidate.batch for i in state.instances)
         result = schedule(
             rps,
             cands,
@@ -583,6 +585,7 @@ class InflessScaling:
             max_instances=limit,
             path=self.path_cpu(state),
             max_batch=state.model_max_batch,
+            rows_in_flight=max(0, state.concurrency - kept_rows),
         )
         return [
             self._instance(state, p.candidate, p.server, p.gpu_index, now, (p.r_low, p.r_up, p.timeout_s))

@@ -128,6 +128,22 @@ def test_no_plan_has_a_batch_above_what_the_model_accepts(max_batch):
     assert max(batches) == max_batch  # the largest it accepts is still preferred
 
 
+@pytest.mark.parametrize("rows", [1, 8, 12, 32])
+def test_instances_together_take_no_more_rows_than_the_calls_in_flight(rows):
+    """Issue 46: an instance serves only calls waiting for it, and a batch fills only from them.
+    With `rows` calls in flight at once, a plan's batches add up to at most `rows` (one instance of
+    batch 1 always: something serves); unbounded, the same load is planned as more rows than
+    there are calls."""
+    servers = [Server("s1", 16, [100, 100, 100]), Server("s2", 16, [100, 100, 100])]
+    unbounded = schedule(300, CANDIDATES, servers, 0.200)
+    assert sum(p.candidate.batch for p in unbounded.placements) > 12
+    r = schedule(300, CANDIDATES, servers, 0.200, rows_in_flight=rows)
+    batches = [p.candidate.batch for p in r.placements]
+    assert batches and sum(batches) <= rows
+    assert sum(p.r_up for p in r.placements) + r.unplaced_rps >= 300 - 1e-6
+    assert max(batches) == min(8, rows)  # the largest batch the calls fill is still preferred
+
+
 def test_greedy_scaling_packs_the_server_that_fragments_least():
     servers = [Server("roomy", 32, [100, 100]), Server("tight", 2, [20])]
     r = schedule(80, [Candidate(8, 2, 20, 0.090)], servers, 0.200)

@@ -443,6 +443,42 @@ def test_batching_engages_under_load_once_the_path_is_counted(tmp_path, path_ms)
         c.close()
 
 
+class OneThreadPredictor(TablePredictor):
+    """A profile measured at one thread only (`faas-gpu profile --threads 1`)."""
+
+    def configs(self, model, gpu=False):
+        return [row for row in super().configs(model, gpu) if row[1] == 1]
+
+
+RESNET_MINI = {1: 1.41, 2: 2.58, 4: 4.79, 8: 7.47, 16: 16.15, 32: 27.70}  # classify's profile, load step run
+
+
+def test_under_a_closed_loop_the_plans_batches_together_hold_no_more_rows_than_its_callers(tmp_path):
+    """Issue 46's load step with the batch bound off: 32 callers served 309 rps at batch 1 against
+    711 predicted; the corrected model was planned as two batch-32 instances, each of which then
+    held 16 of the 32 calls and waited out its timeout on every batch (128-160 rps against 700 for
+    one of them). Every plan of the step holds at most 32 rows in its batched instances, and
+    batching still engages."""
+    ds = EmbeddedDatastore(tmp_path / "state.db")
+    history = EmbeddedHistory(tmp_path / "history.db")
+    clock, wall = Clock(), Clock(1_700_000_000.0)
+    infless = InflessScaling(ds, history, OneThreadPredictor({"cnn": RESNET_MINI}), cpus=2, wall=wall, window_s=5.0)
+    a = ScalingRouter(PlanRecorder(), [infless], set_replicas=lambda *_: None, clock=clock)
+    a.fake_clock, a.fake_wall = clock, wall
+    r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "4"})
+    a.prepare(r)
+    for _ in range(32):
+        a.arrived(r.key)
+    plans = []
+    for rps in [309] * 25 + [160] * 10 + [700] * 10:
+        closed_loop(a, r.key, 32, rps, 1)
+        plans.append([i["batch"] for i in a.describe(r.key)["instances"]])
+    assert all(sum(b for b in plan if b > 1) <= 32 for plan in plans), plans
+    assert max(max(plan) for plan in plans) > 1, plans
+    history.close()
+    ds.close()
+
+
 def test_an_observed_capacity_below_the_prediction_corrects_the_model_and_re_plans(tmp_path):
     a = fast_scaler(tmp_path)  # no path cost: the model alone predicts ~1,500 rps at batch 1
     r = record({"com.faas-gpu.model": "cnn", "com.faas-gpu.slo-ms": "250"}, {"com.openfaas.scale.max": "2"})

@@ -133,11 +133,20 @@ def schedule(
     select: str = "efficiency",
     path: PathCost | None = None,
     max_batch: int | None = None,
+    rows_in_flight: int | None = None,
 ) -> ScheduleResult:
     """Instances (configuration + server) for `residual_rps`; servers are not modified.
 
     `max_batch`: the largest batch the model itself accepts (issue 43: a program exported with a
     static batch of 1 takes no other; `faas_gpu.models.batch_limits`); no plan's batch exceeds it.
+
+    `rows_in_flight`: the most calls seen in flight at once. An instance serves only the calls
+    waiting for it, and a batch fills only from them, so the instances placed together take no
+    more rows (their batches) than that, bar a first instance of batch 1: beyond it batches leave
+    by their timeouts, part full, and instances idle. Under 32 closed-loop callers a plan of two
+    batch-32 instances served 128-160 rps, each batch holding 16 and waiting out its timeout, where
+    one of them served 700 (issue 46's load step). Arrivals that outgrow the plan queue, which
+    raises the calls in flight and so the next plan's rows.
 
     `path`: the serving path's CPU, reserved on the servers' cores (see the module's doc); a
     placement's r_up is then the rate the server's CPU lets it serve.
@@ -160,9 +169,12 @@ def schedule(
         best_density = max(best_density, b.r_up / _cost(c, beta))
     placements: list[Placement] = []
     rps = residual_rps
+    rows = math.inf if rows_in_flight is None else rows_in_flight
     while rps > 1e-9 and (max_instances is None or len(placements) < max_instances):
         chosen = None
         for batch in sorted(by_batch, reverse=True):
+            if batch > rows and (placements or batch > 1):
+                continue  # a first instance of batch 1 always: something serves
             options = [(c, lo, up) for c, lo, up in by_batch[batch] if feasible(c, t_slo_s, rps)]
             if not options:
                 continue
@@ -184,6 +196,7 @@ def schedule(
         timeout = batch_timeout_s(c.t_exec_s, t_slo_s, c.batch, c.path_s)
         placements.append(Placement(server.name, gi, c, lo, up, timeout))
         rps -= up
+        rows -= c.batch
     return ScheduleResult(placements, max(0.0, rps), list(cluster.servers.values()))
 
 
