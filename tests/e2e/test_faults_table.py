@@ -229,7 +229,7 @@ def test_each_fault_of_the_table_under_load(stack):
 
     def etcd_outage():
         s.etcd.stop()
-        time.sleep(48)  # the issue's ~48 s: past the credentials' cache, etcd's retries, every lease's TTL and the watchdog's 30 s
+        time.sleep(48)  # the issue's 48 s: past the credentials' cache, etcd's retries, leases, the watchdog's 30 s
         s.etcd.start()
 
     etcd_classify, etcd_echo = _row(s, table, "etcd stopped 48 s", etcd_outage)
