@@ -36,11 +36,17 @@ class FakeWorker:
 PROGRAM_WITHOUT_INPUT = '{"graph_module": {"signature": {"input_specs": []}, "graph": {"tensor_values": {}}}}'
 
 
-def stored_program(store: ModelStore, tag: str = "m") -> str:
-    """The digest of a minimal program put in `store`; each `tag` gives a distinct digest."""
+def program_archive(tag: str | bytes = "m") -> bytes:
+    """A minimal program's bytes, as the model store accepts them (a torch.export program's layout),
+    without torch; each `tag` gives distinct bytes."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
         z.writestr("m/models/model.json", PROGRAM_WITHOUT_INPUT)  # read for its batch: unknown
         z.writestr("m/data/extra/tag", tag)
-    return store.put(buf.getvalue()).digest
+    return buf.getvalue()
+
+
+def stored_program(store: ModelStore, tag: str = "m") -> str:
+    """The digest of a minimal program put in `store`; each `tag` gives a distinct digest."""
+    return store.put(program_archive(tag)).digest

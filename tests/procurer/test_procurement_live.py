@@ -8,7 +8,6 @@ and, for placement, by a small HTTP server that answers the job API and records 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -16,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -33,7 +31,7 @@ from faas_gpu.policies.protean import CostMeter, NodeKind, Procurement
 from faas_gpu.ports import free_port
 from procurer import DEFAULT_SPOT_CSV, UNITS_PREFIX, Procurer, load_prices
 from scheduler.core import Scheduler
-from tests.fake_worker import PROGRAM_WITHOUT_INPUT
+from tests.fake_worker import program_archive
 
 
 @pytest.fixture(params=["embedded", "etcd"])
@@ -91,16 +89,6 @@ def report(ds, node: str, url: str, units=("0",), state: str = "idle") -> None:
         ds.put(f"{STATUS_PREFIX}{node}/{unit}", json.dumps(body))
 
 
-def artifact() -> bytes:
-    """Bytes the model store accepts (a torch.export program's layout), without torch."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("m/archive_format", "pt2")  # a torch.export program's layout (pickles are refused)
-        z.writestr("m/models/model.json", PROGRAM_WITHOUT_INPUT)  # read for its batch: unknown
-        z.writestr("m/data/extra/tag", b"\x80\x04N.")
-    return buf.getvalue()
-
-
 def wait_for(predicate, timeout_s: float = 30.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -116,7 +104,7 @@ def scheduler(ds, tmp_path):
     managers = FakeManagers()
     sched = Scheduler(ds, ModelStore(tmp_path / "models"), "token")
     sched.managers = managers
-    sched.digest = sched.store.put(artifact()).digest
+    sched.digest = sched.store.put(program_archive(b"\x80\x04N.")).digest
     yield sched
     sched.close()
     managers.close()
