@@ -145,11 +145,10 @@ class InflessScaling:
         self,
         policy: FunctionPolicy,
         factor: float = 1.0,
-        max_batch: int | None = None,
         provisional_s: float | None = None,
     ) -> list[Candidate]:
         """The profiled configurations as the whole path serves them: model time + the path's cost
-        (`with_path`), times the function's observed `factor`; batches up to `max_batch`. A model
+        (`with_path`), times the function's observed `factor`. A model
         with no profile yet has one, provisional configuration when `provisional_s` is given
         (batch 1, one CPU thread, that long a batch: `_provisional`), else it is refused."""
         try:
@@ -163,7 +162,7 @@ class InflessScaling:
         return [
             with_path(Candidate(b, c, g, ms / 1000.0), path, factor)
             for b, c, g, ms in rows
-            if c <= self.cpus and (g == 0 or self.gpus) and (max_batch is None or b <= max_batch)
+            if c <= self.cpus and (g == 0 or self.gpus)
         ]
 
     def profiled(self, model: str) -> bool:
@@ -565,14 +564,12 @@ class InflessScaling:
         """Algorithm 1 over the corrected candidates, batches no larger than the measured arrivals
         fill within the batch's timeout (`fills`: a bigger batch would only ever leave by its
         timeout, part full), and the instances' batches together no more rows than the calls seen
-        in flight at once, less those of the instances kept beside them (`rows_in_flight`: the
-        same waste across instances); the path's CPU reserved on the node."""
+        in flight at once, less those of the instances kept beside them (`rows_in_flight`, which
+        also keeps each batch within the calls in flight); the path's CPU reserved on the node."""
         slo = state.policy.slo_s
         cands = [
             c
-            for c in self.candidates(
-                state.policy, state.correction, max_batch=state.concurrency, provisional_s=state.provisional_s
-            )
+            for c in self.candidates(state.policy, state.correction, provisional_s=state.provisional_s)
             if fills(c, slo, state.rps)
         ]
         servers = self._servers(state, without_own)
